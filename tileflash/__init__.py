@@ -1,0 +1,6 @@
+"""tileflash: exact FlashAttention in Triton for PyTorch."""
+
+from tileflash.interface import flash_attn_func, scaled_dot_product_attention
+
+__version__ = "0.1.0"
+__all__ = ["flash_attn_func", "scaled_dot_product_attention", "__version__"]

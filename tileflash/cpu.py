@@ -1,0 +1,253 @@
+"""Tiled PyTorch attention for the CPU.
+
+This is the fallback used when no CUDA device is available and
+``TRITON_INTERPRET`` is not set (with ``TRITON_INTERPRET=1`` the Triton kernels
+themselves run on the CPU through the interpreter instead, which is much
+slower). It implements the same algorithm as the kernels, just with PyTorch
+ops on blocks instead of Triton tiles:
+
+* forward: for a chunk of ``block_m`` queries, stream over chunks of
+  ``block_n`` keys/values, keeping an online softmax state (running max ``m``,
+  running denominator ``l`` and an unnormalised fp32 accumulator); finish with
+  ``acc / l`` and ``lse = m + log(l)``;
+* backward: recompute the probabilities of each block from ``q``, ``k`` and
+  the saved ``lse`` (``P = exp(S - lse)``), never storing them.
+
+Memory is O(N * block) (plus the O(N * d) inputs/outputs/gradients); a
+``(seqlen_q, seqlen_k)`` matrix is never materialised. Layout is flash-attn's:
+``q`` ``(batch, seqlen_q, nheads, headdim)``, ``k``/``v``
+``(batch, seqlen_k, nheads_k, headdim)``. GQA/MQA is handled by viewing the
+query heads as ``(nheads_k, group)`` and folding the group into the rows of
+each block, so k/v are never repeated in memory. Causal masking is bottom-right
+aligned: query ``i`` sees key ``j`` iff ``j <= i + seqlen_k - seqlen_q``.
+
+Computation is in float32 for fp16/bf16/fp32 inputs and in float64 for
+float64 inputs (so ``torch.autograd.gradcheck`` can be used).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+__all__ = ["attention_forward_cpu", "attention_backward_cpu"]
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Tuple[int, ...]:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("q, k, v must be 4D (batch, seqlen, nheads, headdim)")
+    batch, seqlen_q, nheads, headdim = q.shape
+    if k.shape[0] != batch or v.shape[0] != batch:
+        raise ValueError("batch size mismatch between q, k, v")
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    if v.shape[1] != seqlen_k or v.shape[2] != nheads_k:
+        raise ValueError("k and v must have the same (batch, seqlen_k, nheads_k)")
+    if k.shape[3] != headdim:
+        raise ValueError("q and k must have the same head dimension")
+    if nheads_k == 0 or nheads % nheads_k != 0:
+        raise ValueError(f"nheads ({nheads}) must be a multiple of nheads_k ({nheads_k})")
+    return batch, seqlen_q, nheads, headdim, seqlen_k, nheads_k, v.shape[3]
+
+
+def _grouped(x: torch.Tensor, nheads_k: int) -> torch.Tensor:
+    """``(B, S, H, D)`` -> view ``(B, Hk, G, S, D)`` (no copy, any strides)."""
+    return x.unflatten(2, (nheads_k, x.shape[2] // nheads_k)).permute(0, 2, 3, 1, 4)
+
+
+def _rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Chunk ``(B, Hk, G, m, D)`` -> contiguous ``(B, Hk, G*m, D)`` in ``dtype``."""
+    b, hk, g, m, d = x.shape
+    return x.to(dtype).reshape(b, hk, g * m, d)
+
+
+def _mask_for_block(
+    q_start: int, q_stop: int, k_start: int, k_stop: int, group: int, offset: int, device
+) -> Optional[torch.Tensor]:
+    """Visibility mask ``(group*bm, bn)`` for a (Q chunk, K chunk) pair, or None
+    when every key of the chunk is visible to every query of the chunk."""
+    if k_stop - 1 <= q_start + offset:
+        return None
+    qi = torch.arange(q_start, q_stop, device=device).repeat(group)
+    kj = torch.arange(k_start, k_stop, device=device)
+    return kj[None, :] <= qi[:, None] + offset
+
+
+def attention_forward_cpu(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float,
+    causal: bool,
+    block_m: int = 256,
+    block_n: int = 256,
+    *,
+    causal_shift: Optional[int] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Blockwise exact attention forward.
+
+    Returns ``(out, lse)``: ``out`` has ``q``'s dtype and shape
+    ``(batch, seqlen_q, nheads, headdim_v)`` (contiguous); ``lse`` is
+    ``(batch, nheads, seqlen_q)``, float32 (float64 for float64 inputs), the
+    natural-log logsumexp of the scaled scores. Rows that see no key get
+    ``out == 0`` and ``lse == -inf``.
+
+    ``causal_shift`` (keyword, used only with ``causal``): query ``i`` sees key
+    ``j`` iff ``j <= i + causal_shift``. The default ``seqlen_k - seqlen_q`` is
+    the bottom-right alignment; 0 gives torch's top-left alignment.
+    """
+    batch, seqlen_q, nheads, _, seqlen_k, nheads_k, headdim_v = _check_shapes(q, k, v)
+    if block_m < 1 or block_n < 1:
+        raise ValueError("block_m and block_n must be >= 1")
+    group = nheads // nheads_k
+    cdt = _compute_dtype(q.dtype)
+    device = q.device
+    offset = seqlen_k - seqlen_q if causal_shift is None else int(causal_shift)
+    neg_inf = float("-inf")
+
+    out = torch.empty(batch, seqlen_q, nheads, headdim_v, dtype=q.dtype, device=device)
+    lse = torch.empty(batch, nheads, seqlen_q, dtype=cdt, device=device)
+    q_g = _grouped(q, nheads_k)  # (B, Hk, G, Sq, D)
+    out_g = _grouped(out, nheads_k)  # (B, Hk, G, Sq, Dv), writable view
+    lse_g = lse.view(batch, nheads_k, group, seqlen_q)
+    k_h = k.permute(0, 2, 1, 3)  # (B, Hk, Sk, D)
+    v_h = v.permute(0, 2, 1, 3)
+
+    for q_start in range(0, seqlen_q, block_m):
+        q_stop = min(q_start + block_m, seqlen_q)
+        bm = q_stop - q_start
+        qc = _rows(q_g[:, :, :, q_start:q_stop], cdt)  # (B, Hk, G*bm, D)
+        rows = qc.shape[2]
+        m_i = torch.full((batch, nheads_k, rows), neg_inf, dtype=cdt, device=device)
+        l_i = torch.zeros((batch, nheads_k, rows), dtype=cdt, device=device)
+        acc = torch.zeros((batch, nheads_k, rows, headdim_v), dtype=cdt, device=device)
+
+        # Last key any query of this chunk can see (causal); later chunks are skipped.
+        k_end = min(seqlen_k, q_stop + offset) if causal else seqlen_k
+        for k_start in range(0, max(k_end, 0), block_n):
+            k_stop = min(k_start + block_n, seqlen_k)
+            kc = k_h[:, :, k_start:k_stop].to(cdt)
+            vc = v_h[:, :, k_start:k_stop].to(cdt)
+            s = torch.matmul(qc, kc.transpose(-1, -2))
+            s.mul_(softmax_scale)
+            if causal:
+                mask = _mask_for_block(q_start, q_stop, k_start, k_stop, group, offset, device)
+                if mask is not None:
+                    s.masked_fill_(~mask, neg_inf)
+            m_new = torch.maximum(m_i, s.amax(dim=-1))
+            # Keep the value we subtract finite: a row whose max is still -inf
+            # (nothing visible yet) subtracts 0, so exp(-inf - 0) = 0, not NaN.
+            m_safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+            alpha = torch.exp(m_i - m_safe)
+            p = torch.exp(s.sub_(m_safe.unsqueeze(-1)))
+            l_i = l_i * alpha + p.sum(dim=-1)
+            acc.mul_(alpha.unsqueeze(-1))
+            acc.add_(torch.matmul(p, vc))
+            m_i = m_new
+
+        has_key = l_i > 0
+        l_safe = torch.where(has_key, l_i, torch.ones_like(l_i))
+        o = acc / l_safe.unsqueeze(-1)  # rows without keys have acc == 0 -> 0
+        lse_c = torch.where(has_key, m_i + torch.log(l_safe), torch.full_like(l_i, neg_inf))
+        out_g[:, :, :, q_start:q_stop] = o.view(batch, nheads_k, group, bm, headdim_v)
+        lse_g[:, :, :, q_start:q_stop] = lse_c.view(batch, nheads_k, group, bm)
+
+    return out, lse
+
+
+def attention_backward_cpu(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    softmax_scale: float,
+    causal: bool,
+    block_m: int = 256,
+    block_n: int = 256,
+    *,
+    causal_shift: Optional[int] = None,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Blockwise attention backward using the saved ``lse``.
+
+    With ``S = scale * Q K^T`` (masked), ``P = exp(S - lse)`` (0 where masked
+    or where ``lse == -inf``) and ``delta = rowsum(dO * O)``::
+
+        dV = P^T dO,   dP = dO V^T,   dS = P * (dP - delta),
+        dQ = scale * dS K,   dK = scale * dS^T Q.
+
+    For GQA the contributions of all query heads of a group are summed into
+    their shared kv head (folded into the block matmuls, no repeated K/V).
+    ``lse`` may be longer than ``seqlen_q`` in its last dim (padding is
+    ignored). ``causal_shift`` must be the one used in the forward. Returns
+    contiguous ``(dq, dk, dv)`` in the dtypes/shapes of ``q``, ``k``, ``v``.
+    """
+    batch, seqlen_q, nheads, headdim, seqlen_k, nheads_k, headdim_v = _check_shapes(q, k, v)
+    if block_m < 1 or block_n < 1:
+        raise ValueError("block_m and block_n must be >= 1")
+    if dout.shape != (batch, seqlen_q, nheads, headdim_v) or out.shape != dout.shape:
+        raise ValueError("dout and out must have shape (batch, seqlen_q, nheads, headdim_v)")
+    group = nheads // nheads_k
+    cdt = _compute_dtype(q.dtype)
+    device = q.device
+    offset = seqlen_k - seqlen_q if causal_shift is None else int(causal_shift)
+
+    q_g, do_g, o_g = _grouped(q, nheads_k), _grouped(dout, nheads_k), _grouped(out, nheads_k)
+    lse_g = lse[..., :seqlen_q].to(cdt).reshape(batch, nheads_k, group, seqlen_q)
+    k_h = k.permute(0, 2, 1, 3)
+    v_h = v.permute(0, 2, 1, 3)
+
+    # Accumulators in the compute dtype, O(N * d).
+    dq = torch.zeros(batch, nheads_k, group, seqlen_q, headdim, dtype=cdt, device=device)
+    dk = torch.zeros(batch, nheads_k, seqlen_k, headdim, dtype=cdt, device=device)
+    dv = torch.zeros(batch, nheads_k, seqlen_k, headdim_v, dtype=cdt, device=device)
+
+    for q_start in range(0, seqlen_q, block_m):
+        q_stop = min(q_start + block_m, seqlen_q)
+        bm = q_stop - q_start
+        k_end = min(seqlen_k, q_stop + offset) if causal else seqlen_k
+        if k_end <= 0:
+            continue  # no query of this chunk sees any key: all gradients are 0
+        qc = _rows(q_g[:, :, :, q_start:q_stop], cdt)  # (B, Hk, G*bm, D)
+        doc = _rows(do_g[:, :, :, q_start:q_stop], cdt)  # (B, Hk, G*bm, Dv)
+        oc = _rows(o_g[:, :, :, q_start:q_stop], cdt)
+        delta = (doc * oc).sum(dim=-1)  # (B, Hk, G*bm)
+        lse_c = lse_g[:, :, :, q_start:q_stop].reshape(batch, nheads_k, group * bm)
+        # lse == -inf means the row sees nothing: subtract +inf so P = exp(-inf) = 0.
+        lse_c = torch.where(torch.isneginf(lse_c), torch.full_like(lse_c, float("inf")), lse_c)
+        lse_c = lse_c.unsqueeze(-1)
+        dqc = torch.zeros_like(qc)
+
+        for k_start in range(0, k_end, block_n):
+            k_stop = min(k_start + block_n, seqlen_k)
+            kc = k_h[:, :, k_start:k_stop].to(cdt)
+            vc = v_h[:, :, k_start:k_stop].to(cdt)
+            s = torch.matmul(qc, kc.transpose(-1, -2))
+            s.mul_(softmax_scale)
+            p = torch.exp(s.sub_(lse_c))
+            if causal:
+                mask = _mask_for_block(q_start, q_stop, k_start, k_stop, group, offset, device)
+                if mask is not None:
+                    p.masked_fill_(~mask, 0.0)
+            # dV_j += P^T dO (sums over the rows, i.e. over queries and group heads)
+            dv[:, :, k_start:k_stop].add_(torch.matmul(p.transpose(-1, -2), doc))
+            dp = torch.matmul(doc, vc.transpose(-1, -2))
+            ds = p.mul_(dp.sub_(delta.unsqueeze(-1)))  # reuse p's storage
+            dqc.add_(torch.matmul(ds, kc), alpha=softmax_scale)
+            dk[:, :, k_start:k_stop].add_(torch.matmul(ds.transpose(-1, -2), qc), alpha=softmax_scale)
+
+        dq[:, :, :, q_start:q_stop] = dqc.view(batch, nheads_k, group, bm, headdim)
+
+    dq_out = dq.permute(0, 3, 1, 2, 4).reshape(batch, seqlen_q, nheads, headdim)
+    dk_out = dk.permute(0, 2, 1, 3)
+    dv_out = dv.permute(0, 2, 1, 3)
+    return (
+        dq_out.to(q.dtype).contiguous(),
+        dk_out.to(k.dtype).contiguous(),
+        dv_out.to(v.dtype).contiguous(),
+    )

@@ -1,0 +1,205 @@
+"""Public API: validate, set defaults, dispatch to the ``tileflash::*`` ops. Nothing else."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from tileflash.ops.attention import attention_fwd, use_triton
+
+MAX_HEADDIM = 256
+_GPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check_qkv(q, k, v, names=("q", "k", "v"), layout="(batch, seqlen, nheads, headdim)", seq_dim=1, head_dim_=2):
+    """Validate q/k/v given in the (batch, seqlen, nheads, headdim) convention (after any transpose).
+
+    ``names``/``layout`` are only used to word the errors in the caller's own terms.
+    """
+    nq, nk, nv = names
+    for name, t in zip(names, (q, k, v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D {layout}, got a {t.dim()}-D tensor of shape {tuple(t.shape)}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(
+            f"{nq}, {nk}, {nv} must be on the same device, got {q.device}, {k.device}, {v.device}; "
+            f"move them with .to(device)"
+        )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(
+            f"{nq}, {nk}, {nv} must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}; cast them to one dtype"
+        )
+    allowed = _CPU_DTYPES if (q.device.type == "cpu" and not use_triton(q)) else _GPU_DTYPES
+    if q.dtype not in allowed:
+        names_ = ", ".join(str(d).replace("torch.", "") for d in allowed)
+        hint = " (float64 is supported on the tiled CPU path only)" if q.dtype == torch.float64 else ""
+        raise TypeError(f"{nq} has dtype {q.dtype}, which is not supported here{hint}; use one of: {names_} "
+                        f"(bfloat16 or float16 recommended on GPU)")
+    if q.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"{nq} is on device {q.device}; tileflash runs on CUDA GPUs and on the CPU")
+    b, sq, h, d = q.shape
+    bk, sk, hk, dk = k.shape
+    bv, sv, hv, dv = v.shape
+    if bk != b or bv != b:
+        raise ValueError(f"batch size mismatch: {nq} has {b}, {nk} has {bk}, {nv} has {bv}; they must be equal")
+    if dk != d or dv != d:
+        raise ValueError(f"head dim mismatch: {nq} has {d}, {nk} has {dk}, {nv} has {dv}; they must be equal")
+    if sv != sk:
+        raise ValueError(f"{nk} and {nv} must have the same seqlen, got {sk} and {sv}")
+    if hv != hk:
+        raise ValueError(f"{nk} and {nv} must have the same number of heads, got {hk} and {hv}")
+    if hk == 0 or h % hk != 0:
+        raise ValueError(
+            f"{nk} has {hk} heads but {nq} has {h}; the number of query heads must be a multiple of "
+            f"the number of key/value heads (GQA/MQA)"
+        )
+    if d < 1 or d > MAX_HEADDIM:
+        raise ValueError(f"head dim is {d}; tileflash supports head dims from 1 to {MAX_HEADDIM}")
+
+
+def _unit_last_stride(t: Tensor) -> Tensor:
+    # The kernels need a unit stride on headdim only; every other stride is used as is.
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+
+
+def _default_scale(softmax_scale, head_dim):
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if not isinstance(softmax_scale, (int, float)) or isinstance(softmax_scale, bool):
+        raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+    if not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    return float(softmax_scale)
+
+
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_attn_probs=False):
+    """Exact attention, ``softmax(q kᵀ · softmax_scale) v``, without materialising the score matrix.
+
+    Argument names and order follow flash-attn 2's ``flash_attn_func`` (its later
+    parameters ``dropout_p``, ``window_size``, ``softcap``, ``alibi_slopes`` and
+    ``deterministic`` are not implemented yet).
+
+    Supports multi-query and grouped-query attention (MQA/GQA) by passing in K, V with
+    fewer heads than Q. The number of heads in Q must be divisible by the number of heads
+    in KV. For example, if Q has 6 heads and K, V have 2 heads, heads 0, 1, 2 of Q attend
+    to head 0 of K, V and heads 3, 4, 5 of Q attend to head 1 of K, V: query head ``h``
+    uses kv head ``h // (nheads // nheads_k)``. K and V are never expanded in memory.
+
+    If ``causal=True``, the causal mask is aligned to the bottom-right corner of the
+    attention matrix: query ``i`` sees key ``j`` iff ``j <= i + seqlen_k - seqlen_q``.
+    For example, with seqlen_q = 2 and seqlen_k = 5 (1 = visible)::
+
+        1 1 1 1 0
+        1 1 1 1 1
+
+    and with seqlen_q = 5 and seqlen_k = 2::
+
+        0 0
+        0 0
+        0 0
+        1 0
+        1 1
+
+    A query row that sees no key (the first three rows above) outputs exactly 0, and its
+    ``softmax_lse`` is ``-inf``; it never produces NaN.
+
+    Arguments:
+        q: (batch, seqlen_q, nheads, headdim)
+        k: (batch, seqlen_k, nheads_k, headdim)
+        v: (batch, seqlen_k, nheads_k, headdim)
+        softmax_scale: float. The scaling of QKᵀ before the softmax. Default 1 / sqrt(headdim).
+        causal: bool. Whether to apply a causal mask (bottom-right aligned, see above).
+        return_attn_probs: bool. If True, also return ``softmax_lse``. The attention
+            probabilities themselves are never formed, so the third element is None
+            (flash-attn returns them only for testing with dropout).
+
+    Shapes and dtypes:
+        * any seqlen >= 0 (seqlen 0 returns an empty output without a kernel launch;
+          seqlen_k = 0 gives out = 0 and lse = -inf), seqlen_q != seqlen_k allowed;
+        * headdim from 1 to 256 (padded inside the kernel, never in your tensors);
+        * CUDA: float16 and bfloat16; float32 is computed with true fp32 products
+          (slower; see docs/results.md for its measured error). CPU: float32 recommended,
+          float16/bfloat16 accepted (computed in float32), float64 on the tiled path;
+        * any strides with a unit stride on headdim are used without a copy.
+
+    Devices:
+        CUDA tensors run the Triton kernel. CPU tensors run the same Triton kernel in
+        Triton's interpreter if ``TRITON_INTERPRET=1`` was set before import, otherwise a
+        tiled PyTorch implementation of the same algorithm with O(seqlen · block) memory.
+
+    Return:
+        out: (batch, seqlen_q, nheads, headdim), the dtype of q.
+        softmax_lse [optional, if return_attn_probs=True]: (batch, nheads, seqlen_q), float32.
+            The natural-log logsumexp of each row of QKᵀ · softmax_scale (-inf for a row
+            that sees no key).
+        None [optional, if return_attn_probs=True]: placeholder for the attention probabilities.
+    """
+    _check_qkv(q, k, v)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    scale = _default_scale(softmax_scale, q.shape[-1])
+    q, k, v = (_unit_last_stride(t) for t in (q, k, v))
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    out, lse = attention_fwd(q, k, v, scale, causal, seqlen_k - seqlen_q)
+    if return_attn_probs:
+        return out, lse, None
+    return out
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                 scale=None, enable_gqa=False):
+    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention``, computed by tileflash.
+
+    Same layout and semantics as torch's function: ``query`` is
+    ``(batch, nheads, seqlen_q, headdim)``, ``key``/``value`` are
+    ``(batch, nheads_k, seqlen_k, headdim)``, and the result has query's shape and dtype.
+    The (batch, seqlen, nheads, headdim) kernels read these tensors through a transpose,
+    so no copy is made.
+
+    ``is_causal=True`` is torch's *top-left* alignment: query ``i`` sees key ``j`` iff
+    ``j <= i``, whatever the lengths (this differs from ``flash_attn_func(causal=True)``
+    when seqlen_q != seqlen_k). With seqlen_q = 2, seqlen_k = 5::
+
+        1 0 0 0 0
+        1 1 0 0 0
+
+    ``enable_gqa=True`` allows ``nheads_k < nheads`` (nheads a multiple of nheads_k;
+    query head h uses kv head ``h // (nheads // nheads_k)``, as in torch). Without it the
+    head counts must match, as in torch.
+
+    Not supported yet (raise ``NotImplementedError``): ``attn_mask`` other than None,
+    ``dropout_p > 0``.
+    """
+    if attn_mask is not None:
+        raise NotImplementedError(
+            "tileflash.scaled_dot_product_attention does not support attn_mask yet; pass attn_mask=None "
+            "(use is_causal=True for a causal mask) or call torch.nn.functional.scaled_dot_product_attention"
+        )
+    if dropout_p != 0.0:
+        raise NotImplementedError(
+            f"tileflash.scaled_dot_product_attention does not support dropout yet (got dropout_p={dropout_p}); "
+            "pass dropout_p=0.0"
+        )
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, nheads, seqlen, headdim), got shape {tuple(t.shape)}")
+    if not enable_gqa and key.shape[1] != query.shape[1]:
+        raise ValueError(
+            f"query has {query.shape[1]} heads but key has {key.shape[1]}; pass enable_gqa=True for "
+            "grouped-query attention (query heads must be a multiple of key/value heads)"
+        )
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    _check_qkv(q, k, v, names=("query", "key", "value"), layout="(batch, nheads, seqlen, headdim)")
+    sc = _default_scale(scale, q.shape[-1])
+    q, k, v = (_unit_last_stride(t) for t in (q, k, v))
+    out, _ = attention_fwd(q, k, v, sc, is_causal, 0)
+    return out.transpose(1, 2)

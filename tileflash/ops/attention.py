@@ -1,0 +1,81 @@
+"""The torch.library custom ops: one op per direction, dispatched by device.
+
+``tileflash::fwd`` is the only forward entry point below the public API:
+
+* CUDA tensors        -> the Triton kernel (``tileflash.ops.forward``);
+* CPU tensors with ``TRITON_INTERPRET=1`` set before import -> the same Triton kernel,
+  run by Triton's CPU interpreter (how CI tests the kernels);
+* other CPU tensors   -> the tiled PyTorch path (``tileflash.cpu``), same algorithm.
+
+Because these are ``torch.library.custom_op`` s with fake (meta) implementations,
+``torch.compile(fullgraph=True)`` traces through them without a graph break.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+from tileflash import cpu
+from tileflash.ops import forward as _fwd
+
+
+def _built_for_interpreter() -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(_fwd._attn_fwd, InterpretedFunction)
+
+
+# Triton decides interpreter-or-GPU when a kernel is decorated, i.e. at import.
+_KERNELS_INTERPRETED = _built_for_interpreter()
+
+
+def use_triton(t: Tensor) -> bool:
+    """Whether the Triton kernels serve tensors on ``t``'s device (see module docstring)."""
+    if t.is_cuda:
+        return True
+    if os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return False
+    if not _KERNELS_INTERPRETED:
+        raise RuntimeError(
+            "TRITON_INTERPRET=1 was set after tileflash (and triton) were imported, so the kernels "
+            "were built for the GPU. Set TRITON_INTERPRET=1 in the environment before importing "
+            "tileflash, or unset it to use the tiled PyTorch CPU path."
+        )
+    return True
+
+
+def _interpreter_dtype(t: Tensor) -> torch.dtype:
+    # Triton's interpreter computes bf16 loads/stores/dots wrongly (see docs/testing.md):
+    # run bf16 in fp32 there and cast the result back.
+    return torch.float32 if t.dtype == torch.bfloat16 else t.dtype
+
+
+@torch.library.custom_op("tileflash::fwd", mutates_args=())
+def attention_fwd(
+    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, causal_shift: int
+) -> tuple[Tensor, Tensor]:
+    """Attention forward. q (b, sq, h, d), k/v (b, sk, hk, d) -> out (b, sq, h, d), lse (b, h, sq) fp32.
+
+    ``causal_shift``: with ``causal``, query i sees key j iff ``j <= i + causal_shift``
+    (``seqlen_k - seqlen_q`` is flash-attn's bottom-right alignment, 0 is torch's top-left).
+    """
+    if use_triton(q):
+        if q.is_cuda:
+            with torch.cuda.device(q.device):
+                return _fwd.flash_attn_forward(q, k, v, softmax_scale, causal, causal_shift)
+        dt = _interpreter_dtype(q)
+        out, lse = _fwd.flash_attn_forward(q.to(dt), k.to(dt), v.to(dt), softmax_scale, causal, causal_shift)
+        return out.to(q.dtype), lse
+    return cpu.attention_forward_cpu(q, k, v, softmax_scale, causal, causal_shift=causal_shift)
+
+
+@attention_fwd.register_fake
+def _(q, k, v, softmax_scale, causal, causal_shift):
+    batch, seqlen_q, nheads, head_dim = q.shape
+    out = q.new_empty((batch, seqlen_q, nheads, head_dim))
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    lse = q.new_empty((batch, nheads, seqlen_q), dtype=lse_dtype)
+    return out, lse
