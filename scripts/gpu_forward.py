@@ -1,0 +1,110 @@
+"""One-shot GPU check for the forward pass: correctness, then TFLOP/s against cuDNN SDPA and
+SDPA-flash in the same run, then peak memory. Prints a short table last; writes JSON to --out.
+
+FLOPs = 4·B·H·Sq·Sk·D (×0.5 causal). Shapes follow flash-attn: B·N = 16k tokens, H = 2048 / D.
+"""
+
+import argparse
+import datetime
+import json
+import subprocess
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+import tileflash
+
+
+def sdpa_with(backend):
+    def fn(q, k, v, causal):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                  is_causal=causal).transpose(1, 2)
+    return fn
+
+
+PROVIDERS = {
+    "tileflash": lambda q, k, v, causal: tileflash.flash_attn_func(q, k, v, causal=causal),
+    "cudnn": sdpa_with(SDPBackend.CUDNN_ATTENTION),
+    "sdpa_flash": sdpa_with(SDPBackend.FLASH_ATTENTION),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="gpu_forward.json")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--dims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--dtype", default="float16")
+    args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
+    try:
+        commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+    except Exception:
+        commit = "unknown"
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                date=datetime.date.today().isoformat(), commit=commit, dtype=args.dtype)
+    print(meta, flush=True)
+    rows = []
+    for d in args.dims:
+        for causal in (False, True):
+            for n in args.sizes:
+                b, h = max(1, 16384 // n), 2048 // d
+                g = torch.Generator(device="cuda").manual_seed(n + d)
+                q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=dtype, generator=g) for _ in range(3))
+                # correctness on batch 0 against fp32 math attention
+                with sdpa_kernel(SDPBackend.MATH):
+                    ref = F.scaled_dot_product_attention(*(t[:1].float().transpose(1, 2) for t in (q, k, v)),
+                                                         is_causal=causal).transpose(1, 2)
+                flops = 4 * b * h * n * n * d * (0.5 if causal else 1.0)
+                for name, fn in PROVIDERS.items():
+                    try:
+                        out = fn(q, k, v, causal)
+                        err = (out[:1].float() - ref).abs().max().item()
+                        ms, p20, p80 = do_bench(lambda: fn(q, k, v, causal), warmup=50, rep=200,
+                                                quantiles=[0.5, 0.2, 0.8])
+                        del out
+                        torch.cuda.synchronize()
+                        torch.cuda.reset_peak_memory_stats()
+                        base = torch.cuda.memory_allocated()
+                        fn(q, k, v, causal)
+                        torch.cuda.synchronize()
+                        mem = (torch.cuda.max_memory_allocated() - base) / 2**20
+                        rows.append(dict(d=d, causal=causal, n=n, b=b, h=h, provider=name, ms=ms, p20=p20,
+                                         p80=p80, tflops=flops / ms * 1e-9, max_err=err, extra_mib=mem))
+                    except Exception as e:  # a backend refusing a shape is reported, not fatal
+                        rows.append(dict(d=d, causal=causal, n=n, b=b, h=h, provider=name, error=repr(e)[:200]))
+                    print(rows[-1], flush=True)
+                del q, k, v, ref
+    json.dump(dict(meta=meta, rows=rows), open(args.out, "w"), indent=1)
+    # fp32 on the GPU: measured error of the IEEE-fp32 path against fp64
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 1024, 8, 64, device="cuda", generator=g) for _ in range(3))
+    o32 = tileflash.flash_attn_func(q, k, v, causal=True)
+    with sdpa_kernel(SDPBackend.MATH):
+        r64 = F.scaled_dot_product_attention(*(t.double().transpose(1, 2) for t in (q, k, v)),
+                                             is_causal=True).transpose(1, 2)
+        e32 = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)),
+                                             is_causal=True).transpose(1, 2)
+    print(f"fp32 path: max err vs fp64 {(o32.double() - r64).abs().max().item():.3g} "
+          f"(eager fp32: {(e32.double() - r64).abs().max().item():.3g})")
+    print("\n| D | causal | N | tileflash | cuDNN | SDPA-flash | tf/cuDNN | tf/flash | tf err | tf MiB | flash MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    key = lambda r: (r["d"], r["causal"], r["n"])  # noqa: E731
+    by = {}
+    for r in rows:
+        by.setdefault(key(r), {})[r["provider"]] = r
+    for kk, cell in by.items():
+        t = lambda p: cell.get(p, {}).get("tflops", float("nan"))  # noqa: E731
+        print(f"| {kk[0]} | {kk[1]} | {kk[2]} | {t('tileflash'):.0f} | {t('cudnn'):.0f} | {t('sdpa_flash'):.0f} | "
+              f"{t('tileflash') / t('cudnn'):.2f} | {t('tileflash') / t('sdpa_flash'):.2f} | "
+              f"{cell['tileflash'].get('max_err', float('nan')):.2g} | "
+              f"{cell['tileflash'].get('extra_mib', float('nan')):.0f} | "
+              f"{cell.get('sdpa_flash', {}).get('extra_mib', float('nan')):.0f} |")
+
+
+if __name__ == "__main__":
+    main()
