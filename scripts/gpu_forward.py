@@ -7,6 +7,7 @@ FLOPs = 4·B·H·Sq·Sk·D (×0.5 causal). Shapes follow flash-attn: B·N = 16k 
 import argparse
 import datetime
 import json
+import os
 import subprocess
 
 import torch
@@ -26,8 +27,17 @@ def sdpa_with(backend):
     return fn
 
 
+def tileflash_autotuned(q, k, v, causal):
+    os.environ["TILEFLASH_AUTOTUNE"] = "1"
+    try:
+        return tileflash.flash_attn_func(q, k, v, causal=causal)
+    finally:
+        os.environ["TILEFLASH_AUTOTUNE"] = "0"
+
+
 PROVIDERS = {
     "tileflash": lambda q, k, v, causal: tileflash.flash_attn_func(q, k, v, causal=causal),
+    "tileflash_at": tileflash_autotuned,
     "cudnn": sdpa_with(SDPBackend.CUDNN_ATTENTION),
     "sdpa_flash": sdpa_with(SDPBackend.FLASH_ATTENTION),
 }
@@ -91,15 +101,19 @@ def main():
                                              is_causal=True).transpose(1, 2)
     print(f"fp32 path: max err vs fp64 {(o32.double() - r64).abs().max().item():.3g} "
           f"(eager fp32: {(e32.double() - r64).abs().max().item():.3g})")
+    from tileflash.ops.forward import _attn_fwd_tuned
+    for key_, cfg in getattr(_attn_fwd_tuned, "cache", {}).items():
+        print("autotuned", key_[:5], cfg)
     print("\n| D | causal | N | tileflash | cuDNN | SDPA-flash | tf/cuDNN | tf/flash | tf err | tf MiB | flash MiB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
+    # (tileflash = default config table; tileflash_at = TILEFLASH_AUTOTUNE=1, in the JSON)
     key = lambda r: (r["d"], r["causal"], r["n"])  # noqa: E731
     by = {}
     for r in rows:
         by.setdefault(key(r), {})[r["provider"]] = r
     for kk, cell in by.items():
         t = lambda p: cell.get(p, {}).get("tflops", float("nan"))  # noqa: E731
-        print(f"| {kk[0]} | {kk[1]} | {kk[2]} | {t('tileflash'):.0f} | {t('cudnn'):.0f} | {t('sdpa_flash'):.0f} | "
+        print(f"| {kk[0]} | {kk[1]} | {kk[2]} | {t('tileflash'):.0f} (at {t('tileflash_at'):.0f}) | {t('cudnn'):.0f} | {t('sdpa_flash'):.0f} | "
               f"{t('tileflash') / t('cudnn'):.2f} | {t('tileflash') / t('sdpa_flash'):.2f} | "
               f"{cell['tileflash'].get('max_err', float('nan')):.2g} | "
               f"{cell['tileflash'].get('extra_mib', float('nan')):.0f} | "

@@ -119,3 +119,10 @@ def test_sdpa_unsupported_features():
 
 def test_public_names():
     assert set(tileflash.__all__) == {"flash_attn_func", "scaled_dot_product_attention", "__version__"}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_float32_on_gpu_recommends_bf16():
+    q, k, v = (t.cuda() for t in qkv())
+    with pytest.raises(TypeError, match=r"float32 on the GPU is not supported.*bfloat16"):
+        flash_attn_func(q, k, v)

@@ -10,7 +10,8 @@ from torch import Tensor
 from tileflash.ops.attention import attention_fwd, use_triton
 
 MAX_HEADDIM = 256
-_GPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_GPU_DTYPES = (torch.float16, torch.bfloat16)
+_INTERPRETER_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -34,10 +35,18 @@ def _check_qkv(q, k, v, names=("q", "k", "v"), layout="(batch, seqlen, nheads, h
         raise TypeError(
             f"{nq}, {nk}, {nv} must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}; cast them to one dtype"
         )
-    allowed = _CPU_DTYPES if (q.device.type == "cpu" and not use_triton(q)) else _GPU_DTYPES
+    if q.device.type == "cuda":
+        allowed = _GPU_DTYPES
+    else:
+        allowed = _INTERPRETER_DTYPES if use_triton(q) else _CPU_DTYPES
     if q.dtype not in allowed:
         names_ = ", ".join(str(d).replace("torch.", "") for d in allowed)
-        hint = " (float64 is supported on the tiled CPU path only)" if q.dtype == torch.float64 else ""
+        hint = ""
+        if q.dtype == torch.float64:
+            hint = " (float64 is supported on the tiled CPU path only)"
+        elif q.dtype == torch.float32 and q.device.type == "cuda":
+            hint = (" (float32 on the GPU is not supported: cast to bfloat16, which has float32's range, "
+                    "e.g. q.bfloat16(); the CPU paths compute float32)")
         raise TypeError(f"{nq} has dtype {q.dtype}, which is not supported here{hint}; use one of: {names_} "
                         f"(bfloat16 or float16 recommended on GPU)")
     if q.device.type not in ("cuda", "cpu"):
@@ -122,9 +131,9 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_attn_probs
         * any seqlen >= 0 (seqlen 0 returns an empty output without a kernel launch;
           seqlen_k = 0 gives out = 0 and lse = -inf), seqlen_q != seqlen_k allowed;
         * headdim from 1 to 256 (padded inside the kernel, never in your tensors);
-        * CUDA: float16 and bfloat16; float32 is computed with true fp32 products
-          (slower; see docs/results.md for its measured error). CPU: float32 recommended,
-          float16/bfloat16 accepted (computed in float32), float64 on the tiled path;
+        * CUDA: float16 and bfloat16 (float32 is rejected with a TypeError that recommends
+          bfloat16). CPU: float32 recommended, float16/bfloat16 accepted (the tiled path
+          computes in float32), float64 on the tiled path only;
         * any strides with a unit stride on headdim are used without a copy.
 
     Devices:

@@ -170,10 +170,24 @@ FWD_CONFIGS = [
     _cfg(bm, bn, w, s)
     for (bm, bn, w, s) in [
         (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 32, 4, 3),
-        (64, 64, 4, 3), (128, 64, 4, 4), (128, 128, 8, 2), (64, 32, 4, 2),
-        (64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 8, 2),
+        (64, 64, 4, 3), (128, 64, 8, 2), (64, 32, 4, 2),
     ]
 ]
+
+
+def default_config(head_dim: int) -> dict:
+    """The config used without autotuning (first call costs one compile, no benchmarking)."""
+    if head_dim <= 64:
+        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)
+    if head_dim <= 128:
+        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+    return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
+
+
+def autotune_enabled() -> bool:
+    """TILEFLASH_AUTOTUNE=1 benchmarks FWD_CONFIGS once per (length bucket, head dim, causal, dtype)."""
+    return os.environ.get("TILEFLASH_AUTOTUNE", "0") == "1"
+
 
 # Shared memory we allow a config to plan for (H100/H200 offer 227 KB per block).
 _SMEM_BUDGET = 200 * 1024
@@ -262,6 +276,8 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift
     )
     if config is None and interpreting():
         config = INTERPRET_FWD_CONFIG
+    if config is None and not autotune_enabled():
+        config = default_config(head_dim)
     if config is None:
         grid = lambda META: (triton.cdiv(seqlen_q, META["BLOCK_M"]), batch * nheads)  # noqa: E731
         _attn_fwd_tuned[grid](*args, **meta)
