@@ -137,14 +137,15 @@ def test_noncontiguous_no_copy(backend, monkeypatch):
     """Strided views (a packed qkv buffer, an SDPA-layout transpose) are read in place."""
     dev = backend_device(backend)
     b, s, h, d = 2, 37, 3, 24
-    qkv = _rand((b, s, 3, h, d + 8), torch.float32, dev, 9)[..., :d]   # (b, s, 3, h, d), padded rows
+    dt = torch.bfloat16 if dev == "cuda" else torch.float32
+    qkv = _rand((b, s, 3, h, d + 8), dt, dev, 9)[..., :d]   # (b, s, 3, h, d), padded rows
     q, k, v = qkv.unbind(2)
     assert not q.is_contiguous()
     from tileflash import interface
     assert interface._unit_last_stride(q) is q
     out = tileflash.flash_attn_func(q, k, v, causal=True)
     check_out(out, q.contiguous(), k.contiguous(), v.contiguous(), True)
-    qt = _rand((b, h, s, d), torch.float32, dev, 10).transpose(1, 2)   # (b, s, h, d) view
+    qt = _rand((b, h, s, d), dt, dev, 10).transpose(1, 2)   # (b, s, h, d) view
     out = tileflash.flash_attn_func(qt, k, v)
     check_out(out, qt.contiguous(), k.contiguous(), v.contiguous(), False)
 
