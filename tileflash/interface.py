@@ -86,12 +86,16 @@ def _default_scale(softmax_scale, head_dim):
     return float(softmax_scale)
 
 
-def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_attn_probs=False):
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, deterministic=False, return_attn_probs=False):
     """Exact attention, ``softmax(q kᵀ · softmax_scale) v``, without materialising the score matrix.
 
     Argument names and order follow flash-attn 2's ``flash_attn_func`` (its later
-    parameters ``dropout_p``, ``window_size``, ``softcap``, ``alibi_slopes`` and
-    ``deterministic`` are not implemented yet).
+    parameters ``dropout_p``, ``window_size``, ``softcap`` and ``alibi_slopes`` are not
+    implemented yet).
+
+    Differentiable: gradients flow to q, k and v through the ``tileflash::bwd`` op, which
+    recomputes the attention probabilities block by block from q, k and the saved LSE (only
+    q, k, v, out and the LSE are kept for the backward).
 
     Supports multi-query and grouped-query attention (MQA/GQA) by passing in K, V with
     fewer heads than Q. The number of heads in Q must be divisible by the number of heads
@@ -123,6 +127,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_attn_probs
         v: (batch, seqlen_k, nheads_k, headdim)
         softmax_scale: float. The scaling of QKᵀ before the softmax. Default 1 / sqrt(headdim).
         causal: bool. Whether to apply a causal mask (bottom-right aligned, see above).
+        deterministic: bool. Accepted for flash-attn compatibility. The backward is always
+            deterministic (bitwise reproducible): it uses no atomic adds, whatever this flag says.
         return_attn_probs: bool. If True, also return ``softmax_lse``. The attention
             probabilities themselves are never formed, so the third element is None
             (flash-attn returns them only for testing with dropout).
@@ -145,12 +151,15 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_attn_probs
         out: (batch, seqlen_q, nheads, headdim), the dtype of q.
         softmax_lse [optional, if return_attn_probs=True]: (batch, nheads, seqlen_q), float32.
             The natural-log logsumexp of each row of QKᵀ · softmax_scale (-inf for a row
-            that sees no key).
+            that sees no key). It has no gradient: a loss that depends on it does not
+            backpropagate through it (as in flash-attn).
         None [optional, if return_attn_probs=True]: placeholder for the attention probabilities.
     """
     _check_qkv(q, k, v)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     scale = _default_scale(softmax_scale, q.shape[-1])
     q, k, v = (_unit_last_stride(t) for t in (q, k, v))
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]

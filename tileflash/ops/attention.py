@@ -1,6 +1,6 @@
-"""The torch.library custom ops: one op per direction, dispatched by device.
+"""The torch.library custom ops: one op per direction, dispatched by device, plus autograd.
 
-``tileflash::fwd`` is the only forward entry point below the public API:
+``tileflash::fwd`` and ``tileflash::bwd`` are the only entry points below the public API:
 
 * CUDA tensors        -> the Triton kernel (``tileflash.ops.forward``);
 * CPU tensors with ``TRITON_INTERPRET=1`` set before import -> the same Triton kernel,
@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from tileflash import cpu
+from tileflash.ops import backward as _bwd
 from tileflash.ops import forward as _fwd
 
 
@@ -79,3 +80,50 @@ def _(q, k, v, softmax_scale, causal, causal_shift):
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     lse = q.new_empty((batch, nheads, seqlen_q), dtype=lse_dtype)
     return out, lse
+
+
+@torch.library.custom_op("tileflash::bwd", mutates_args=())
+def attention_bwd(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+    softmax_scale: float, causal: bool, causal_shift: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Attention backward by recomputation from (q, k, v, out, lse) -> (dq, dk, dv).
+
+    Deterministic: the Triton path uses no atomics (dK/dV and dQ are separate kernels).
+    """
+    if use_triton(q):
+        if q.is_cuda:
+            with torch.cuda.device(q.device):
+                return _bwd.flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift)
+        dt = _interpreter_dtype(q)
+        grads = _bwd.flash_attn_backward(*(t.to(dt) for t in (dout, q, k, v, out)), lse, softmax_scale,
+                                         causal, causal_shift)
+        return tuple(g.to(q.dtype) for g in grads)
+    return cpu.attention_backward_cpu(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift=causal_shift)
+
+
+@attention_bwd.register_fake
+def _(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift):
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            torch.empty(k.shape, dtype=k.dtype, device=k.device),
+            torch.empty(v.shape, dtype=v.dtype, device=v.device))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, softmax_scale, causal, causal_shift = inputs
+    out, lse = output
+    # Only q, k, v, out and the LSE are kept: P is recomputed in the backward.
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.softmax_scale = softmax_scale
+    ctx.causal = causal
+    ctx.causal_shift = causal_shift
+
+
+def _backward(ctx, dout, dlse):
+    # softmax_lse is returned for inspection and has no gradient (as in flash-attn); dlse is ignored.
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.causal_shift)
+    return dq, dk, dv, None, None, None
+
+
+attention_fwd.register_autograd(_backward, setup_context=_setup_context)
