@@ -29,7 +29,7 @@ def main():
             q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=torch.float16) for _ in range(4))
             out, lse = F.flash_attn_forward(q, k, v, d ** -0.5, causal)
             flops = 4 * b * h * n * n * d * (0.5 if causal else 1) * 2.5
-            base = B.default_bwd_config(d)
+            base = B.default_bwd_config(d, causal)
             ref = B.flash_attn_backward(do, q, k, v, out, lse, d ** -0.5, causal, config=base)
             for fam, cands in (("dkdv", DKDV), ("dq", DQ)):
                 for c in cands:

@@ -253,15 +253,18 @@ def _bwd_dq(
 INTERPRET_BWD_CONFIG = {"dkdv": dict(BLOCK_M=16, BLOCK_N=32), "dq": dict(BLOCK_M=32, BLOCK_N=16)}
 
 
-def default_bwd_config(head_dim: int) -> dict:
+def _c(bm, bn, w, s):
+    return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)
+
+
+def default_bwd_config(head_dim: int, causal: bool = False) -> dict:
+    """Per-head-dim block configs, picked by ``scripts/bwd_sweep.py`` on an H200 (fp16, N=8k;
+    see docs/results.md). D=256 was not swept: it uses small tiles that fit its registers."""
     if head_dim <= 64:
-        return {"dkdv": dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3),
-                "dq": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)}
+        return {"dkdv": _c(32, 128, 4, 3), "dq": _c(64, 64, 4, 3) if causal else _c(128, 64, 8, 3)}
     if head_dim <= 128:
-        return {"dkdv": dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2),
-                "dq": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)}
-    return {"dkdv": dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2),
-            "dq": dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)}
+        return {"dkdv": _c(32, 64, 4, 2) if causal else _c(64, 128, 8, 3), "dq": _c(128, 64, 8, 3)}
+    return {"dkdv": _c(32, 64, 4, 2), "dq": _c(64, 32, 4, 2)}
 
 
 def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool,
@@ -286,7 +289,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
         # no query or no key: every gradient is zero, nothing to launch
         return dq.zero_(), dk.zero_(), dv.zero_()
     if config is None:
-        config = INTERPRET_BWD_CONFIG if interpreting() else default_bwd_config(head_dim)
+        config = INTERPRET_BWD_CONFIG if interpreting() else default_bwd_config(head_dim, causal)
     block_d = block_d_for(head_dim)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     delta = torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
