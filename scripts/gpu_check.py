@@ -86,11 +86,13 @@ def run_mode(mode, args, dtype):
                     for t in (q, k, v):
                         t.requires_grad_(True)
                     do = torch.randn_like(q)
-                    leaves = [t[:1].detach().float().requires_grad_() for t in (q, k, v)]
+                    # reference dq on batch 0, heads 0-1 (an fp32 N×N graph for all heads OOMs at 16k)
+                    leaves = [t[:1, :, :2].detach().float().requires_grad_() for t in (q, k, v)]
                     with sdpa_kernel(SDPBackend.MATH):
                         r = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in leaves),
                                                            is_causal=causal).transpose(1, 2)
-                    ref = torch.autograd.grad(r, leaves, do[:1].float())[0]  # dq of batch 0
+                    ref = torch.autograd.grad(r, leaves, do[:1, :, :2].float())[0]
+                    del r, leaves
                 for name, fn in PROVIDERS.items():
                     try:
                         out = fn(q, k, v, causal)
@@ -99,7 +101,7 @@ def run_mode(mode, args, dtype):
                             step = lambda: fn(q, k, v, causal)  # noqa: E731
                         else:
                             dq = torch.autograd.grad(out, (q, k, v), do, retain_graph=True)[0]
-                            err = (dq[:1].float() - ref).abs().max().item()
+                            err = (dq[:1, :, :2].float() - ref).abs().max().item()
                             step = lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)  # noqa: E731
                         ms, p20, p80 = do_bench(step, warmup=50, rep=200, quantiles=[0.5, 0.2, 0.8])
                         del out
