@@ -186,7 +186,7 @@ def test_torch_compile_fullgraph(backend, api):
                                                    is_causal=True, enable_gqa=True)
         return o.transpose(1, 2) * 2.0
 
-    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager" if dev == "cpu" else "inductor")
+    compiled = torch.compile(fn, fullgraph=True)  # default backend: inductor, on CPU and CUDA
     res = []
     for f in (fn, compiled):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]

@@ -126,3 +126,13 @@ def test_float32_on_gpu_recommends_bf16():
     q, k, v = (t.cuda() for t in qkv())
     with pytest.raises(TypeError, match=r"float32 on the GPU is not supported.*bfloat16"):
         flash_attn_func(q, k, v)
+
+
+def test_interpret_set_after_import_is_explained(monkeypatch):
+    """Kernels built for the GPU cannot serve CPU tensors: say how to fix it instead of crashing."""
+    from tileflash.ops import attention
+    monkeypatch.setattr(attention, "_KERNELS_INTERPRETED", False)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    q, k, v = qkv()
+    with pytest.raises(RuntimeError, match=r"TRITON_INTERPRET=1 was set after tileflash"):
+        flash_attn_func(q, k, v)
