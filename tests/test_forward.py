@@ -54,12 +54,14 @@ def check_out(out, q, k, v, causal, scale=None):
 
 def check_lse(lse, ref_lse, dtype):
     assert lse.dtype == torch.float32 and lse.shape == ref_lse.shape
+    on_cpu = lse.device.type == "cpu"
     lse, ref_lse = lse.cpu().double(), ref_lse.double()
     inf = torch.isinf(ref_lse)
     assert torch.equal(torch.isinf(lse), inf), "LSE -inf pattern differs from the reference"
     assert (lse[inf] < 0).all()
-    # same (upcast) inputs on both sides: only fp32 accumulation order differs
-    tol = 1e-4 if dtype == torch.float32 else 2e-3
+    # same (upcast) inputs on both sides: only fp32 accumulation order differs (measured ~6e-7 on
+    # the CPU paths). The CUDA bound was not re-measured after tightening the CPU one.
+    tol = 1e-5 if on_cpu else 2e-3
     assert (lse[~inf] - ref_lse[~inf]).abs().max().item() <= tol if (~inf).any() else True
 
 

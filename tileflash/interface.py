@@ -10,12 +10,13 @@ from torch import Tensor
 from tileflash.ops.attention import attention_fwd, use_triton
 
 MAX_HEADDIM = 256
+MAX_BATCH_HEADS = 65535  # grid axis 1 of every kernel is batch*nheads
 _GPU_DTYPES = (torch.float16, torch.bfloat16)
 _INTERPRETER_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _check_qkv(q, k, v, names=("q", "k", "v"), layout="(batch, seqlen, nheads, headdim)", seq_dim=1, head_dim_=2):
+def _check_qkv(q, k, v, names=("q", "k", "v"), layout="(batch, seqlen, nheads, headdim)"):
     """Validate q/k/v given in the (batch, seqlen, nheads, headdim) convention (after any transpose).
 
     ``names``/``layout`` are only used to word the errors in the caller's own terms.
@@ -66,6 +67,12 @@ def _check_qkv(q, k, v, names=("q", "k", "v"), layout="(batch, seqlen, nheads, h
         raise ValueError(
             f"{nk} has {hk} heads but {nq} has {h}; the number of query heads must be a multiple of "
             f"the number of key/value heads (GQA/MQA)"
+        )
+    if b * h > MAX_BATCH_HEADS:
+        raise ValueError(
+            f"batch * nheads = {b} * {h} = {b * h} exceeds {MAX_BATCH_HEADS}, the most one launch handles "
+            f"(CUDA's grid limit on the batch*heads axis); split the batch into chunks of at most "
+            f"{MAX_BATCH_HEADS // max(h, 1)} and concatenate the outputs"
         )
     if d < 1 or d > MAX_HEADDIM:
         raise ValueError(f"head dim is {d}; tileflash supports head dims from 1 to {MAX_HEADDIM}")

@@ -23,14 +23,8 @@ from tileflash.ops import backward as _bwd
 from tileflash.ops import forward as _fwd
 
 
-def _built_for_interpreter() -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return isinstance(_fwd._attn_fwd, InterpretedFunction)
-
-
 # Triton decides interpreter-or-GPU when a kernel is decorated, i.e. at import.
-_KERNELS_INTERPRETED = _built_for_interpreter()
+_KERNELS_INTERPRETED = _fwd.interpreting()
 
 
 def use_triton(t: Tensor) -> bool:

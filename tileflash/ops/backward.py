@@ -282,6 +282,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
     if dout.stride(-1) != 1:
         # e.g. the expanded ones of loss = out.sum(): the kernels need a unit stride on headdim
         dout = dout.contiguous()
+    lse = lse.contiguous()  # the kernels address rows as (batch*nheads + h) * seqlen_q + m
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if dq is None else dq
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device) if dk is None else dk
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device) if dv is None else dv

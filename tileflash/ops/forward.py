@@ -29,7 +29,6 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 
 
 @triton.jit
@@ -224,9 +223,19 @@ _attn_fwd_tuned = triton.autotune(
 INTERPRET_FWD_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 16}
 
 
+def _built_for_interpreter() -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(_attn_fwd, InterpretedFunction)
+
+
+# Triton decides interpreter-or-GPU when a kernel is decorated, i.e. at import; read it once.
+_KERNELS_INTERPRETED = _built_for_interpreter()
+
+
 def interpreting() -> bool:
-    """True when Triton kernels in this module were built for the CPU interpreter."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """True when the Triton kernels were built for the CPU interpreter (TRITON_INTERPRET=1 at import)."""
+    return _KERNELS_INTERPRETED
 
 
 def block_d_for(head_dim: int) -> int:
