@@ -24,7 +24,13 @@ SUBCOMMANDS = [
         "tileflash.bench.demo",
         "eager attention vs tileflash for growing sequence lengths: error, time, peak memory",
     ),
-    # ("bench", "tileflash.bench.<module>", "..."),  # extension point: `tileflash bench`
+    (
+        "bench",
+        "tileflash.bench.bench",
+        "benchmark providers (tileflash, eager, SDPA backends, FlexAttention, flash-attn): time, TFLOP/s, memory",
+    ),
+    ("plot", "tileflash.bench.plot", "redraw the PNG plots of a `tileflash bench --out DIR` run from DIR/results.json"),
+    ("io", "tileflash.bench.io_model", "HBM traffic model: standard attention vs FlashAttention (seed 002's IO argument)"),
 ]
 
 

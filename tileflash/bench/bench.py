@@ -1,0 +1,284 @@
+"""Benchmark attention providers: time, TFLOP/s, peak memory and error, per shape and mode.
+
+Providers (see ``tileflash/bench/providers.py``): tileflash, eager (standard attention),
+torch SDPA with its math / efficient / flash / cuDNN backends, compiled FlexAttention, and
+flash-attn if it is installed. Absent providers are skipped with a note.
+
+Metrics, per (provider, shape, mode):
+  * time: median with p20/p80 (CUDA: triton.testing.do_bench; CPU: wall clock);
+  * TFLOP/s = 4·B·H·Sq·Sk·D / time, ×0.5 causal, ×2.5 for bwd, ×3.5 for fwd+bwd;
+  * peak memory: extra bytes over the inputs during one call (CUDA: max_memory_allocated;
+    CPU: the process's peak RSS growth, VmHWM);
+  * max_err: max |out - ref| (fwd) or max |dq - dq_ref| (bwd, fwd+bwd) against an fp32 reference
+    on batch 0 and the first kv-head group, so a fast wrong kernel cannot hide.
+
+Default shapes follow flash-attn: batch·seqlen = 16k tokens and nheads·headdim = 2048.
+`--device cpu` benchmarks tileflash's tiled CPU path against eager and torch's CPU SDPA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from tileflash.bench.demo import PeakRSS, _malloc_trim, environment
+from tileflash.bench.providers import PROVIDERS, tiled_cpu_path
+from tileflash.reference import attention_ref
+
+MODES = ("fwd", "bwd", "fwd+bwd")
+FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+CSV_FIELDS = ["provider", "mode", "batch", "heads", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "causal",
+              "dtype", "status", "ms", "p20", "p80", "tflops", "peak_mib", "max_err", "device_name", "torch",
+              "triton", "date", "git"]
+
+
+def flops(shape: dict, mode: str) -> float:
+    f = 4.0 * shape["batch"] * shape["heads"] * shape["seqlen"] ** 2 * shape["head_dim"]
+    return f * (0.5 if shape["causal"] else 1.0) * FLOP_FACTOR[mode]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    p.add_argument("--providers", nargs="+", default=None, choices=sorted(PROVIDERS),
+                   help="default: all (CUDA) or tileflash, eager, sdpa_math, sdpa_flash (CPU)")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=["fwd", "bwd"])
+    p.add_argument("--seqlens", type=int, nargs="+", default=None)
+    p.add_argument("--head-dim", type=int, nargs="+", default=None)
+    p.add_argument("--batch", type=int, default=None, help="default: 16384 // seqlen (CUDA), 1 (CPU)")
+    p.add_argument("--heads", type=int, default=None, help="default: 2048 // head_dim (CUDA), 4 (CPU)")
+    p.add_argument("--heads-kv", type=int, default=None, help="default: = heads (GQA when smaller)")
+    p.add_argument("--causal", choices=["no", "yes", "both"], default="both")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: float16 (CUDA), float32 (CPU)")
+    p.add_argument("--quick", action="store_true", help="few small shapes and short timing")
+    p.add_argument("--out", default=None, help="directory for results.json, results.csv and PNG plots")
+    p.add_argument("--no-plots", action="store_true")
+
+
+def _shapes(args, device):
+    quick = args.quick
+    if device == "cuda":
+        seqlens = args.seqlens or ([1024, 4096] if quick else [512, 1024, 2048, 4096, 8192, 16384])
+        dims = args.head_dim or ([128] if quick else [64, 128])
+    else:
+        seqlens = args.seqlens or ([128, 256] if quick else [256, 512, 1024, 2048])
+        dims = args.head_dim or ([32] if quick else [64])
+    causals = {"no": [False], "yes": [True], "both": [False, True]}[args.causal]
+    out = []
+    for d in dims:
+        for causal in causals:
+            for n in seqlens:
+                heads = args.heads or (max(1, 2048 // d) if device == "cuda" else (2 if quick else 4))
+                batch = args.batch or (max(1, 16384 // n) if device == "cuda" else 1)
+                heads_kv = args.heads_kv or heads
+                if heads % heads_kv:
+                    raise SystemExit(f"--heads {heads} must be a multiple of --heads-kv {heads_kv}")
+                out.append(dict(batch=batch, heads=heads, heads_kv=heads_kv, seqlen=n, head_dim=d, causal=causal))
+    return out
+
+
+def _inputs(shape, dtype, device, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed + shape["seqlen"])
+    b, n, h, hk, d = (shape[k] for k in ("batch", "seqlen", "heads", "heads_kv", "head_dim"))
+    q = torch.randn(b, n, h, d, generator=g).to(device, dtype)
+    k = torch.randn(b, n, hk, d, generator=g).to(device, dtype)
+    v = torch.randn(b, n, hk, d, generator=g).to(device, dtype)
+    do = torch.randn(b, n, h, d, generator=g).to(device, dtype)
+    return q, k, v, do
+
+
+def _reference(q, k, v, do, causal, mode):
+    """fp32 reference on batch 0 and the first kv-head group (all its query heads)."""
+    group = q.shape[2] // k.shape[2]
+    leaves = [t[:1, :, :n].detach().float().requires_grad_(mode != "fwd")
+              for t, n in ((q, group), (k, 1), (v, 1))]
+    out, _ = attention_ref(*leaves, causal=causal)
+    if mode == "fwd":
+        return out.detach()
+    return torch.autograd.grad(out, leaves[0], do[:1, :, :group].float())[0]
+
+
+def _step(fn, q, k, v, do, causal, mode):
+    """The callable that is timed, and the tensor it produces for the error check."""
+    if mode == "fwd":
+        def run():
+            return fn(q, k, v, causal)
+        return run, lambda: fn(q, k, v, causal)[:1, :, : q.shape[2] // k.shape[2]]
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    if mode == "bwd":
+        out = fn(*leaves, causal)
+
+        def run():
+            return torch.autograd.grad(out, leaves, do, retain_graph=True)
+    else:
+        def run():
+            return torch.autograd.grad(fn(*leaves, causal), leaves, do)
+    group = q.shape[2] // k.shape[2]
+    return run, lambda: run()[0][:1, :, :group]
+
+
+def _time(run, device, quick):
+    if device == "cuda":
+        from triton.testing import do_bench
+
+        ms, p20, p80 = do_bench(run, warmup=10 if quick else 25, rep=30 if quick else 100,
+                                quantiles=[0.5, 0.2, 0.8])
+        return ms, p20, p80
+    run()  # warm-up
+    times, t_end = [], time.perf_counter() + (0.3 if quick else 2.0)
+    while len(times) < 3 or (time.perf_counter() < t_end and len(times) < 50):
+        t0 = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - t0) * 1e3)
+    qs = statistics.quantiles(times, n=10, method="inclusive")
+    return statistics.median(times), qs[1], qs[7]
+
+
+def _peak_mib(run, device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        res = run()
+        torch.cuda.synchronize()
+        del res
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+    _malloc_trim()
+    rss = PeakRSS()
+    base = rss.reset()
+    res = run()
+    del res
+    return (rss.peak() - base) / 2**20
+
+
+def _is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
+
+
+def measure(name, shape, mode, dtype, device, quick):
+    """One row: time, TFLOP/s, peak memory and error of a provider on a shape and mode."""
+    row = dict(provider=name, mode=mode, batch=shape["batch"], heads=shape["heads"], heads_kv=shape["heads_kv"],
+               seqlen_q=shape["seqlen"], seqlen_k=shape["seqlen"], head_dim=shape["head_dim"],
+               causal=shape["causal"], dtype=str(dtype).replace("torch.", ""))
+    fn = PROVIDERS[name].fn
+    try:
+        q, k, v, do = _inputs(shape, dtype, device)
+        ref = _reference(q, k, v, do, shape["causal"], mode)
+        run, probe = _step(fn, q, k, v, do, shape["causal"], mode)
+        row["max_err"] = (probe().float() - ref).abs().max().item()
+        ms, p20, p80 = _time(run, device, quick)
+        row.update(ms=ms, p20=p20, p80=p80, tflops=flops(shape, mode) / ms * 1e-9)
+        row["peak_mib"] = _peak_mib(run, device)
+        row["status"] = "ok"
+    except Exception as e:  # noqa: BLE001 - recorded in the row, the run goes on
+        row["status"] = "OOM" if _is_oom(e) else f"error: {type(e).__name__}: {str(e)[:200]}"
+    finally:
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return row
+
+
+class _Progress:
+    """tqdm when installed, otherwise one line per step."""
+
+    def __init__(self, total):
+        self.total, self.i = total, 0
+        try:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, file=sys.stderr, dynamic_ncols=True)
+        except ImportError:
+            self.bar = None
+
+    def step(self, label):
+        self.i += 1
+        if self.bar is not None:
+            self.bar.set_description(label)
+            self.bar.update(1)
+        else:
+            print(f"[{self.i}/{self.total}] {label}", file=sys.stderr, flush=True)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def format_table(rows):
+    head = f"{'provider':<15}{'mode':<8}{'D':>4}{'causal':>7}{'N':>7}{'ms':>10}{'TFLOP/s':>9}{'MiB':>9}{'max_err':>10}  status"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        ok = r["status"] == "ok"
+        lines.append(
+            f"{r['provider']:<15}{r['mode']:<8}{r['head_dim']:>4}{str(r['causal']):>7}{r['seqlen_q']:>7}"
+            + (f"{r['ms']:>10.3f}{r['tflops']:>9.2f}{r['peak_mib']:>9.1f}{r['max_err']:>10.2e}" if ok else " " * 38)
+            + f"  {r['status']}"
+        )
+    return "\n".join(lines)
+
+
+def write_results(rows, out_dir: Path, skipped: dict):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps({"results": rows, "skipped": skipped}, indent=1))
+    with open(out_dir / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+
+
+def run(args) -> int:
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda but no CUDA GPU is available", file=sys.stderr)
+        return 2
+    if device == "cpu":
+        print("No CUDA GPU in use: benchmarking the CPU version (tileflash's tiled PyTorch path) at small sizes",
+              flush=True)
+    dtype = DTYPES[args.dtype or ("float16" if device == "cuda" else "float32")]
+    names = args.providers or (list(PROVIDERS) if device == "cuda" else ["tileflash", "eager", "sdpa_math",
+                                                                         "sdpa_flash"])
+    skipped = {}
+    for n in list(names):
+        why = PROVIDERS[n].unavailable(device)
+        if why:
+            skipped[n] = why
+            print(f"note: skipping {n}: {why}", flush=True)
+    names = [n for n in names if n not in skipped]
+    shapes = _shapes(args, device)
+    env = environment(device)
+    meta = dict(device_name=env["device_name"], torch=env["torch"], triton=env["triton"], date=env["date"],
+                git=env["git"] if not env.get("git_dirty") else f"{env['git']}-dirty")
+    rows = []
+    prog = _Progress(len(shapes) * len(args.modes) * len(names))
+    ctx = tiled_cpu_path() if device == "cpu" else contextlib.nullcontext()
+    with ctx:
+        for mode in args.modes:
+            for shape in shapes:
+                for name in names:
+                    prog.step(f"{name} {mode} N={shape['seqlen']} D={shape['head_dim']} causal={shape['causal']}")
+                    rows.append({**measure(name, shape, mode, dtype, device, args.quick), **meta})
+    prog.close()
+    print(format_table(rows))
+    print("TFLOP/s = 4·B·H·Sq·Sk·D / time (×0.5 causal, ×2.5 bwd, ×3.5 fwd+bwd); "
+          f"{meta['device_name']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}, git {meta['git']}")
+    if args.out:
+        out_dir = Path(args.out)
+        write_results(rows, out_dir, skipped)
+        written = [out_dir / "results.json", out_dir / "results.csv"]
+        if not args.no_plots:
+            from tileflash.bench.plot import make_plots
+
+            written += make_plots(rows, out_dir)
+        print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
