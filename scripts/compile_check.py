@@ -1,0 +1,79 @@
+"""Compile every Triton kernel for sm_90 (Hopper) without a GPU, for each default config.
+
+Catches code that the CPU interpreter accepts but the GPU compiler (e.g. triton 3.6 on the H200)
+rejects. It does not run anything: a kernel that compiles can still be wrong or slow, so kernel
+changes still need a GPU run. Usage (any triton version, no GPU needed):
+
+    python scripts/compile_check.py            # head dims 64, 128, 256, 40; fp16 and bf16
+"""
+
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from tileflash.ops import backward as B
+from tileflash.ops import forward as F
+
+PTRS_FP32 = {"LSE", "DELTA"}
+FLOATS = {"qk_scale", "sm_scale"}
+
+
+def signature(fn, dtype, constexprs):
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name.isupper():
+            sig[name] = "*fp32" if name in PTRS_FP32 else f"*{dtype}"
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name in FLOATS:
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+            if name.startswith("stride"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, attrs
+
+
+def compile_one(fn, dtype, constexprs, num_warps, num_stages):
+    sig, attrs = signature(fn, dtype, constexprs)
+    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 128),
+                          options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
+def main():
+    failures = 0
+    for dtype in ("fp16", "bf16"):
+        for d in (64, 128, 256, 40):
+            for causal in (False, True):
+                bd = F.block_d_for(d)
+                cases = []
+                c = dict(F.default_config(d))
+                w, s = c.pop("num_warps"), c.pop("num_stages")
+                cases.append(("fwd", F._attn_fwd, dict(IS_CAUSAL=causal, HEAD_DIM=d, BLOCK_D=bd,
+                                                       DOT_PRECISION="tf32", **c), w, s))
+                bc = B.default_bwd_config(d, causal)
+                for fam, fn in (("dkdv", B._bwd_dkdv), ("dq", B._bwd_dq)):
+                    c = dict(bc[fam])
+                    w, s = c.pop("num_warps"), c.pop("num_stages")
+                    cases.append((fam, fn, dict(IS_CAUSAL=causal, HEAD_DIM=d, BLOCK_D=bd, DOT_PRECISION="tf32",
+                                                **c), w, s))
+                cases.append(("pre", B._bwd_preprocess, dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=64), 4, 1))
+                for name, fn, const, w, s in cases:
+                    try:
+                        k = compile_one(fn, dtype, const, w, s)
+                        print(f"ok   {dtype} D={d:<3} causal={causal!s:<5} {name:<4} warps={w} stages={s} "
+                              f"smem={k.metadata.shared}", flush=True)
+                    except Exception as e:  # noqa: BLE001
+                        failures += 1
+                        print(f"FAIL {dtype} D={d} causal={causal} {name}: {type(e).__name__}: {str(e)[:300]}",
+                              flush=True)
+    print(f"triton {triton.__version__}: {failures} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
