@@ -16,8 +16,15 @@ from triton.compiler import ASTSource
 from tileflash.ops import backward as B
 from tileflash.ops import forward as F
 
-PTRS_FP32 = {"LSE", "DELTA"}
-FLOATS = {"qk_scale", "sm_scale"}
+PTRS_FP32 = {"LSE", "DELTA", "ALIBI"}
+PTRS_I32 = {"CU_Q", "CU_K"}
+FLOATS = {"qk_scale", "sm_scale", "softcap_scale", "softcap2"}
+# feature sets compiled for every kernel: plain, and every optional feature switched on
+FEATURES = [
+    dict(HAS_LEFT=False, HAS_SOFTCAP=False, HAS_ALIBI=False, IS_VARLEN=False),
+    dict(HAS_LEFT=True, HAS_SOFTCAP=True, HAS_ALIBI=True, IS_VARLEN=True),
+]
+OPTIONAL_PTRS = {"ALIBI": "HAS_ALIBI", "CU_Q": "IS_VARLEN", "CU_K": "IS_VARLEN"}
 
 
 def signature(fn, dtype, constexprs):
@@ -26,7 +33,7 @@ def signature(fn, dtype, constexprs):
         if name in constexprs:
             sig[name] = "constexpr"
         elif name.isupper():
-            sig[name] = "*fp32" if name in PTRS_FP32 else f"*{dtype}"
+            sig[name] = "*fp32" if name in PTRS_FP32 else ("*i32" if name in PTRS_I32 else f"*{dtype}")
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in FLOATS:
             sig[name] = "fp32"
@@ -38,6 +45,10 @@ def signature(fn, dtype, constexprs):
 
 
 def compile_one(fn, dtype, constexprs, num_warps, num_stages):
+    constexprs = dict(constexprs)
+    for ptr, flag in OPTIONAL_PTRS.items():
+        if ptr in fn.arg_names and not constexprs.get(flag, False):
+            constexprs[ptr] = None  # an unused optional pointer is passed as None (a constexpr)
     sig, attrs = signature(fn, dtype, constexprs)
     src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 128),
@@ -46,26 +57,28 @@ def compile_one(fn, dtype, constexprs, num_warps, num_stages):
 
 def main():
     failures = 0
-    for dtype in ("fp16", "bf16"):
+    for dtype, feats in [("fp16", FEATURES[0]), ("bf16", FEATURES[0]), ("bf16", FEATURES[1])]:
         for d in (64, 128, 256, 40):
             for causal in (False, True):
+                flags = dict(feats, HAS_RIGHT=causal)
                 bd = F.block_d_for(d)
                 cases = []
                 c = dict(F.default_config(d))
                 w, s = c.pop("num_warps"), c.pop("num_stages")
-                cases.append(("fwd", F._attn_fwd, dict(IS_CAUSAL=causal, HEAD_DIM=d, BLOCK_D=bd,
+                cases.append(("fwd", F._attn_fwd, dict(**flags, HEAD_DIM=d, BLOCK_D=bd,
                                                        DOT_PRECISION="tf32", **c), w, s))
                 bc = B.default_bwd_config(d, causal)
                 for fam, fn in (("dkdv", B._bwd_dkdv), ("dq", B._bwd_dq)):
                     c = dict(bc[fam])
                     w, s = c.pop("num_warps"), c.pop("num_stages")
-                    cases.append((fam, fn, dict(IS_CAUSAL=causal, HEAD_DIM=d, BLOCK_D=bd, DOT_PRECISION="tf32",
+                    cases.append((fam, fn, dict(**flags, HEAD_DIM=d, BLOCK_D=bd, DOT_PRECISION="tf32",
                                                 **c), w, s))
                 cases.append(("pre", B._bwd_preprocess, dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=64), 4, 1))
                 for name, fn, const, w, s in cases:
                     try:
                         k = compile_one(fn, dtype, const, w, s)
-                        print(f"ok   {dtype} D={d:<3} causal={causal!s:<5} {name:<4} warps={w} stages={s} "
+                        tag = "features" if feats["IS_VARLEN"] else "plain"
+                        print(f"ok   {dtype} {tag:<8} D={d:<3} causal={causal!s:<5} {name:<4} warps={w} stages={s} "
                               f"smem={k.metadata.shared}", flush=True)
                     except Exception as e:  # noqa: BLE001
                         failures += 1

@@ -21,15 +21,30 @@ query heads as ``(nheads_k, group)`` and folding the group into the rows of
 each block, so k/v are never repeated in memory. Causal masking is bottom-right
 aligned: query ``i`` sees key ``j`` iff ``j <= i + seqlen_k - seqlen_q``.
 
+flash-attn 2's extras are supported with its semantics (``shift`` is
+``causal_shift``, default ``seqlen_k - seqlen_q``):
+
+* ``window_size=(left, right)``: query ``i`` sees key ``j`` iff
+  ``i + shift - left <= j <= i + shift + right`` (a negative side is
+  unbounded; ``causal`` forces ``right = 0``). Key chunks entirely outside a
+  query chunk's window are skipped, so the cost grows with the window, not
+  with ``seqlen_k``;
+* ``softcap > 0``: the scaled score ``s`` becomes ``softcap * tanh(s / softcap)``
+  (the backward multiplies ``dS`` by ``1 - tanh^2``);
+* ``alibi_slopes`` ``(nheads,)`` or ``(batch, nheads)``: adds
+  ``-slope[b, h] * |i + shift - j|`` after the softcap (no gradient).
+
 Computation is in float32 for fp16/bf16/fp32 inputs and in float64 for
 float64 inputs (so ``torch.autograd.gradcheck`` can be used).
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
+
+from tileflash.reference import check_alibi_slopes, window_bounds
 
 __all__ = ["attention_forward_cpu", "attention_backward_cpu"]
 
@@ -65,16 +80,82 @@ def _rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype).reshape(b, hk, g * m, d)
 
 
-def _mask_for_block(
-    q_start: int, q_stop: int, k_start: int, k_stop: int, group: int, offset: int, device
-) -> Optional[torch.Tensor]:
-    """Visibility mask ``(group*bm, bn)`` for a (Q chunk, K chunk) pair, or None
-    when every key of the chunk is visible to every query of the chunk."""
-    if k_stop - 1 <= q_start + offset:
-        return None
-    qi = torch.arange(q_start, q_stop, device=device).repeat(group)
-    kj = torch.arange(k_start, k_stop, device=device)
-    return kj[None, :] <= qi[:, None] + offset
+class _ScoreMod:
+    """Masking / softcap / ALiBi settings shared by the forward and the backward.
+
+    ``left``/``right`` are the window bounds (``None`` = unbounded) after
+    folding in ``causal``; ``slopes`` is ``None`` or ``(B, Hk, G, 1, 1)`` in the
+    compute dtype, matching the ``(B, Hk, G*bm, bn)`` block layout.
+    """
+
+    def __init__(self, q, seqlen_q, seqlen_k, nheads_k, causal, causal_shift,
+                 window_size, softcap, alibi_slopes, cdt):
+        batch, _, nheads, _ = q.shape
+        self.shift = seqlen_k - seqlen_q if causal_shift is None else int(causal_shift)
+        self.left, self.right = window_bounds(causal, window_size)
+        self.seqlen_k = seqlen_k
+        softcap = float(softcap or 0.0)
+        if softcap < 0:
+            raise ValueError(f"softcap must be >= 0 (0 disables it), got {softcap}")
+        self.softcap = softcap
+        self.slopes = None
+        if alibi_slopes is not None:
+            slopes = check_alibi_slopes(alibi_slopes, batch, nheads)
+            self.slopes = slopes.to(device=q.device, dtype=cdt).reshape(
+                batch, nheads_k, nheads // nheads_k, 1, 1
+            )
+
+    def key_range(self, q_start: int, q_stop: int) -> Tuple[int, int]:
+        """Keys ``[lo, hi)`` that some query of ``[q_start, q_stop)`` may see."""
+        lo = 0 if self.left is None else max(0, q_start + self.shift - self.left)
+        hi = self.seqlen_k if self.right is None else min(self.seqlen_k, q_stop + self.shift + self.right)
+        return lo, hi
+
+    def mask(self, q_start: int, q_stop: int, k_start: int, k_stop: int, device) -> Optional[torch.Tensor]:
+        """Visibility ``(bm, bn)`` of a (Q chunk, K chunk) pair, or None when
+        every key of the chunk is visible to every query of the chunk."""
+        left_ok = self.left is None or k_start >= q_stop - 1 + self.shift - self.left
+        right_ok = self.right is None or k_stop - 1 <= q_start + self.shift + self.right
+        if left_ok and right_ok:
+            return None
+        rel = self._rel(q_start, q_stop, k_start, k_stop, device)  # j - (i + shift)
+        vis = torch.ones(rel.shape, dtype=torch.bool, device=device)
+        if self.left is not None:
+            vis &= rel >= -self.left
+        if self.right is not None:
+            vis &= rel <= self.right
+        return vis
+
+    def _rel(self, q_start: int, q_stop: int, k_start: int, k_stop: int, device) -> torch.Tensor:
+        """``(bm, bn)`` integer ``j - (i + shift)``."""
+        qi = torch.arange(q_start, q_stop, device=device)
+        kj = torch.arange(k_start, k_stop, device=device)
+        return kj[None, :] - (qi[:, None] + self.shift)
+
+    def apply(
+        self, s: torch.Tensor, q_start: int, q_stop: int, k_start: int, k_stop: int, want_tanh: bool = False
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Turn the scaled scores ``s`` ``(B, Hk, G*bm, bn)`` (contiguous, used as
+        scratch) into the final ones: softcap, ALiBi bias, then ``-inf`` where
+        masked. Returns ``(s, t)`` with ``t = tanh(s_scaled / softcap)`` if
+        ``want_tanh`` and softcap is on, else ``None``."""
+        t = None
+        if self.softcap > 0:
+            s.div_(self.softcap).tanh_()
+            if want_tanh:
+                t, s = s, s * self.softcap
+            else:
+                s.mul_(self.softcap)
+        b, hk, rows, bn = s.shape
+        bm = q_stop - q_start
+        s5 = s.view(b, hk, rows // bm, bm, bn)  # rows are (group, query)
+        if self.slopes is not None:
+            dist = self._rel(q_start, q_stop, k_start, k_stop, s.device).abs_().to(s.dtype)
+            s5.sub_(self.slopes * dist)
+        mask = self.mask(q_start, q_stop, k_start, k_stop, s.device)
+        if mask is not None:
+            s5.masked_fill_(~mask, float("-inf"))
+        return s, t
 
 
 def attention_forward_cpu(
@@ -87,6 +168,9 @@ def attention_forward_cpu(
     block_n: int = 256,
     *,
     causal_shift: Optional[int] = None,
+    window_size: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Blockwise exact attention forward.
 
@@ -96,9 +180,14 @@ def attention_forward_cpu(
     natural-log logsumexp of the scaled scores. Rows that see no key get
     ``out == 0`` and ``lse == -inf``.
 
-    ``causal_shift`` (keyword, used only with ``causal``): query ``i`` sees key
-    ``j`` iff ``j <= i + causal_shift``. The default ``seqlen_k - seqlen_q`` is
-    the bottom-right alignment; 0 gives torch's top-left alignment.
+    Keyword-only options (flash-attn 2 semantics, see the module docstring):
+    ``causal_shift`` is the alignment ``shift`` of the causal mask, the window
+    and the ALiBi distance -- with ``causal`` query ``i`` sees key ``j`` iff
+    ``j <= i + shift``; the default ``seqlen_k - seqlen_q`` is the bottom-right
+    alignment, 0 gives torch's top-left alignment. ``window_size=(left, right)``
+    (negative = unbounded; ``causal`` forces ``right = 0``), ``softcap`` (0 =
+    off) and ``alibi_slopes`` (``(nheads,)`` or ``(batch, nheads)``). The lse is
+    that of the final (soft-capped, biased, masked) scores.
     """
     batch, seqlen_q, nheads, _, seqlen_k, nheads_k, headdim_v = _check_shapes(q, k, v)
     if block_m < 1 or block_n < 1:
@@ -106,7 +195,7 @@ def attention_forward_cpu(
     group = nheads // nheads_k
     cdt = _compute_dtype(q.dtype)
     device = q.device
-    offset = seqlen_k - seqlen_q if causal_shift is None else int(causal_shift)
+    mod = _ScoreMod(q, seqlen_q, seqlen_k, nheads_k, causal, causal_shift, window_size, softcap, alibi_slopes, cdt)
     neg_inf = float("-inf")
 
     out = torch.empty(batch, seqlen_q, nheads, headdim_v, dtype=q.dtype, device=device)
@@ -126,18 +215,16 @@ def attention_forward_cpu(
         l_i = torch.zeros((batch, nheads_k, rows), dtype=cdt, device=device)
         acc = torch.zeros((batch, nheads_k, rows, headdim_v), dtype=cdt, device=device)
 
-        # Last key any query of this chunk can see (causal); later chunks are skipped.
-        k_end = min(seqlen_k, q_stop + offset) if causal else seqlen_k
-        for k_start in range(0, max(k_end, 0), block_n):
-            k_stop = min(k_start + block_n, seqlen_k)
+        # Keys [k_lo, k_hi) are the only ones some query of this chunk can see
+        # (causal / window); the chunks outside are skipped.
+        k_lo, k_hi = mod.key_range(q_start, q_stop)
+        for k_start in range(k_lo, k_hi, block_n):
+            k_stop = min(k_start + block_n, k_hi)
             kc = k_h[:, :, k_start:k_stop].to(cdt)
             vc = v_h[:, :, k_start:k_stop].to(cdt)
             s = torch.matmul(qc, kc.transpose(-1, -2))
             s.mul_(softmax_scale)
-            if causal:
-                mask = _mask_for_block(q_start, q_stop, k_start, k_stop, group, offset, device)
-                if mask is not None:
-                    s.masked_fill_(~mask, neg_inf)
+            s, _ = mod.apply(s, q_start, q_stop, k_start, k_stop)
             m_new = torch.maximum(m_i, s.amax(dim=-1))
             # Keep the value we subtract finite: a row whose max is still -inf
             # (nothing visible yet) subtracts 0, so exp(-inf - 0) = 0, not NaN.
@@ -172,6 +259,9 @@ def attention_backward_cpu(
     block_n: int = 256,
     *,
     causal_shift: Optional[int] = None,
+    window_size: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Blockwise attention backward using the saved ``lse``.
 
@@ -184,7 +274,11 @@ def attention_backward_cpu(
     For GQA the contributions of all query heads of a group are summed into
     their shared kv head (folded into the block matmuls, no repeated K/V).
     ``lse`` may be longer than ``seqlen_q`` in its last dim (padding is
-    ignored). ``causal_shift`` must be the one used in the forward. Returns
+    ignored). ``causal_shift``, ``window_size``, ``softcap`` and
+    ``alibi_slopes`` must be the ones used in the forward. With softcap the
+    probabilities are recomputed from the capped scores and, with
+    ``t = tanh(scale * q.k / softcap)``, ``dS`` is multiplied by ``1 - t^2``
+    before the ``dQ``/``dK`` matmuls; ALiBi has no gradient. Returns
     contiguous ``(dq, dk, dv)`` in the dtypes/shapes of ``q``, ``k``, ``v``.
     """
     batch, seqlen_q, nheads, headdim, seqlen_k, nheads_k, headdim_v = _check_shapes(q, k, v)
@@ -195,7 +289,7 @@ def attention_backward_cpu(
     group = nheads // nheads_k
     cdt = _compute_dtype(q.dtype)
     device = q.device
-    offset = seqlen_k - seqlen_q if causal_shift is None else int(causal_shift)
+    mod = _ScoreMod(q, seqlen_q, seqlen_k, nheads_k, causal, causal_shift, window_size, softcap, alibi_slopes, cdt)
 
     q_g, do_g, o_g = _grouped(q, nheads_k), _grouped(dout, nheads_k), _grouped(out, nheads_k)
     lse_g = lse[..., :seqlen_q].to(cdt).reshape(batch, nheads_k, group, seqlen_q)
@@ -210,8 +304,8 @@ def attention_backward_cpu(
     for q_start in range(0, seqlen_q, block_m):
         q_stop = min(q_start + block_m, seqlen_q)
         bm = q_stop - q_start
-        k_end = min(seqlen_k, q_stop + offset) if causal else seqlen_k
-        if k_end <= 0:
+        k_lo, k_hi = mod.key_range(q_start, q_stop)
+        if k_lo >= k_hi:
             continue  # no query of this chunk sees any key: all gradients are 0
         qc = _rows(q_g[:, :, :, q_start:q_stop], cdt)  # (B, Hk, G*bm, D)
         doc = _rows(do_g[:, :, :, q_start:q_stop], cdt)  # (B, Hk, G*bm, Dv)
@@ -223,21 +317,21 @@ def attention_backward_cpu(
         lse_c = lse_c.unsqueeze(-1)
         dqc = torch.zeros_like(qc)
 
-        for k_start in range(0, k_end, block_n):
-            k_stop = min(k_start + block_n, seqlen_k)
+        for k_start in range(k_lo, k_hi, block_n):
+            k_stop = min(k_start + block_n, k_hi)
             kc = k_h[:, :, k_start:k_stop].to(cdt)
             vc = v_h[:, :, k_start:k_stop].to(cdt)
             s = torch.matmul(qc, kc.transpose(-1, -2))
             s.mul_(softmax_scale)
+            # masked entries are -inf, so P = exp(-inf - lse) = 0 there
+            s, t = mod.apply(s, q_start, q_stop, k_start, k_stop, want_tanh=True)
             p = torch.exp(s.sub_(lse_c))
-            if causal:
-                mask = _mask_for_block(q_start, q_stop, k_start, k_stop, group, offset, device)
-                if mask is not None:
-                    p.masked_fill_(~mask, 0.0)
             # dV_j += P^T dO (sums over the rows, i.e. over queries and group heads)
             dv[:, :, k_start:k_stop].add_(torch.matmul(p.transpose(-1, -2), doc))
             dp = torch.matmul(doc, vc.transpose(-1, -2))
             ds = p.mul_(dp.sub_(delta.unsqueeze(-1)))  # reuse p's storage
+            if t is not None:  # through softcap * tanh(x / softcap): factor 1 - t^2
+                ds.mul_(t.square_().neg_().add_(1.0))
             dqc.add_(torch.matmul(ds, kc), alpha=softmax_scale)
             dk[:, :, k_start:k_stop].add_(torch.matmul(ds.transpose(-1, -2), qc), alpha=softmax_scale)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 from torch import Tensor
@@ -93,12 +94,124 @@ def _default_scale(softmax_scale, head_dim):
     return float(softmax_scale)
 
 
-def flash_attn_func(q, k, v, softmax_scale=None, causal=False, deterministic=False, return_attn_probs=False):
+def _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, deterministic, batch, nheads):
+    """Validate flash-attn 2's optional features; returns the op's keyword arguments."""
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    if not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
+    if dropout_p > 0.0:
+        raise NotImplementedError(f"dropout is not implemented in tileflash yet (got dropout_p={dropout_p}); "
+                                  "pass dropout_p=0.0")
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size)):
+        raise ValueError(f"window_size must be a pair of ints >= -1 (left, right), -1 meaning unbounded; "
+                         f"got {window_size!r}")
+    if not isinstance(softcap, (int, float)) or isinstance(softcap, bool) or not softcap >= 0.0 \
+            or not math.isfinite(softcap):
+        raise ValueError(f"softcap must be a finite float >= 0 (0 disables it), got {softcap!r}")
+    if alibi_slopes is not None:
+        if not isinstance(alibi_slopes, Tensor):
+            raise TypeError(f"alibi_slopes must be a torch.Tensor or None, got {type(alibi_slopes).__name__}")
+        if alibi_slopes.dtype != torch.float32:
+            raise TypeError(f"alibi_slopes must be float32, got {alibi_slopes.dtype}; use alibi_slopes.float()")
+        if alibi_slopes.device != q.device:
+            raise ValueError(f"alibi_slopes is on {alibi_slopes.device} but q is on {q.device}; move it with .to()")
+        if tuple(alibi_slopes.shape) not in ((nheads,), (batch, nheads)):
+            raise ValueError(f"alibi_slopes must have shape (nheads,) = ({nheads},) or (batch, nheads) = "
+                             f"({batch}, {nheads}), got {tuple(alibi_slopes.shape)}")
+    return dict(window_left=int(window_size[0]), window_right=int(window_size[1]), softcap=float(softcap),
+                alibi_slopes=alibi_slopes)
+
+
+def _check_cu_seqlens(name, cu, total, batch, max_seqlen, max_name, device):
+    """Cheap structural checks always; value checks on CPU tensors, or on CUDA when
+    TILEFLASH_CHECK_INPUTS=1 (they need a device-to-host copy, i.e. a sync)."""
+    if not isinstance(cu, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
+    if cu.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32, got {cu.dtype}; use {name}.int()")
+    if cu.dim() != 1 or cu.numel() < 1:
+        raise ValueError(f"{name} must be 1-D (batch + 1,), got shape {tuple(cu.shape)}")
+    if cu.device != device:
+        raise ValueError(f"{name} is on {cu.device} but q is on {device}; move it with .to()")
+    if batch is not None and cu.numel() != batch + 1:
+        raise ValueError(f"{name} has {cu.numel()} entries but cu_seqlens_q has {batch + 1}; both are (batch + 1,)")
+    if not isinstance(max_seqlen, int) or isinstance(max_seqlen, bool) or max_seqlen < 0:
+        raise TypeError(f"{max_name} must be an int >= 0, got {max_seqlen!r}")
+    if cu.device.type == "cpu" or os.environ.get("TILEFLASH_CHECK_INPUTS", "0") == "1":
+        vals = cu.tolist()
+        if vals[0] != 0:
+            raise ValueError(f"{name} must start at 0, got {vals[0]}")
+        lens = [b - a for a, b in zip(vals, vals[1:])]
+        if any(n < 0 for n in lens):
+            raise ValueError(f"{name} must be non-decreasing, got {vals}")
+        if vals[-1] != total:
+            raise ValueError(f"{name} must end at the number of tokens ({total}), got {vals[-1]}")
+        if lens and max(lens) > max_seqlen:
+            raise ValueError(f"{max_name} = {max_seqlen} is smaller than the longest sequence ({max(lens)})")
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                           alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """Exact attention over a batch of sequences of different lengths, packed without padding.
+
+    Same semantics as :func:`flash_attn_func`, applied to each sequence on its own (no token
+    attends across sequences; causal and windows are aligned bottom-right on each sequence's
+    own lengths). No compute is spent on tokens that do not exist.
+
+    Arguments:
+        q: (total_q, nheads, headdim), the sequences concatenated along the first dimension.
+        k, v: (total_k, nheads_k, headdim).
+        cu_seqlens_q: (batch + 1,), int32. Sequence b is rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``
+            of q; it starts at 0 and ends at total_q. E.g. lengths [128, 512, 64] ->
+            ``[0, 128, 640, 704]``.
+        cu_seqlens_k: (batch + 1,), int32, the same for k and v.
+        max_seqlen_q, max_seqlen_k: int, at least the longest sequence (sizes the grid).
+        dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic:
+            as in :func:`flash_attn_func` (alibi_slopes (batch, nheads) is per sequence).
+
+    cu_seqlens are checked for dtype, shape and device on every call. Their values (start at 0,
+    non-decreasing, end at the token count, ``max_seqlen >=`` the longest sequence) are checked
+    on CPU tensors, and on CUDA only when the environment sets ``TILEFLASH_CHECK_INPUTS=1``:
+    reading them would force a device sync on every call.
+
+    Return:
+        out: (total_q, nheads, headdim).
+        softmax_lse [if return_attn_probs]: (nheads, total_q), float32 (flash-attn's varlen layout).
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be 3-D (total_tokens, nheads, headdim) for varlen, got shape "
+                             f"{tuple(t.shape)}")
+    _check_qkv(q[None], k[None], v[None])
+    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], None, max_seqlen_q, "max_seqlen_q", q.device)
+    batch = cu_seqlens_q.numel() - 1
+    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], batch, max_seqlen_k, "max_seqlen_k", q.device)
+    if batch * q.shape[1] > MAX_BATCH_HEADS:
+        raise ValueError(f"batch * nheads = {batch * q.shape[1]} exceeds {MAX_BATCH_HEADS}; split the batch")
+    feats = _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, deterministic,
+                            batch=batch, nheads=q.shape[1])
+    scale = _default_scale(softmax_scale, q.shape[-1])
+    q, k, v = (_unit_last_stride(t) for t in (q, k, v))
+    out, lse = attention_fwd(q, k, v, scale, causal, 0, **feats, cu_seqlens_q=cu_seqlens_q,
+                             cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    if return_attn_probs:
+        return out, lse, None
+    return out
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """Exact attention, ``softmax(q kᵀ · softmax_scale) v``, without materialising the score matrix.
 
-    Argument names and order follow flash-attn 2's ``flash_attn_func`` (its later
-    parameters ``dropout_p``, ``window_size``, ``softcap`` and ``alibi_slopes`` are not
-    implemented yet).
+    Argument names, order and semantics follow flash-attn 2's ``flash_attn_func``
+    (``dropout_p > 0`` is not implemented yet and raises ``NotImplementedError``).
 
     Differentiable: gradients flow to q, k and v through the ``tileflash::bwd`` op, which
     recomputes the attention probabilities block by block from q, k and the saved LSE (only
@@ -128,12 +241,26 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, deterministic=Fal
     A query row that sees no key (the first three rows above) outputs exactly 0, and its
     ``softmax_lse`` is ``-inf``; it never produces NaN.
 
+    If ``window_size != (-1, -1)``, sliding-window (local) attention: query ``i`` sees key ``j``
+    iff ``i + seqlen_k - seqlen_q - window_size[0] <= j <= i + seqlen_k - seqlen_q + window_size[1]``;
+    -1 leaves that side unbounded, and ``causal=True`` sets ``window_size[1] = 0``. Key blocks
+    outside every row's window are never loaded, so the cost grows with the window, not N.
+
+    The score of (i, j) is ``s = softmax_scale · q_i·k_j``, then
+    ``s = softcap · tanh(s / softcap)`` if ``softcap > 0`` (Gemma-2 style logit capping), then
+    ``s = s − slope · |i + seqlen_k − seqlen_q − j|`` with ALiBi slopes, before the softmax.
+
     Arguments:
         q: (batch, seqlen_q, nheads, headdim)
         k: (batch, seqlen_k, nheads_k, headdim)
         v: (batch, seqlen_k, nheads_k, headdim)
         softmax_scale: float. The scaling of QKᵀ before the softmax. Default 1 / sqrt(headdim).
+        dropout_p: float. Must be 0.0 (dropout is not implemented yet).
         causal: bool. Whether to apply a causal mask (bottom-right aligned, see above).
+        window_size: (left, right). Sliding window; -1 means unbounded on that side.
+        softcap: float. > 0 caps the scores with softcap · tanh(s / softcap); 0 disables.
+        alibi_slopes: (nheads,) or (batch, nheads), float32, on q's device. Adds
+            -slope · |i + seqlen_k - seqlen_q - j| to the score of (i, j). No gradient.
         deterministic: bool. Accepted for flash-attn compatibility. The backward is always
             deterministic (bitwise reproducible): it uses no atomic adds, whatever this flag says.
         return_attn_probs: bool. If True, also return ``softmax_lse``. The attention
@@ -163,14 +290,12 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, deterministic=Fal
         None [optional, if return_attn_probs=True]: placeholder for the attention probabilities.
     """
     _check_qkv(q, k, v)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    feats = _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, deterministic,
+                            batch=q.shape[0], nheads=q.shape[2])
     scale = _default_scale(softmax_scale, q.shape[-1])
     q, k, v = (_unit_last_stride(t) for t in (q, k, v))
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
-    out, lse = attention_fwd(q, k, v, scale, causal, seqlen_k - seqlen_q)
+    out, lse = attention_fwd(q, k, v, scale, causal, seqlen_k - seqlen_q, **feats)
     if return_attn_probs:
         return out, lse, None
     return out

@@ -15,13 +15,17 @@ Two kinds of references live here:
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 __all__ = [
+    "visible_mask",
+    "alibi_bias",
     "causal_visible_mask",
+    "window_bounds",
+    "check_alibi_slopes",
     "attention_ref",
     "online_softmax_merge",
     "online_softmax_attention_numpy",
@@ -34,6 +38,56 @@ __all__ = [
 # ---------------------------------------------------------------------------
 
 
+def _shift(seqlen_q: int, seqlen_k: int, causal_shift: Optional[int]) -> int:
+    return seqlen_k - seqlen_q if causal_shift is None else int(causal_shift)
+
+
+def window_bounds(
+    causal: bool, window_size: Sequence[int] = (-1, -1)
+) -> Tuple[Optional[int], Optional[int]]:
+    """Normalise ``(causal, window_size)`` to ``(left, right)``, ``None`` = unbounded.
+
+    As in flash-attn 2, any negative side (``-1`` by convention) is unbounded and
+    ``causal=True`` forces ``right = 0``.
+    """
+    if window_size is None:
+        window_size = (-1, -1)
+    if len(window_size) != 2:
+        raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}")
+    left, right = (int(w) for w in window_size)
+    left_b = left if left >= 0 else None
+    right_b = 0 if causal else (right if right >= 0 else None)
+    return left_b, right_b
+
+
+def visible_mask(
+    seqlen_q: int,
+    seqlen_k: int,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),
+    causal_shift: Optional[int] = None,
+    device=None,
+) -> torch.Tensor:
+    """Boolean ``(seqlen_q, seqlen_k)`` mask, True where query i may see key j.
+
+    With ``shift = causal_shift`` (default ``seqlen_k - seqlen_q``, flash-attn's
+    bottom-right alignment) and ``(left, right) = window_size`` (negative = no
+    bound on that side; ``causal`` forces ``right = 0``), query ``i`` sees key
+    ``j`` iff ``i + shift - left <= j <= i + shift + right``. Without causal and
+    window everything is visible.
+    """
+    left, right = window_bounds(causal, window_size)
+    shift = _shift(seqlen_q, seqlen_k, causal_shift)
+    i = torch.arange(seqlen_q, device=device).unsqueeze(1)
+    j = torch.arange(seqlen_k, device=device).unsqueeze(0)
+    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if left is not None:
+        visible &= j >= i + shift - left
+    if right is not None:
+        visible &= j <= i + shift + right
+    return visible
+
+
 def causal_visible_mask(
     seqlen_q: int, seqlen_k: int, device=None, causal_shift: Optional[int] = None
 ) -> torch.Tensor:
@@ -43,12 +97,46 @@ def causal_visible_mask(
     ``seqlen_k - seqlen_q`` is the bottom-right alignment (flash-attn >= 2.1);
     then, when ``seqlen_q > seqlen_k``, the first ``seqlen_q - seqlen_k`` query
     rows see no key at all. ``causal_shift=0`` is torch's top-left alignment.
+    Same as ``visible_mask(seqlen_q, seqlen_k, causal=True, causal_shift=...)``.
     """
-    if causal_shift is None:
-        causal_shift = seqlen_k - seqlen_q
+    return visible_mask(seqlen_q, seqlen_k, causal=True, causal_shift=causal_shift, device=device)
+
+
+def check_alibi_slopes(alibi_slopes: torch.Tensor, batch: int, nheads: int) -> torch.Tensor:
+    """Validate ``alibi_slopes`` ``(nheads,)`` or ``(batch, nheads)``; return a
+    ``(batch, nheads)`` (broadcast, not copied) view."""
+    if not torch.is_tensor(alibi_slopes) or not alibi_slopes.is_floating_point():
+        raise ValueError("alibi_slopes must be a floating point tensor")
+    if alibi_slopes.shape == (nheads,):
+        return alibi_slopes.unsqueeze(0).expand(batch, nheads)
+    if alibi_slopes.shape == (batch, nheads):
+        return alibi_slopes
+    raise ValueError(
+        f"alibi_slopes must have shape (nheads,) = ({nheads},) or (batch, nheads) = "
+        f"({batch}, {nheads}), got {tuple(alibi_slopes.shape)}"
+    )
+
+
+def alibi_bias(
+    alibi_slopes: torch.Tensor,
+    batch: int,
+    nheads: int,
+    seqlen_q: int,
+    seqlen_k: int,
+    causal_shift: Optional[int] = None,
+    dtype: torch.dtype = torch.float32,
+    device=None,
+) -> torch.Tensor:
+    """ALiBi bias ``(batch, nheads, seqlen_q, seqlen_k)``:
+    ``-slope[b, h] * |i + shift - j|`` (flash-attn 2's non-causal form, used here
+    for causal too; with causal it differs from flash-attn's ``slope * j`` only
+    by a per-row constant, so the output is the same but the lse is not)."""
+    slopes = check_alibi_slopes(alibi_slopes, batch, nheads).to(device=device, dtype=dtype)
+    shift = _shift(seqlen_q, seqlen_k, causal_shift)
     i = torch.arange(seqlen_q, device=device).unsqueeze(1)
     j = torch.arange(seqlen_k, device=device).unsqueeze(0)
-    return j <= i + causal_shift
+    dist = (i + shift - j).abs().to(dtype)
+    return -slopes[:, :, None, None] * dist
 
 
 def attention_ref(
@@ -60,6 +148,9 @@ def attention_ref(
     upcast: bool = True,
     *,
     causal_shift: Optional[int] = None,
+    window_size: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Eager attention in the flash-attn layout.
 
@@ -68,20 +159,28 @@ def attention_ref(
         k, v: ``(batch, seqlen_k, nheads_k, headdim)`` with ``nheads % nheads_k == 0``;
             query head ``h`` uses kv head ``h // (nheads // nheads_k)``.
         softmax_scale: defaults to ``1 / sqrt(headdim)``.
-        causal: bottom-right aligned causal mask (see :func:`causal_visible_mask`).
-        causal_shift: keyword only; with ``causal``, query ``i`` sees key ``j``
-            iff ``j <= i + causal_shift`` (default ``seqlen_k - seqlen_q``).
+        causal: bottom-right aligned causal mask (see :func:`causal_visible_mask`);
+            the same as ``window_size=(left, 0)``.
         upcast: if True compute in float32 (float64 stays float64); if False
             compute everything (matmuls and softmax) in the input dtype -- the
             "same precision eager attention" baseline of flash-attn's error rule.
+        causal_shift: keyword only; ``shift`` below (default ``seqlen_k - seqlen_q``).
+            With ``causal``, query ``i`` sees key ``j`` iff ``j <= i + shift``.
+        window_size: keyword only, ``(left, right)``; query ``i`` sees key ``j``
+            iff ``i + shift - left <= j <= i + shift + right``; a negative side
+            (``-1``) is unbounded. ``causal`` forces ``right = 0``.
+        softcap: keyword only; if ``> 0`` the scaled score ``s`` becomes
+            ``softcap * tanh(s / softcap)`` (before the ALiBi bias and the mask).
+        alibi_slopes: keyword only, ``(nheads,)`` or ``(batch, nheads)``; adds
+            ``-slope[b, h] * |i + shift - j|`` to the (soft-capped) score.
 
     Returns:
         ``(out, lse)``: ``out`` is ``(batch, seqlen_q, nheads, headdim_v)`` in the
         compute dtype (the caller casts); ``lse`` is ``(batch, nheads, seqlen_q)``
         float32 (float64 for float64 inputs), the natural-log logsumexp of the
-        scaled, masked scores. Rows without any visible key get ``out == 0`` and
-        ``lse == -inf``. The function is differentiable (no NaN gradients on
-        fully masked rows).
+        scaled, soft-capped, biased, masked scores. Rows without any visible key
+        get ``out == 0`` and ``lse == -inf``. The function is differentiable (no
+        NaN gradients on fully masked rows).
     """
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("q, k, v must be 4D (batch, seqlen, nheads, headdim)")
@@ -91,6 +190,9 @@ def attention_ref(
         raise ValueError(f"nheads ({nheads}) must be a multiple of nheads_k ({nheads_k})")
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(headdim)
+    softcap = float(softcap or 0.0)
+    if softcap < 0:
+        raise ValueError(f"softcap must be >= 0 (0 disables it), got {softcap}")
 
     if upcast:
         compute_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -106,10 +208,13 @@ def attention_ref(
 
     # (batch, nheads, seqlen_q, seqlen_k)
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * softmax_scale
-    if causal:
-        visible = causal_visible_mask(seqlen_q, seqlen_k, device=q.device, causal_shift=causal_shift)
-    else:
-        visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device)
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
+    if alibi_slopes is not None:
+        scores = scores + alibi_bias(
+            alibi_slopes, batch, nheads, seqlen_q, seqlen_k, causal_shift, compute_dtype, q.device
+        )
+    visible = visible_mask(seqlen_q, seqlen_k, causal, window_size, causal_shift, device=q.device)
     row_has_key = visible.any(dim=-1)  # (seqlen_q,)
     scores = scores.masked_fill(~visible, float("-inf"))
     # Rows with no visible key would give softmax(-inf, ..., -inf) = NaN; feed them

@@ -14,6 +14,7 @@ Because these are ``torch.library.custom_op`` s with fake (meta) implementations
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -48,31 +49,86 @@ def _interpreter_dtype(t: Tensor) -> torch.dtype:
     return torch.float32 if t.dtype == torch.bfloat16 else t.dtype
 
 
+def _kw(window_left, window_right, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    return dict(window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
+                cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+
+
+def _cpu_sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes):
+    """Per-sequence (q rows, k rows, alibi) for the tiled path, which runs varlen one sequence at a time."""
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(cq) - 1):
+        slopes = alibi_slopes
+        if alibi_slopes is not None and alibi_slopes.dim() == 2:
+            slopes = alibi_slopes[b]
+        yield b, slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1]), slopes
+
+
+def _cpu_forward(q, k, v, softmax_scale, causal, causal_shift, kw):
+    feats = dict(window_size=kw["window"], softcap=kw["softcap"])
+    if kw["cu_seqlens_q"] is None:
+        return cpu.attention_forward_cpu(q, k, v, softmax_scale, causal, causal_shift=causal_shift,
+                                         alibi_slopes=kw["alibi_slopes"], **feats)
+    out = torch.zeros_like(q)
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=lse_dtype)
+    for _, sq, sk, slopes in _cpu_sequences(kw["cu_seqlens_q"], kw["cu_seqlens_k"], kw["alibi_slopes"]):
+        o, l_ = cpu.attention_forward_cpu(q[None, sq], k[None, sk], v[None, sk], softmax_scale, causal,
+                                          alibi_slopes=slopes, **feats)
+        out[sq], lse[:, sq] = o[0], l_[0]
+    return out, lse
+
+
+def _cpu_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw):
+    feats = dict(window_size=kw["window"], softcap=kw["softcap"])
+    if kw["cu_seqlens_q"] is None:
+        return cpu.attention_backward_cpu(dout, q, k, v, out, lse, softmax_scale, causal,
+                                          causal_shift=causal_shift, alibi_slopes=kw["alibi_slopes"], **feats)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for _, sq, sk, slopes in _cpu_sequences(kw["cu_seqlens_q"], kw["cu_seqlens_k"], kw["alibi_slopes"]):
+        g = cpu.attention_backward_cpu(dout[None, sq], q[None, sq], k[None, sk], v[None, sk], out[None, sq],
+                                       lse[None, :, sq], softmax_scale, causal, alibi_slopes=slopes, **feats)
+        dq[sq], dk[sk], dv[sk] = g[0][0], g[1][0], g[2][0]
+    return dq, dk, dv
+
+
 @torch.library.custom_op("tileflash::fwd", mutates_args=())
 def attention_fwd(
-    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, causal_shift: int
+    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, causal_shift: int,
+    window_left: int = -1, window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
+    cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
+    max_seqlen_q: int = 0, max_seqlen_k: int = 0,
 ) -> tuple[Tensor, Tensor]:
-    """Attention forward. q (b, sq, h, d), k/v (b, sk, hk, d) -> out (b, sq, h, d), lse (b, h, sq) fp32.
+    """Attention forward -> (out, lse fp32, natural log).
 
-    ``causal_shift``: with ``causal``, query i sees key j iff ``j <= i + causal_shift``
-    (``seqlen_k - seqlen_q`` is flash-attn's bottom-right alignment, 0 is torch's top-left).
+    Dense: q (b, sq, h, d), k/v (b, sk, hk, d), lse (b, h, sq). Varlen (cu_seqlens given):
+    q (total_q, h, d), k/v (total_k, hk, d), lse (h, total_q). Query i sees key j iff
+    ``-right <= i + shift - j <= left`` (-1: unbounded; causal forces right = 0); the dense
+    shift is ``causal_shift`` (``seqlen_k - seqlen_q``: flash-attn's bottom-right; 0: torch's
+    top-left), varlen uses each sequence's own lengths.
     """
+    kw = _kw(window_left, window_right, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+             max_seqlen_k)
     if use_triton(q):
         if q.is_cuda:
             with torch.cuda.device(q.device):
-                return _fwd.flash_attn_forward(q, k, v, softmax_scale, causal, causal_shift)
+                return _fwd.flash_attn_forward(q, k, v, softmax_scale, causal, causal_shift, **kw)
         dt = _interpreter_dtype(q)
-        out, lse = _fwd.flash_attn_forward(q.to(dt), k.to(dt), v.to(dt), softmax_scale, causal, causal_shift)
+        out, lse = _fwd.flash_attn_forward(q.to(dt), k.to(dt), v.to(dt), softmax_scale, causal, causal_shift, **kw)
         return out.to(q.dtype), lse
-    return cpu.attention_forward_cpu(q, k, v, softmax_scale, causal, causal_shift=causal_shift)
+    return _cpu_forward(q, k, v, softmax_scale, causal, causal_shift, kw)
 
 
 @attention_fwd.register_fake
-def _(q, k, v, softmax_scale, causal, causal_shift):
-    batch, seqlen_q, nheads, head_dim = q.shape
-    out = q.new_empty((batch, seqlen_q, nheads, head_dim))
+def _(q, k, v, softmax_scale, causal, causal_shift, window_left=-1, window_right=-1, softcap=0.0,
+      alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
+    out = q.new_empty(q.shape)
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    lse = q.new_empty((batch, nheads, seqlen_q), dtype=lse_dtype)
+    if cu_seqlens_q is not None:
+        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=lse_dtype)
+    else:
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=lse_dtype)
     return out, lse
 
 
@@ -80,44 +136,58 @@ def _(q, k, v, softmax_scale, causal, causal_shift):
 def attention_bwd(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     softmax_scale: float, causal: bool, causal_shift: int,
+    window_left: int = -1, window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
+    cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
+    max_seqlen_q: int = 0, max_seqlen_k: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Attention backward by recomputation from (q, k, v, out, lse) -> (dq, dk, dv).
 
     Deterministic: the Triton path uses no atomics (dK/dV and dQ are separate kernels).
     """
+    kw = _kw(window_left, window_right, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+             max_seqlen_k)
     if use_triton(q):
         if q.is_cuda:
             with torch.cuda.device(q.device):
-                return _bwd.flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift)
+                return _bwd.flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, **kw)
         dt = _interpreter_dtype(q)
         grads = _bwd.flash_attn_backward(*(t.to(dt) for t in (dout, q, k, v, out)), lse, softmax_scale,
-                                         causal, causal_shift)
+                                         causal, causal_shift, **kw)
         return tuple(g.to(q.dtype) for g in grads)
-    return cpu.attention_backward_cpu(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift=causal_shift)
+    return _cpu_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw)
 
 
 @attention_bwd.register_fake
-def _(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift):
+def _(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, *args):
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             torch.empty(k.shape, dtype=k.dtype, device=k.device),
             torch.empty(v.shape, dtype=v.dtype, device=v.device))
 
 
+_FEATURES = ("window_left", "window_right", "softcap", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k",
+             "max_seqlen_q", "max_seqlen_k")
+
+
 def _setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, causal, causal_shift = inputs
+    q, k, v, softmax_scale, causal, causal_shift, *features = inputs
     out, lse = output
-    # Only q, k, v, out and the LSE are kept: P is recomputed in the backward.
-    ctx.save_for_backward(q, k, v, out, lse)
+    f = dict(zip(_FEATURES, features))
+    # Only q, k, v, out and the LSE are kept (plus the small feature tensors): P is recomputed.
+    ctx.save_for_backward(q, k, v, out, lse, f.pop("alibi_slopes", None), f.pop("cu_seqlens_q", None),
+                          f.pop("cu_seqlens_k", None))
     ctx.softmax_scale = softmax_scale
     ctx.causal = causal
     ctx.causal_shift = causal_shift
+    ctx.features = f
 
 
 def _backward(ctx, dout, dlse):
     # softmax_lse is returned for inspection and has no gradient (as in flash-attn); dlse is ignored.
-    q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.causal_shift)
-    return dq, dk, dv, None, None, None
+    q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.causal_shift,
+                               alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                               **ctx.features)
+    return (dq, dk, dv) + (None,) * (3 + len(_FEATURES))
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)

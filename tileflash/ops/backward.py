@@ -26,7 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tileflash.ops.forward import LOG2E, block_d_for, interpreting
+from tileflash.ops.common import kv_block_range, q_block_range, score_mods, seq_bounds, visible
+from tileflash.ops.forward import LOG2E, block_d_for, feature_args, interpreting, strides3
 
 
 @triton.jit(do_not_specialize=["seqlen_q"])
@@ -66,8 +67,11 @@ def _load_lse2(LSE, DELTA, row_base, o_m, seqlen_q):
 def _bwd_dkdv_inner(
     dk, dv, b_k, b_v,              # [BLOCK_N, BLOCK_D] fp32 x2, [BLOCK_N, BLOCK_D] x2
     q_base, do_base, LSE, DELTA, row_base, stride_qm, stride_dom,
-    o_n, o_d, m_d, lo, hi, seqlen_q, causal_shift, qk_scale,
-    MASK: tl.constexpr, BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    o_n, o_d, m_d, lo, hi, seqlen_q, shift, window_left, window_right,
+    qk_scale, softcap_scale, softcap2, slope2,
+    MASK: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Fold the Q blocks starting in [lo, hi) into dK, dV of one K/V block (transposed form)."""
     o_mb = tl.arange(0, BLOCK_M)                                                      # [BLOCK_M]
@@ -79,29 +83,35 @@ def _bwd_dkdv_inner(
         b_qt = tl.load(p_qt, mask=m_m[None, :] & m_d[:, None], other=0.0)            # [BLOCK_D, BLOCK_M]
         b_do = tl.load(p_do, mask=m_m[:, None] & m_d[None, :], other=0.0)            # [BLOCK_M, BLOCK_D]
         lse2, delta = _load_lse2(LSE, DELTA, row_base, o_m, seqlen_q)                 # [BLOCK_M] x2
-        b_st = tl.dot(b_k, b_qt, input_precision=DOT_PRECISION) * qk_scale           # [BLOCK_N, BLOCK_M]
+        rel = o_m[None, :] + shift - o_n[:, None]                                     # [BLOCK_N, BLOCK_M] i + shift - j
+        b_st, b_tt = score_mods(tl.dot(b_k, b_qt, input_precision=DOT_PRECISION), rel, qk_scale,
+                                softcap_scale, softcap2, slope2, HAS_SOFTCAP, HAS_ALIBI)  # [BLOCK_N, BLOCK_M]
         b_pt = tl.math.exp2(b_st - lse2[None, :])                                     # [BLOCK_N, BLOCK_M]
         if MASK:
-            # bottom-right (shifted) causal: key j visible to query i iff j <= i + shift
-            b_pt = tl.where(o_n[:, None] <= o_m[None, :] + causal_shift, b_pt, 0.0)
+            b_pt = tl.where(visible(rel, window_left, window_right, HAS_LEFT, HAS_RIGHT), b_pt, 0.0)
         dv = tl.dot(b_pt.to(b_do.dtype), b_do, dv, input_precision=DOT_PRECISION)    # [BLOCK_N, BLOCK_D]
         b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=DOT_PRECISION)           # [BLOCK_N, BLOCK_M]
         b_dst = b_pt * (b_dpt - delta[None, :])                                       # [BLOCK_N, BLOCK_M]
+        if HAS_SOFTCAP:
+            b_dst = b_dst * (1.0 - b_tt * b_tt)  # d softcap·tanh(x·scale/softcap) / d(x·scale)
         dk = tl.dot(b_dst.to(b_qt.dtype), tl.trans(b_qt), dk, input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_D]
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "causal_shift"])
+@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "causal_shift", "window_left", "window_right"])
 def _bwd_dkdv(
-    Q, K, V, DO, LSE, DELTA, DK, DV,
+    Q, K, V, DO, LSE, DELTA, DK, DV, ALIBI, CU_Q, CU_K,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_dob, stride_dom, stride_doh,
     stride_dkb, stride_dkn, stride_dkh,
     stride_dvb, stride_dvn, stride_dvh,
-    nheads, nheads_k, seqlen_q, seqlen_k, causal_shift, kv_group, qk_scale, sm_scale,
-    IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    stride_lb, stride_lh, stride_ab, stride_ah,
+    nheads, nheads_k, seqlen_q, seqlen_k, causal_shift, window_left, window_right, kv_group,
+    qk_scale, sm_scale, softcap_scale, softcap2,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -109,53 +119,62 @@ def _bwd_dkdv(
     off_b = (pid_bhk // nheads_k).to(tl.int64)
     off_hk = (pid_bhk % nheads_k).to(tl.int64)
     start_n = pid_n * BLOCK_N
+    q_start, k_start, seqlen_q, seqlen_k, shift = seq_bounds(
+        CU_Q, CU_K, off_b, seqlen_q, seqlen_k, causal_shift, IS_VARLEN)
+    if start_n >= seqlen_k:
+        return  # varlen: this sequence is shorter than the longest one
     o_nb = tl.arange(0, BLOCK_N)                                                      # [BLOCK_N]
     o_n = start_n + o_nb                                                              # [BLOCK_N]
     o_d = tl.arange(0, BLOCK_D)                                                       # [BLOCK_D]
     m_d = o_d < HEAD_DIM
     m_nd = (o_n < seqlen_k)[:, None] & m_d[None, :]                                   # [BLOCK_N, BLOCK_D]
-    off_n = start_n.to(tl.int64)
-    p_k = K + off_b * stride_kb + off_hk * stride_kh + off_n * stride_kn + o_nb[:, None] * stride_kn + o_d[None, :]
-    p_v = V + off_b * stride_vb + off_hk * stride_vh + off_n * stride_vn + o_nb[:, None] * stride_vn + o_d[None, :]
+    row_k = k_start + start_n
+    p_k = K + off_b * stride_kb + off_hk * stride_kh + row_k * stride_kn + o_nb[:, None] * stride_kn + o_d[None, :]
+    p_v = V + off_b * stride_vb + off_hk * stride_vh + row_k * stride_vn + o_nb[:, None] * stride_vn + o_d[None, :]
     b_k = tl.load(p_k, mask=m_nd, other=0.0)                                          # [BLOCK_N, BLOCK_D]
     b_v = tl.load(p_v, mask=m_nd, other=0.0)                                          # [BLOCK_N, BLOCK_D]
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)                               # [BLOCK_N, BLOCK_D]
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)                               # [BLOCK_N, BLOCK_D]
 
-    q_end = ((seqlen_q + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
-    if IS_CAUSAL:
-        # first query row that sees key start_n: i >= start_n - shift; rows i >= start_n + BLOCK_N - 1 - shift
-        # see the whole block (no mask). Q blocks entirely below that are skipped.
-        lo = (tl.maximum(start_n - causal_shift, 0) // BLOCK_M) * BLOCK_M
-        mid = ((tl.maximum(start_n + BLOCK_N - 1 - causal_shift, 0) + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
-        lo = tl.minimum(lo, q_end)
-        mid = tl.minimum(mid, q_end)
-    else:
-        lo = q_end * 0
-        mid = q_end * 0
-    lo = lo.to(tl.int64)
-    mid = mid.to(tl.int64)
-    q_end = q_end.to(tl.int64)
+    # Q rows outside [lo, hi) see no key of this block and are skipped.
+    lo, a, b, hi = q_block_range(start_n, seqlen_q, shift, window_left, window_right,
+                                 HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
 
     # GQA: dK/dV of kv head hk accumulate over query heads hk*G ... hk*G + G - 1, in registers.
     for g in range(0, kv_group):
         off_h = off_hk * kv_group + g
-        q_base = Q + off_b * stride_qb + off_h * stride_qh
-        do_base = DO + off_b * stride_dob + off_h * stride_doh
-        row_base = (off_b * nheads + off_h) * seqlen_q
+        slope2 = 0.0
+        if HAS_ALIBI:
+            slope2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah) * 1.4426950408889634
+        q_base = Q + off_b * stride_qb + off_h * stride_qh + q_start * stride_qm
+        do_base = DO + off_b * stride_dob + off_h * stride_doh + q_start * stride_dom
+        row_base = off_b * stride_lb + off_h * stride_lh + q_start
+        if HAS_RIGHT:  # rows at the causal/right edge (lo = a = 0 without a right bound)
+            dk, dv = _bwd_dkdv_inner(
+                dk, dv, b_k, b_v, q_base, do_base, LSE, DELTA, row_base, stride_qm, stride_dom,
+                o_n, o_d, m_d, lo, a, seqlen_q, shift, window_left, window_right,
+                qk_scale, softcap_scale, softcap2, slope2,
+                MASK=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+                BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION,
+            )
         dk, dv = _bwd_dkdv_inner(
             dk, dv, b_k, b_v, q_base, do_base, LSE, DELTA, row_base, stride_qm, stride_dom,
-            o_n, o_d, m_d, lo, mid, seqlen_q, causal_shift, qk_scale,
-            MASK=True, BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION,
+            o_n, o_d, m_d, a, b, seqlen_q, shift, window_left, window_right,
+            qk_scale, softcap_scale, softcap2, slope2,
+            MASK=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+            BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION,
         )
-        dk, dv = _bwd_dkdv_inner(
-            dk, dv, b_k, b_v, q_base, do_base, LSE, DELTA, row_base, stride_qm, stride_dom,
-            o_n, o_d, m_d, mid, q_end, seqlen_q, causal_shift, qk_scale,
-            MASK=False, BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION,
-        )
+        if HAS_LEFT:  # rows past the left window edge (b = hi without a left bound)
+            dk, dv = _bwd_dkdv_inner(
+                dk, dv, b_k, b_v, q_base, do_base, LSE, DELTA, row_base, stride_qm, stride_dom,
+                o_n, o_d, m_d, b, hi, seqlen_q, shift, window_left, window_right,
+                qk_scale, softcap_scale, softcap2, slope2,
+                MASK=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+                BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION,
+            )
     dk = dk * sm_scale
-    p_dk = DK + off_b * stride_dkb + off_hk * stride_dkh + off_n * stride_dkn + o_nb[:, None] * stride_dkn + o_d[None, :]
-    p_dv = DV + off_b * stride_dvb + off_hk * stride_dvh + off_n * stride_dvn + o_nb[:, None] * stride_dvn + o_d[None, :]
+    p_dk = DK + off_b * stride_dkb + off_hk * stride_dkh + row_k * stride_dkn + o_nb[:, None] * stride_dkn + o_d[None, :]
+    p_dv = DV + off_b * stride_dvb + off_hk * stride_dvh + row_k * stride_dvn + o_nb[:, None] * stride_dvn + o_d[None, :]
     tl.store(p_dk, dk.to(DK.dtype.element_ty), mask=m_nd)
     tl.store(p_dv, dv.to(DV.dtype.element_ty), mask=m_nd)
 
@@ -164,8 +183,11 @@ def _bwd_dkdv(
 def _bwd_dq_inner(
     dq, b_q, b_do, lse2, delta,    # [BLOCK_M, BLOCK_D] fp32, [BLOCK_M, BLOCK_D] x2, [BLOCK_M] x2
     k_base, v_base, stride_kn, stride_vn,
-    o_m, o_d, m_d, lo, hi, seqlen_k, causal_shift, qk_scale,
-    MASK: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    o_m, o_d, m_d, lo, hi, seqlen_k, shift, window_left, window_right,
+    qk_scale, softcap_scale, softcap2, slope2,
+    MASK: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Fold the K/V blocks starting in [lo, hi) into dQ of one Q block."""
     o_nb = tl.arange(0, BLOCK_N)                                                      # [BLOCK_N]
@@ -176,72 +198,89 @@ def _bwd_dq_inner(
         p_vt = v_base + start_n * stride_vn + o_nb[None, :] * stride_vn + o_d[:, None]  # [BLOCK_D, BLOCK_N]
         b_kt = tl.load(p_kt, mask=m_n[None, :] & m_d[:, None], other=0.0)            # [BLOCK_D, BLOCK_N]
         b_vt = tl.load(p_vt, mask=m_n[None, :] & m_d[:, None], other=0.0)            # [BLOCK_D, BLOCK_N]
-        b_s = tl.dot(b_q, b_kt, input_precision=DOT_PRECISION) * qk_scale            # [BLOCK_M, BLOCK_N]
+        rel = o_m[:, None] + shift - o_n[None, :]                                     # [BLOCK_M, BLOCK_N]
+        b_s, b_t = score_mods(tl.dot(b_q, b_kt, input_precision=DOT_PRECISION), rel, qk_scale,
+                              softcap_scale, softcap2, slope2, HAS_SOFTCAP, HAS_ALIBI)  # [BLOCK_M, BLOCK_N]
         b_p = tl.math.exp2(b_s - lse2[:, None])                                       # [BLOCK_M, BLOCK_N]
         if MASK:
-            b_p = tl.where(o_n[None, :] <= o_m[:, None] + causal_shift, b_p, 0.0)
+            b_p = tl.where(visible(rel, window_left, window_right, HAS_LEFT, HAS_RIGHT), b_p, 0.0)
         b_dp = tl.dot(b_do, b_vt, input_precision=DOT_PRECISION)                     # [BLOCK_M, BLOCK_N]
         b_ds = b_p * (b_dp - delta[:, None])                                          # [BLOCK_M, BLOCK_N]
+        if HAS_SOFTCAP:
+            b_ds = b_ds * (1.0 - b_t * b_t)
         dq = tl.dot(b_ds.to(b_kt.dtype), tl.trans(b_kt), dq, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_D]
     return dq
 
 
-@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "causal_shift"])
+@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "causal_shift", "window_left", "window_right"])
 def _bwd_dq(
-    Q, K, V, DO, LSE, DELTA, DQ,
+    Q, K, V, DO, LSE, DELTA, DQ, ALIBI, CU_Q, CU_K,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_dob, stride_dom, stride_doh,
     stride_dqb, stride_dqm, stride_dqh,
-    nheads, seqlen_q, seqlen_k, causal_shift, kv_group, qk_scale, sm_scale,
-    IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    stride_lb, stride_lh, stride_ab, stride_ah,
+    nheads, seqlen_q, seqlen_k, causal_shift, window_left, window_right, kv_group,
+    qk_scale, sm_scale, softcap_scale, softcap2,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
-    if IS_CAUSAL:
+    if HAS_RIGHT:
         pid_m = tl.num_programs(0) - 1 - pid_m  # heaviest Q blocks first
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // nheads).to(tl.int64)
     off_h = (pid_bh % nheads).to(tl.int64)
     off_hk = off_h // kv_group
     start_m = pid_m * BLOCK_M
+    q_start, k_start, seqlen_q, seqlen_k, shift = seq_bounds(
+        CU_Q, CU_K, off_b, seqlen_q, seqlen_k, causal_shift, IS_VARLEN)
+    if start_m >= seqlen_q:
+        return
     o_mb = tl.arange(0, BLOCK_M)                                                      # [BLOCK_M]
     o_m = start_m + o_mb                                                              # [BLOCK_M]
     o_d = tl.arange(0, BLOCK_D)                                                       # [BLOCK_D]
     m_d = o_d < HEAD_DIM
     m_md = (o_m < seqlen_q)[:, None] & m_d[None, :]                                   # [BLOCK_M, BLOCK_D]
-    off_m = start_m.to(tl.int64)
-    p_q = Q + off_b * stride_qb + off_h * stride_qh + off_m * stride_qm + o_mb[:, None] * stride_qm + o_d[None, :]
-    p_do = DO + off_b * stride_dob + off_h * stride_doh + off_m * stride_dom + o_mb[:, None] * stride_dom + o_d[None, :]
+    slope2 = 0.0
+    if HAS_ALIBI:
+        slope2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah) * 1.4426950408889634
+    row0 = q_start + start_m
+    p_q = Q + off_b * stride_qb + off_h * stride_qh + row0 * stride_qm + o_mb[:, None] * stride_qm + o_d[None, :]
+    p_do = DO + off_b * stride_dob + off_h * stride_doh + row0 * stride_dom + o_mb[:, None] * stride_dom + o_d[None, :]
     b_q = tl.load(p_q, mask=m_md, other=0.0)                                          # [BLOCK_M, BLOCK_D]
     b_do = tl.load(p_do, mask=m_md, other=0.0)                                        # [BLOCK_M, BLOCK_D]
-    lse2, delta = _load_lse2(LSE, DELTA, pid_bh.to(tl.int64) * seqlen_q, o_m, seqlen_q)  # [BLOCK_M] x2
+    lse2, delta = _load_lse2(LSE, DELTA, off_b * stride_lb + off_h * stride_lh + q_start, o_m, seqlen_q)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)                               # [BLOCK_M, BLOCK_D]
 
-    k_base = K + off_b * stride_kb + off_hk * stride_kh
-    v_base = V + off_b * stride_vb + off_hk * stride_vh
-    if IS_CAUSAL:
-        # same block split as the forward: unmasked blocks left of the diagonal, then the diagonal
-        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + causal_shift, 0), seqlen_k)
-        full_hi = tl.minimum((tl.maximum(start_m + causal_shift + 1, 0) // BLOCK_N) * BLOCK_N, hi)
-    else:
-        hi = seqlen_k + 0 * start_m
-        full_hi = hi
-    hi = hi.to(tl.int64)
-    full_hi = full_hi.to(tl.int64)
+    k_base = K + off_b * stride_kb + off_hk * stride_kh + k_start * stride_kn
+    v_base = V + off_b * stride_vb + off_hk * stride_vh + k_start * stride_vn
+    # same block split as the forward: masked left edge, unmasked middle, masked right edge/tail
+    lo, a, b, hi = kv_block_range(start_m, seqlen_k, shift, window_left, window_right,
+                                  HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
+    if HAS_LEFT:  # left window edge (lo = a = 0 without a left bound)
+        dq = _bwd_dq_inner(
+            dq, b_q, b_do, lse2, delta, k_base, v_base, stride_kn, stride_vn, o_m, o_d, m_d, lo, a, seqlen_k,
+            shift, window_left, window_right, qk_scale, softcap_scale, softcap2, slope2,
+            MASK=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+            BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
+        )
     dq = _bwd_dq_inner(
-        dq, b_q, b_do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
-        o_m, o_d, m_d, full_hi * 0, full_hi, seqlen_k, causal_shift, qk_scale,
-        MASK=False, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
+        dq, b_q, b_do, lse2, delta, k_base, v_base, stride_kn, stride_vn, o_m, o_d, m_d, a, b, seqlen_k,
+        shift, window_left, window_right, qk_scale, softcap_scale, softcap2, slope2,
+        MASK=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+        BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
     )
     dq = _bwd_dq_inner(
-        dq, b_q, b_do, lse2, delta, k_base, v_base, stride_kn, stride_vn,
-        o_m, o_d, m_d, full_hi, hi, seqlen_k, causal_shift, qk_scale,
-        MASK=True, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
+        dq, b_q, b_do, lse2, delta, k_base, v_base, stride_kn, stride_vn, o_m, o_d, m_d, b, hi, seqlen_k,
+        shift, window_left, window_right, qk_scale, softcap_scale, softcap2, slope2,
+        MASK=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+        BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
     )
     dq = dq * sm_scale
-    p_dq = DQ + off_b * stride_dqb + off_h * stride_dqh + off_m * stride_dqm + o_mb[:, None] * stride_dqm + o_d[None, :]
+    p_dq = DQ + off_b * stride_dqb + off_h * stride_dqh + row0 * stride_dqm + o_mb[:, None] * stride_dqm + o_d[None, :]
     tl.store(p_dq, dq.to(DQ.dtype.element_ty), mask=m_md)
 
 
@@ -268,61 +307,68 @@ def default_bwd_config(head_dim: int, causal: bool = False) -> dict:
 
 
 def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool,
-                        causal_shift: int | None = None, config: dict | None = None,
-                        dq=None, dk=None, dv=None):
-    """Launch the three backward kernels. Returns (dq, dk, dv), contiguous, in the input dtypes.
+                        causal_shift: int | None = None, *, window=(-1, -1), softcap: float = 0.0,
+                        alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                        max_seqlen_k=None, config: dict | None = None, dq=None, dk=None, dv=None):
+    """Launch the three backward kernels. Returns (dq, dk, dv) in the input shapes and dtypes.
 
-    Layouts as in ``flash_attn_forward``; ``lse`` is the forward's natural-log LSE.
-    ``dq``/``dk``/``dv`` may be given preallocated (tests pass NaN-filled buffers).
+    Layouts and feature arguments as in ``flash_attn_forward``; ``lse`` is the forward's
+    natural-log LSE. ``dq``/``dk``/``dv`` may be given preallocated (tests pass NaN-filled buffers).
     """
-    batch, seqlen_q, nheads, head_dim = q.shape
-    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    varlen = cu_seqlens_q is not None
+    nheads, head_dim = q.shape[-2], q.shape[-1]
+    nheads_k = k.shape[-2]
+    if varlen:
+        batch = cu_seqlens_q.shape[0] - 1
+        seqlen_q, seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+        total_q = q.shape[0]
+        lse_strides = (0, total_q)
+    else:
+        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        lse_strides = (nheads * seqlen_q, seqlen_q)
     if causal_shift is None:
         causal_shift = seqlen_k - seqlen_q
     if dout.stride(-1) != 1:
         # e.g. the expanded ones of loss = out.sum(): the kernels need a unit stride on headdim
         dout = dout.contiguous()
-    lse = lse.contiguous()  # the kernels address rows as (batch*nheads + h) * seqlen_q + m
+    lse = lse.contiguous()  # rows are addressed as in lse_strides
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if dq is None else dq
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device) if dk is None else dk
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device) if dv is None else dv
-    if q.numel() == 0 or k.numel() == 0:
+    if q.numel() == 0 or k.numel() == 0 or batch == 0:
         # no query or no key: every gradient is zero, nothing to launch
         return dq.zero_(), dk.zero_(), dv.zero_()
+    flags, sc, alibi_strides = feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch)
     if config is None:
-        config = INTERPRET_BWD_CONFIG if interpreting() else default_bwd_config(head_dim, causal)
+        config = INTERPRET_BWD_CONFIG if interpreting() else default_bwd_config(head_dim, flags["HAS_RIGHT"])
     block_d = block_d_for(head_dim)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    delta = torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
+    # delta = rowsum(dO * O), laid out like the LSE; varlen is one "batch" of total_q rows
+    delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+    o4, do4 = (out[None], dout[None]) if varlen else (out, dout)
+    pre_b, pre_s = o4.shape[0], o4.shape[1]
     pre_m = 64 if not interpreting() else 32
-    _bwd_preprocess[(triton.cdiv(seqlen_q, pre_m), batch * nheads)](
-        out, dout, delta,
-        out.stride(0), out.stride(1), out.stride(2),
-        dout.stride(0), dout.stride(1), dout.stride(2),
-        nheads, seqlen_q, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=pre_m,
+    _bwd_preprocess[(triton.cdiv(pre_s, pre_m), pre_b * nheads)](
+        o4, do4, delta,
+        o4.stride(0), o4.stride(1), o4.stride(2),
+        do4.stride(0), do4.stride(1), do4.stride(2),
+        nheads, pre_s, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=pre_m,
     )
-    common = dict(IS_CAUSAL=bool(causal), HEAD_DIM=head_dim, BLOCK_D=block_d, DOT_PRECISION=precision)
+    common = dict(**flags, IS_VARLEN=varlen, HEAD_DIM=head_dim, BLOCK_D=block_d, DOT_PRECISION=precision)
+    tail = (sc["window_left"], sc["window_right"], nheads // nheads_k,
+            softmax_scale * LOG2E, softmax_scale, sc["softcap_scale"], sc["softcap2"])
     c = config["dkdv"]
     _bwd_dkdv[(triton.cdiv(seqlen_k, c["BLOCK_N"]), batch * nheads_k)](
-        q, k, v, dout, lse, delta, dk, dv,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        dout.stride(0), dout.stride(1), dout.stride(2),
-        dk.stride(0), dk.stride(1), dk.stride(2),
-        dv.stride(0), dv.stride(1), dv.stride(2),
-        nheads, nheads_k, seqlen_q, seqlen_k, causal_shift, nheads // nheads_k,
-        softmax_scale * LOG2E, softmax_scale, **common, **c,
+        q, k, v, dout, lse, delta, dk, dv, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+        *strides3(q, varlen), *strides3(k, varlen), *strides3(v, varlen), *strides3(dout, varlen),
+        *strides3(dk, varlen), *strides3(dv, varlen), *lse_strides, *alibi_strides,
+        nheads, nheads_k, seqlen_q, seqlen_k, causal_shift, *tail, **common, **c,
     )
     c = config["dq"]
     _bwd_dq[(triton.cdiv(seqlen_q, c["BLOCK_M"]), batch * nheads)](
-        q, k, v, dout, lse, delta, dq,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        dout.stride(0), dout.stride(1), dout.stride(2),
-        dq.stride(0), dq.stride(1), dq.stride(2),
-        nheads, seqlen_q, seqlen_k, causal_shift, nheads // nheads_k,
-        softmax_scale * LOG2E, softmax_scale, **common, **c,
+        q, k, v, dout, lse, delta, dq, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+        *strides3(q, varlen), *strides3(k, varlen), *strides3(v, varlen), *strides3(dout, varlen),
+        *strides3(dq, varlen), *lse_strides, *alibi_strides,
+        nheads, seqlen_q, seqlen_k, causal_shift, *tail, **common, **c,
     )
     return dq, dk, dv

@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tileflash.ops.common import kv_block_range, score_mods, seq_bounds, visible
+
 LOG2E = 1.4426950408889634
 
 
@@ -35,14 +37,16 @@ LOG2E = 1.4426950408889634
 def _fwd_inner(
     acc, l_i, m_i, b_q,          # [BLOCK_M, BLOCK_D] fp32, [BLOCK_M] fp32, [BLOCK_M] fp32, [BLOCK_M, BLOCK_D]
     k_base, v_base, stride_kn, stride_vn,
-    o_m, o_d, m_d, lo, hi, seqlen_k, causal_shift, qk_scale,
-    MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
+    o_m, o_d, m_d, lo, hi, seqlen_k, shift, window_left, window_right,
+    qk_scale, softcap_scale, softcap2, slope2,
+    MASK: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, PAD_D: tl.constexpr,
     BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Fold the K/V blocks starting in [lo, hi) into (acc, l_i, m_i).
 
     MASK=False: blocks fully inside seqlen_k and fully visible: no mask math.
-    MASK=True:  the causal-diagonal and ragged-tail blocks, masked per element.
+    MASK=True:  the window/causal-edge and ragged-tail blocks, masked per element.
     """
     o_nb = tl.arange(0, BLOCK_N)                                                      # [BLOCK_N]
     for start_n in range(lo, hi, BLOCK_N):
@@ -60,12 +64,11 @@ def _fwd_inner(
         else:
             b_kt = tl.load(p_kt)
             b_v = tl.load(p_v)
-        b_s = tl.dot(b_q, b_kt, input_precision=DOT_PRECISION) * qk_scale             # [BLOCK_M, BLOCK_N] base-2 scores
+        rel = o_m[:, None] + shift - o_n[None, :]                                     # [BLOCK_M, BLOCK_N] i + shift - j
+        b_s, b_t = score_mods(tl.dot(b_q, b_kt, input_precision=DOT_PRECISION), rel, qk_scale,
+                              softcap_scale, softcap2, slope2, HAS_SOFTCAP, HAS_ALIBI)  # [BLOCK_M, BLOCK_N] base 2
         if MASK:
-            m_s = m_n[None, :]                                                        # [1, BLOCK_N]
-            if IS_CAUSAL:
-                # bottom-right alignment: query i sees key j iff j <= i + seqlen_k - seqlen_q
-                m_s = m_s & (o_n[None, :] <= o_m[:, None] + causal_shift)             # [BLOCK_M, BLOCK_N]
+            m_s = m_n[None, :] & visible(rel, window_left, window_right, HAS_LEFT, HAS_RIGHT)
             b_s = tl.where(m_s, b_s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(b_s, 1))                                       # [BLOCK_M]
         # keep the subtracted max finite so rows with no visible key stay 0, not NaN
@@ -79,39 +82,55 @@ def _fwd_inner(
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "causal_shift"])
+@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "causal_shift", "window_left", "window_right"])
 def _attn_fwd(
-    Q, K, V, O, LSE,
+    Q, K, V, O, LSE, ALIBI, CU_Q, CU_K,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_ob, stride_om, stride_oh,
-    nheads, seqlen_q, seqlen_k, causal_shift, kv_group, qk_scale,
+    stride_lb, stride_lh, stride_ab, stride_ah,
+    nheads, seqlen_q, seqlen_k, causal_shift, window_left, window_right, kv_group,
+    qk_scale, softcap_scale, softcap2,
     SQ_BUCKET, SK_BUCKET,  # autotune key only: bucketed lengths, so a new length reuses a tuned config
-    IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """One program per (Q block, batch*head): FA2's sequence parallelism."""
+    """One program per (Q block, batch*head): FA2's sequence parallelism.
+
+    Dense: tensors are (batch, seqlen, nheads, headdim), LSE (batch, nheads, seqlen_q).
+    Varlen (IS_VARLEN): tensors are (total, nheads, headdim) with batch stride 0, sequence b
+    is rows [cu[b], cu[b+1]); LSE is (nheads, total_q). seqlen_q/k are then the maxima.
+    """
     pid_m = tl.program_id(0)
-    if IS_CAUSAL:
-        # the last Q blocks see the most keys: launch them first to shorten the tail
+    if HAS_RIGHT:
+        # with a causal/right bound the last Q blocks see the most keys: launch them first
         pid_m = tl.num_programs(0) - 1 - pid_m
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // nheads).to(tl.int64)
     off_h = (pid_bh % nheads).to(tl.int64)
     off_hk = off_h // kv_group                     # GQA: query head h reads kv head h // (H / H_k)
     start_m = pid_m * BLOCK_M
+    q_start, k_start, seqlen_q, seqlen_k, shift = seq_bounds(
+        CU_Q, CU_K, off_b, seqlen_q, seqlen_k, causal_shift, IS_VARLEN)
+    if start_m >= seqlen_q:
+        return  # varlen: this sequence is shorter than the longest one
 
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM     # head dim padded to a power of two inside the kernel only
     o_mb = tl.arange(0, BLOCK_M)                                                      # [BLOCK_M]
     o_m = start_m + o_mb                                                              # [BLOCK_M]
     o_d = tl.arange(0, BLOCK_D)                                                       # [BLOCK_D]
-    m_d = o_d < HEAD_DIM                                                                # [BLOCK_D]
+    m_d = o_d < HEAD_DIM                                                              # [BLOCK_D]
     m_m = o_m < seqlen_q                                                              # [BLOCK_M]
+    slope2 = 0.0
+    if HAS_ALIBI:
+        slope2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah) * 1.4426950408889634
 
-    q_base = Q + off_b * stride_qb + off_h * stride_qh + start_m.to(tl.int64) * stride_qm
-    k_base = K + off_b * stride_kb + off_hk * stride_kh
-    v_base = V + off_b * stride_vb + off_hk * stride_vh
+    row0 = q_start + start_m
+    q_base = Q + off_b * stride_qb + off_h * stride_qh + row0 * stride_qm
+    k_base = K + off_b * stride_kb + off_hk * stride_kh + k_start * stride_kn
+    v_base = V + off_b * stride_vb + off_hk * stride_vh + k_start * stride_vn
     p_q = q_base + o_mb[:, None] * stride_qm + o_d[None, :]                           # [BLOCK_M, BLOCK_D]
     b_q = tl.load(p_q, mask=m_m[:, None] & m_d[None, :], other=0.0)                  # [BLOCK_M, BLOCK_D]
 
@@ -119,41 +138,37 @@ def _attn_fwd(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                                       # [BLOCK_M]
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)                         # [BLOCK_M]
 
-    n_whole = (seqlen_k // BLOCK_N) * BLOCK_N      # keys in blocks that lie inside seqlen_k
-    if IS_CAUSAL:
-        # keys visible to the block's first row: [0, start_m + shift]; to its last row: [0, start_m + BLOCK_M - 1 + shift]
-        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + causal_shift, 0), seqlen_k)
-        full_hi = tl.minimum((tl.maximum(start_m + causal_shift + 1, 0) // BLOCK_N) * BLOCK_N, n_whole)
-        full_hi = tl.minimum(full_hi, hi)
-    else:
-        hi = seqlen_k
-        full_hi = n_whole
-    hi = hi.to(tl.int64)
-    full_hi = full_hi.to(tl.int64)
-    zero = full_hi * 0
-    # Off-diagonal, in-range blocks: no masks. Blocks above the causal diagonal are never loaded.
-    acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, b_q, k_base, v_base, stride_kn, stride_vn,
-        o_m, o_d, m_d, zero, full_hi, seqlen_k, causal_shift, qk_scale,
-        MASK=False, IS_CAUSAL=IS_CAUSAL, PAD_D=PAD_D,
-        BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
+    # Keys outside [lo, hi) are invisible to every row of this block and are never loaded.
+    lo, a, b, hi = kv_block_range(start_m, seqlen_k, shift, window_left, window_right,
+                                  HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
+    if HAS_LEFT:  # left window edge: masked (without a left bound lo = a = 0: not even compiled)
+        acc, l_i, m_i = _fwd_inner(
+            acc, l_i, m_i, b_q, k_base, v_base, stride_kn, stride_vn, o_m, o_d, m_d, lo, a, seqlen_k, shift,
+            window_left, window_right, qk_scale, softcap_scale, softcap2, slope2,
+            MASK=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+            PAD_D=True, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
+        )
+    acc, l_i, m_i = _fwd_inner(  # fully visible, in-range blocks: no masks
+        acc, l_i, m_i, b_q, k_base, v_base, stride_kn, stride_vn, o_m, o_d, m_d, a, b, seqlen_k, shift,
+        window_left, window_right, qk_scale, softcap_scale, softcap2, slope2,
+        MASK=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+        PAD_D=PAD_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
     )
-    # Diagonal and ragged-tail blocks: masked.
-    acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, b_q, k_base, v_base, stride_kn, stride_vn,
-        o_m, o_d, m_d, full_hi, hi, seqlen_k, causal_shift, qk_scale,
-        MASK=True, IS_CAUSAL=IS_CAUSAL, PAD_D=True,
-        BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
+    acc, l_i, m_i = _fwd_inner(  # causal/right edge and ragged tail: masked
+        acc, l_i, m_i, b_q, k_base, v_base, stride_kn, stride_vn, o_m, o_d, m_d, b, hi, seqlen_k, shift,
+        window_left, window_right, qk_scale, softcap_scale, softcap2, slope2,
+        MASK=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+        PAD_D=True, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
     )
 
     # Epilogue: normalise; a row with no visible key has l_i = 0 and acc = 0 -> out = 0.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)                                           # [BLOCK_M]
     b_o = acc / l_safe[:, None]                                                       # [BLOCK_M, BLOCK_D]
     lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)  # [BLOCK_M] natural log
-    p_o = O + off_b * stride_ob + off_h * stride_oh + start_m.to(tl.int64) * stride_om \
+    p_o = O + off_b * stride_ob + off_h * stride_oh + row0 * stride_om \
         + o_mb[:, None] * stride_om + o_d[None, :]                                    # [BLOCK_M, BLOCK_D]
     tl.store(p_o, b_o.to(O.dtype.element_ty), mask=m_m[:, None] & m_d[None, :])
-    p_lse = LSE + pid_bh.to(tl.int64) * seqlen_q + o_m                                # [BLOCK_M]
+    p_lse = LSE + off_b * stride_lb + off_h * stride_lh + q_start + o_m               # [BLOCK_M]
     tl.store(p_lse, lse, mask=m_m)
 
 
@@ -214,7 +229,8 @@ def prune_fwd_configs(configs, named_args, **kwargs):
 
 _attn_fwd_tuned = triton.autotune(
     configs=FWD_CONFIGS,
-    key=["SQ_BUCKET", "SK_BUCKET", "HEAD_DIM", "IS_CAUSAL", "DOT_PRECISION"],
+    key=["SQ_BUCKET", "SK_BUCKET", "HEAD_DIM", "HAS_LEFT", "HAS_RIGHT", "HAS_SOFTCAP", "HAS_ALIBI", "IS_VARLEN",
+         "DOT_PRECISION"],
     prune_configs_by={"early_config_prune": prune_fwd_configs},
 )(_attn_fwd)
 
@@ -242,44 +258,80 @@ def block_d_for(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
-def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int | None = None,
+def strides3(t, varlen: bool):
+    """(batch, row, head) strides; varlen tensors are (total, nheads, d) with no batch stride."""
+    return (0, t.stride(0), t.stride(1)) if varlen else (t.stride(0), t.stride(1), t.stride(2))
+
+
+def feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch):
+    """Host-side flags and scalars shared by every launcher (see tileflash.ops.common)."""
+    left, right = window
+    if causal:
+        right = 0  # flash-attn: causal means window_size[1] = 0
+    alibi_strides = (0, 0)
+    if alibi_slopes is not None:
+        alibi_strides = (alibi_slopes.stride(0), alibi_slopes.stride(1)) if alibi_slopes.dim() == 2 \
+            else (0, alibi_slopes.stride(0))
+    flags = dict(HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, HAS_SOFTCAP=softcap > 0,
+                 HAS_ALIBI=alibi_slopes is not None)
+    scalars = dict(window_left=max(left, 0), window_right=max(right, 0),
+                   softcap_scale=softmax_scale / softcap if softcap > 0 else 0.0,
+                   softcap2=softcap * LOG2E)
+    return flags, scalars, alibi_strides
+
+
+def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int | None = None, *,
+                       window=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
+                       cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
                        config: dict | None = None, out: torch.Tensor | None = None,
                        lse: torch.Tensor | None = None):
     """Launch the forward kernel. Inputs are validated by ``tileflash.interface``.
 
-    q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim),
-    unit stride on headdim. Returns ``out`` (contiguous, q's shape and dtype) and
-    ``lse`` (batch, nheads, seqlen_q) float32, natural log.
-    With ``causal``, query i sees key j iff ``j <= i + causal_shift``; the default shift
-    ``seqlen_k - seqlen_q`` is flash-attn's bottom-right alignment, 0 is torch's top-left.
+    Dense: q (batch, seqlen_q, nheads, headdim); k, v (batch, seqlen_k, nheads_k, headdim);
+    returns out (contiguous, q's shape and dtype) and lse (batch, nheads, seqlen_q) fp32, natural
+    log. Varlen (``cu_seqlens_q/k`` given, int32 (batch + 1,)): q (total_q, nheads, headdim),
+    k/v (total_k, nheads_k, headdim); lse is (nheads, total_q).
+    Query i sees key j iff ``-right <= i + shift - j <= left`` for ``window = (left, right)``
+    (-1: unbounded; causal forces right = 0); dense shift = ``causal_shift`` (default
+    seqlen_k - seqlen_q, flash-attn's bottom-right; 0 is torch's top-left), varlen: per sequence.
     ``config`` pins BLOCK_M/BLOCK_N (and optionally num_warps/num_stages) instead of autotuning.
-    ``out``/``lse`` may be given preallocated (contiguous; tests pass NaN-filled buffers to
-    prove that the kernel writes every element).
+    ``out``/``lse`` may be given preallocated (tests pass NaN-filled buffers to prove that the
+    kernel writes every element).
     """
-    batch, seqlen_q, nheads, head_dim = q.shape
-    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    varlen = cu_seqlens_q is not None
+    nheads, head_dim = q.shape[-2], q.shape[-1]
+    nheads_k = k.shape[-2]
+    if varlen:
+        batch = cu_seqlens_q.shape[0] - 1
+        seqlen_q, seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+        total_q = q.shape[0]
+        lse_shape, lse_strides = (nheads, total_q), (0, total_q)
+    else:
+        batch, seqlen_q = q.shape[0], q.shape[1]
+        seqlen_k = k.shape[1]
+        lse_shape, lse_strides = (batch, nheads, seqlen_q), (nheads * seqlen_q, seqlen_q)
     if causal_shift is None:
         causal_shift = seqlen_k - seqlen_q
     if out is None:
-        out = torch.empty((batch, seqlen_q, nheads, head_dim), dtype=q.dtype, device=q.device)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if lse is None:
-        lse = torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
-    if out.numel() == 0:
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    if out.numel() == 0 or batch == 0 or seqlen_q == 0:
         return out, lse  # nothing to compute: no launch
     if seqlen_k == 0:
         # every query sees no key: out = 0 and lse = -inf by definition, no launch
         return out.zero_(), lse.fill_(float("-inf"))
+    flags, sc, alibi_strides = feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch)
     args = (
-        q, k, v, out, lse,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        nheads, seqlen_q, seqlen_k, causal_shift, nheads // nheads_k, softmax_scale * LOG2E,
+        q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+        *strides3(q, varlen), *strides3(k, varlen), *strides3(v, varlen), *strides3(out, varlen),
+        *lse_strides, *alibi_strides,
+        nheads, seqlen_q, seqlen_k, causal_shift, sc["window_left"], sc["window_right"], nheads // nheads_k,
+        softmax_scale * LOG2E, sc["softcap_scale"], sc["softcap2"],
         triton.next_power_of_2(seqlen_q), triton.next_power_of_2(seqlen_k),
     )
     meta = dict(
-        IS_CAUSAL=bool(causal), HEAD_DIM=head_dim, BLOCK_D=block_d_for(head_dim),
+        **flags, IS_VARLEN=varlen, HEAD_DIM=head_dim, BLOCK_D=block_d_for(head_dim),
         # fp32 inputs: true fp32 products (tf32 would lose ~3 decimal digits)
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
