@@ -18,13 +18,14 @@ from tileflash.ops import forward as F
 
 PTRS_FP32 = {"LSE", "DELTA", "ALIBI"}
 PTRS_I32 = {"CU_Q", "CU_K"}
-FLOATS = {"qk_scale", "sm_scale", "softcap_scale", "softcap2"}
+PTRS_I64 = {"SEED"}
+FLOATS = {"qk_scale", "sm_scale", "softcap_scale", "softcap2", "dropout_p"}
 # feature sets compiled for every kernel: plain, and every optional feature switched on
 FEATURES = [
-    dict(HAS_LEFT=False, HAS_SOFTCAP=False, HAS_ALIBI=False, IS_VARLEN=False),
-    dict(HAS_LEFT=True, HAS_SOFTCAP=True, HAS_ALIBI=True, IS_VARLEN=True),
+    dict(HAS_LEFT=False, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_DROPOUT=False, IS_VARLEN=False),
+    dict(HAS_LEFT=True, HAS_SOFTCAP=True, HAS_ALIBI=True, HAS_DROPOUT=True, IS_VARLEN=True),
 ]
-OPTIONAL_PTRS = {"ALIBI": "HAS_ALIBI", "CU_Q": "IS_VARLEN", "CU_K": "IS_VARLEN"}
+OPTIONAL_PTRS = {"ALIBI": "HAS_ALIBI", "CU_Q": "IS_VARLEN", "CU_K": "IS_VARLEN", "SEED": "HAS_DROPOUT"}
 
 
 def signature(fn, dtype, constexprs):
@@ -33,10 +34,13 @@ def signature(fn, dtype, constexprs):
         if name in constexprs:
             sig[name] = "constexpr"
         elif name.isupper():
-            sig[name] = "*fp32" if name in PTRS_FP32 else ("*i32" if name in PTRS_I32 else f"*{dtype}")
+            sig[name] = ("*fp32" if name in PTRS_FP32 else "*i32" if name in PTRS_I32 else
+                         "*i64" if name in PTRS_I64 else f"*{dtype}")
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in FLOATS:
             sig[name] = "fp32"
+        elif name.startswith("rng_stride"):
+            sig[name] = "i64"
         else:
             sig[name] = "i32"
             if name.startswith("stride"):

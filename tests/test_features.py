@@ -166,7 +166,6 @@ def test_sliding_window_skips_blocks(backend):
     (dict(window_size=(-2, 0)), ValueError, "window_size"),
     (dict(window_size=(3,)), ValueError, "window_size"),
     (dict(softcap=-1.0), ValueError, "softcap"),
-    (dict(dropout_p=0.1), NotImplementedError, "dropout"),
     (dict(dropout_p=1.5), ValueError, "dropout_p"),
     (dict(alibi_slopes=torch.ones(3)), ValueError, r"alibi_slopes must have shape"),
     (dict(alibi_slopes=torch.ones(4, dtype=torch.float64)), TypeError, "float32"),

@@ -158,6 +158,37 @@ class _ScoreMod:
         return s, t
 
 
+def _mix31(x: torch.Tensor) -> torch.Tensor:
+    """One round of a 31-bit integer hash (every product stays below 2**62: no int64 overflow)."""
+    m = 0x7FFFFFFF
+    x = ((x ^ (x >> 15)) * 0x2C1B3C6D) & m
+    x = ((x ^ (x >> 12)) * 0x297A2D39) & m
+    return x ^ (x >> 15)
+
+
+def dropout_keep_cpu(seed: int, b0: int, nheads: int, seqlen_q: int, seqlen_k: int, batch: int,
+                     nheads_k: int, group: int, q_start: int, q_stop: int, k_start: int, k_stop: int, p: float,
+                     device) -> torch.Tensor:
+    """Dropout keep mask of a (Q chunk, K chunk) block, shaped like its scores (B, Hk, G*bm, bn).
+
+    A counter-based hash of (seed, batch, head, i, j), so the backward regenerates the forward's
+    mask block by block without storing it. (The Triton kernels use Philox instead: the two paths
+    draw different masks, each self-consistent.)
+    """
+    bm = q_stop - q_start
+    b = torch.arange(batch, device=device).view(-1, 1, 1, 1) + b0
+    h = (torch.arange(nheads_k, device=device).view(1, -1, 1, 1) * group
+         + (torch.arange(group * bm, device=device) // bm).view(1, 1, -1, 1))
+    i = (q_start + torch.arange(group * bm, device=device) % bm).view(1, 1, -1, 1)
+    j = torch.arange(k_start, k_stop, device=device).view(1, 1, 1, -1)
+    idx = ((b * nheads + h) * seqlen_q + i) * seqlen_k + j
+    lo, hi = idx & 0x7FFFFFFF, (idx >> 31) & 0x7FFFFFFF
+    x = _mix31(lo ^ (seed & 0x7FFFFFFF))
+    x = _mix31(x ^ hi ^ ((seed >> 31) & 0x7FFFFFFF))
+    x = _mix31(x ^ 0x5BD1E995)
+    return (x.to(torch.float64) / 2.0 ** 31) >= p
+
+
 def attention_forward_cpu(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -171,8 +202,15 @@ def attention_forward_cpu(
     window_size: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    dropout_seed: int = 0,
+    rng_batch_offset: int = 0,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Blockwise exact attention forward.
+
+    ``dropout_p > 0`` drops entries of P after the softmax (kept ones scaled by 1/(1-p)) with
+    the mask of :func:`dropout_keep_cpu` for ``dropout_seed``; the LSE ignores dropout.
+    ``rng_batch_offset`` shifts the batch index of that mask (varlen runs one sequence per call).
 
     Returns ``(out, lse)``: ``out`` has ``q``'s dtype and shape
     ``(batch, seqlen_q, nheads, headdim_v)`` (contiguous); ``lse`` is
@@ -231,8 +269,12 @@ def attention_forward_cpu(
             m_safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
             alpha = torch.exp(m_i - m_safe)
             p = torch.exp(s.sub_(m_safe.unsqueeze(-1)))
-            l_i = l_i * alpha + p.sum(dim=-1)
+            l_i = l_i * alpha + p.sum(dim=-1)  # the denominator ignores dropout
             acc.mul_(alpha.unsqueeze(-1))
+            if dropout_p > 0:
+                keep = dropout_keep_cpu(dropout_seed, rng_batch_offset, nheads, seqlen_q, seqlen_k, batch, nheads_k,
+                                        group, q_start, q_stop, k_start, k_stop, dropout_p, device)
+                p = p.mul_(keep).mul_(1.0 / (1.0 - dropout_p))
             acc.add_(torch.matmul(p, vc))
             m_i = m_new
 
@@ -262,6 +304,9 @@ def attention_backward_cpu(
     window_size: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    dropout_seed: int = 0,
+    rng_batch_offset: int = 0,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Blockwise attention backward using the saved ``lse``.
 
@@ -326,9 +371,17 @@ def attention_backward_cpu(
             # masked entries are -inf, so P = exp(-inf - lse) = 0 there
             s, t = mod.apply(s, q_start, q_stop, k_start, k_stop, want_tanh=True)
             p = torch.exp(s.sub_(lse_c))
-            # dV_j += P^T dO (sums over the rows, i.e. over queries and group heads)
-            dv[:, :, k_start:k_stop].add_(torch.matmul(p.transpose(-1, -2), doc))
             dp = torch.matmul(doc, vc.transpose(-1, -2))
+            if dropout_p > 0:
+                # the forward's mask Z = keep / (1 - p): dV = (P∘Z)^T dO, dP = (dO V^T)∘Z
+                z = dropout_keep_cpu(dropout_seed, rng_batch_offset, nheads, seqlen_q, seqlen_k, batch, nheads_k,
+                                     group, q_start, q_stop, k_start, k_stop, dropout_p, device).to(cdt)
+                z.mul_(1.0 / (1.0 - dropout_p))
+                dv[:, :, k_start:k_stop].add_(torch.matmul((p * z).transpose(-1, -2), doc))
+                dp.mul_(z)
+            else:
+                # dV_j += P^T dO (sums over the rows, i.e. over queries and group heads)
+                dv[:, :, k_start:k_stop].add_(torch.matmul(p.transpose(-1, -2), doc))
             ds = p.mul_(dp.sub_(delta.unsqueeze(-1)))  # reuse p's storage
             if t is not None:  # through softcap * tanh(x / softcap): factor 1 - t^2
                 ds.mul_(t.square_().neg_().add_(1.0))

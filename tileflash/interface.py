@@ -102,9 +102,6 @@ def _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, de
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     if not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
-    if dropout_p > 0.0:
-        raise NotImplementedError(f"dropout is not implemented in tileflash yet (got dropout_p={dropout_p}); "
-                                  "pass dropout_p=0.0")
     if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
             or not all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size)):
         raise ValueError(f"window_size must be a pair of ints >= -1 (left, right), -1 meaning unbounded; "
@@ -122,8 +119,14 @@ def _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, de
         if tuple(alibi_slopes.shape) not in ((nheads,), (batch, nheads)):
             raise ValueError(f"alibi_slopes must have shape (nheads,) = ({nheads},) or (batch, nheads) = "
                              f"({batch}, {nheads}), got {tuple(alibi_slopes.shape)}")
-    return dict(window_left=int(window_size[0]), window_right=int(window_size[1]), softcap=float(softcap),
-                alibi_slopes=alibi_slopes)
+    feats = dict(window_left=int(window_size[0]), window_right=int(window_size[1]), softcap=float(softcap),
+                 alibi_slopes=alibi_slopes)
+    if dropout_p > 0.0:
+        # One 62-bit Philox seed per call, drawn from torch's generator on q's device, so
+        # torch.manual_seed makes dropout reproducible; the backward reuses it (never a stored mask).
+        feats.update(dropout_p=float(dropout_p),
+                     seed=torch.randint(0, 2**62, (1,), dtype=torch.int64, device=q.device))
+    return feats
 
 
 def _check_cu_seqlens(name, cu, total, batch, max_seqlen, max_name, device):
@@ -210,8 +213,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """Exact attention, ``softmax(q kᵀ · softmax_scale) v``, without materialising the score matrix.
 
-    Argument names, order and semantics follow flash-attn 2's ``flash_attn_func``
-    (``dropout_p > 0`` is not implemented yet and raises ``NotImplementedError``).
+    Argument names, order and semantics follow flash-attn 2's ``flash_attn_func``.
 
     Differentiable: gradients flow to q, k and v through the ``tileflash::bwd`` op, which
     recomputes the attention probabilities block by block from q, k and the saved LSE (only
@@ -255,7 +257,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         k: (batch, seqlen_k, nheads_k, headdim)
         v: (batch, seqlen_k, nheads_k, headdim)
         softmax_scale: float. The scaling of QKᵀ before the softmax. Default 1 / sqrt(headdim).
-        dropout_p: float. Must be 0.0 (dropout is not implemented yet).
+        dropout_p: float in [0, 1). Dropout on the attention probabilities P (after the
+            softmax; kept entries scaled by 1 / (1 - dropout_p)). The mask is drawn in the kernel
+            from a counter-based RNG (Philox on the GPU and in the interpreter, a hash on the tiled
+            CPU path) seeded from torch's generator, so ``torch.manual_seed`` reproduces it; the
+            backward regenerates it and never stores it. Pass 0.0 at evaluation time.
         causal: bool. Whether to apply a causal mask (bottom-right aligned, see above).
         window_size: (left, right). Sliding window; -1 means unbounded on that side.
         softcap: float. > 0 caps the scores with softcap · tanh(s / softcap); 0 disables.

@@ -49,10 +49,17 @@ def _interpreter_dtype(t: Tensor) -> torch.dtype:
     return torch.float32 if t.dtype == torch.bfloat16 else t.dtype
 
 
-def _kw(window_left, window_right, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+def _kw(window_left, window_right, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        dropout_p, seed):
     return dict(window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
                 cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, dropout_p=dropout_p, seed=seed)
+
+
+def _cpu_dropout(kw, b0=0):
+    if kw["dropout_p"] <= 0:
+        return {}
+    return dict(dropout_p=kw["dropout_p"], dropout_seed=int(kw["seed"].item()), rng_batch_offset=b0)
 
 
 def _cpu_sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes):
@@ -69,13 +76,13 @@ def _cpu_forward(q, k, v, softmax_scale, causal, causal_shift, kw):
     feats = dict(window_size=kw["window"], softcap=kw["softcap"])
     if kw["cu_seqlens_q"] is None:
         return cpu.attention_forward_cpu(q, k, v, softmax_scale, causal, causal_shift=causal_shift,
-                                         alibi_slopes=kw["alibi_slopes"], **feats)
+                                         alibi_slopes=kw["alibi_slopes"], **feats, **_cpu_dropout(kw))
     out = torch.zeros_like(q)
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=lse_dtype)
-    for _, sq, sk, slopes in _cpu_sequences(kw["cu_seqlens_q"], kw["cu_seqlens_k"], kw["alibi_slopes"]):
+    for b, sq, sk, slopes in _cpu_sequences(kw["cu_seqlens_q"], kw["cu_seqlens_k"], kw["alibi_slopes"]):
         o, l_ = cpu.attention_forward_cpu(q[None, sq], k[None, sk], v[None, sk], softmax_scale, causal,
-                                          alibi_slopes=slopes, **feats)
+                                          alibi_slopes=slopes, **feats, **_cpu_dropout(kw, b))
         out[sq], lse[:, sq] = o[0], l_[0]
     return out, lse
 
@@ -84,11 +91,13 @@ def _cpu_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, 
     feats = dict(window_size=kw["window"], softcap=kw["softcap"])
     if kw["cu_seqlens_q"] is None:
         return cpu.attention_backward_cpu(dout, q, k, v, out, lse, softmax_scale, causal,
-                                          causal_shift=causal_shift, alibi_slopes=kw["alibi_slopes"], **feats)
+                                          causal_shift=causal_shift, alibi_slopes=kw["alibi_slopes"], **feats,
+                                          **_cpu_dropout(kw))
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for _, sq, sk, slopes in _cpu_sequences(kw["cu_seqlens_q"], kw["cu_seqlens_k"], kw["alibi_slopes"]):
+    for b, sq, sk, slopes in _cpu_sequences(kw["cu_seqlens_q"], kw["cu_seqlens_k"], kw["alibi_slopes"]):
         g = cpu.attention_backward_cpu(dout[None, sq], q[None, sq], k[None, sk], v[None, sk], out[None, sq],
-                                       lse[None, :, sq], softmax_scale, causal, alibi_slopes=slopes, **feats)
+                                       lse[None, :, sq], softmax_scale, causal, alibi_slopes=slopes, **feats,
+                                       **_cpu_dropout(kw, b))
         dq[sq], dk[sk], dv[sk] = g[0][0], g[1][0], g[2][0]
     return dq, dk, dv
 
@@ -98,7 +107,7 @@ def attention_fwd(
     q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, causal_shift: int,
     window_left: int = -1, window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
     cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
-    max_seqlen_q: int = 0, max_seqlen_k: int = 0,
+    max_seqlen_q: int = 0, max_seqlen_k: int = 0, dropout_p: float = 0.0, seed: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
     """Attention forward -> (out, lse fp32, natural log).
 
@@ -109,7 +118,7 @@ def attention_fwd(
     top-left), varlen uses each sequence's own lengths.
     """
     kw = _kw(window_left, window_right, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-             max_seqlen_k)
+             max_seqlen_k, dropout_p, seed)
     if use_triton(q):
         if q.is_cuda:
             with torch.cuda.device(q.device):
@@ -122,7 +131,8 @@ def attention_fwd(
 
 @attention_fwd.register_fake
 def _(q, k, v, softmax_scale, causal, causal_shift, window_left=-1, window_right=-1, softcap=0.0,
-      alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
+      alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, dropout_p=0.0,
+      seed=None):
     out = q.new_empty(q.shape)
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     if cu_seqlens_q is not None:
@@ -138,14 +148,14 @@ def attention_bwd(
     softmax_scale: float, causal: bool, causal_shift: int,
     window_left: int = -1, window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
     cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
-    max_seqlen_q: int = 0, max_seqlen_k: int = 0,
+    max_seqlen_q: int = 0, max_seqlen_k: int = 0, dropout_p: float = 0.0, seed: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Attention backward by recomputation from (q, k, v, out, lse) -> (dq, dk, dv).
 
     Deterministic: the Triton path uses no atomics (dK/dV and dQ are separate kernels).
     """
     kw = _kw(window_left, window_right, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-             max_seqlen_k)
+             max_seqlen_k, dropout_p, seed)
     if use_triton(q):
         if q.is_cuda:
             with torch.cuda.device(q.device):
@@ -165,7 +175,7 @@ def _(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, *args):
 
 
 _FEATURES = ("window_left", "window_right", "softcap", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k",
-             "max_seqlen_q", "max_seqlen_k")
+             "max_seqlen_q", "max_seqlen_k", "dropout_p", "seed")
 
 
 def _setup_context(ctx, inputs, output):
@@ -174,7 +184,7 @@ def _setup_context(ctx, inputs, output):
     f = dict(zip(_FEATURES, features))
     # Only q, k, v, out and the LSE are kept (plus the small feature tensors): P is recomputed.
     ctx.save_for_backward(q, k, v, out, lse, f.pop("alibi_slopes", None), f.pop("cu_seqlens_q", None),
-                          f.pop("cu_seqlens_k", None))
+                          f.pop("cu_seqlens_k", None), f.pop("seed", None))
     ctx.softmax_scale = softmax_scale
     ctx.causal = causal
     ctx.causal_shift = causal_shift
@@ -183,10 +193,10 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dout, dlse):
     # softmax_lse is returned for inspection and has no gradient (as in flash-attn); dlse is ignored.
-    q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seed = ctx.saved_tensors
     dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.causal_shift,
                                alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                               **ctx.features)
+                               seed=seed, **ctx.features)
     return (dq, dk, dv) + (None,) * (3 + len(_FEATURES))
 
 

@@ -26,8 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tileflash.ops.common import kv_block_range, q_block_range, score_mods, seq_bounds, visible
-from tileflash.ops.forward import LOG2E, block_d_for, feature_args, interpreting, strides3
+from tileflash.ops.common import dropout_keep, kv_block_range, q_block_range, score_mods, seq_bounds, visible
+from tileflash.ops.forward import LOG2E, block_d_for, feature_args, interpreting, rng_strides, strides3
 
 
 @triton.jit(do_not_specialize=["seqlen_q"])
@@ -68,9 +68,9 @@ def _bwd_dkdv_inner(
     dk, dv, b_k, b_v,              # [BLOCK_N, BLOCK_D] fp32 x2, [BLOCK_N, BLOCK_D] x2
     q_base, do_base, LSE, DELTA, row_base, stride_qm, stride_dom,
     o_n, o_d, m_d, lo, hi, seqlen_q, shift, window_left, window_right,
-    qk_scale, softcap_scale, softcap2, slope2,
+    qk_scale, softcap_scale, softcap2, slope2, seed, rng_base, rng_stride_m, dropout_p,
     MASK: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Fold the Q blocks starting in [lo, hi) into dK, dV of one K/V block (transposed form)."""
@@ -89,8 +89,15 @@ def _bwd_dkdv_inner(
         b_pt = tl.math.exp2(b_st - lse2[None, :])                                     # [BLOCK_N, BLOCK_M]
         if MASK:
             b_pt = tl.where(visible(rel, window_left, window_right, HAS_LEFT, HAS_RIGHT), b_pt, 0.0)
-        dv = tl.dot(b_pt.to(b_do.dtype), b_do, dv, input_precision=DOT_PRECISION)    # [BLOCK_N, BLOCK_D]
         b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=DOT_PRECISION)           # [BLOCK_N, BLOCK_M]
+        if HAS_DROPOUT:
+            # the forward's mask, regenerated: dV = (P∘Z)ᵀ dO and dP = (dO Vᵀ)∘Z, Z = keep / (1 - p)
+            keep = dropout_keep(seed, rng_base, o_m[None, :], o_n[:, None], rng_stride_m, dropout_p)
+            dv = tl.dot(tl.where(keep, b_pt / (1.0 - dropout_p), 0.0).to(b_do.dtype), b_do, dv,
+                        input_precision=DOT_PRECISION)                                # [BLOCK_N, BLOCK_D]
+            b_dpt = tl.where(keep, b_dpt / (1.0 - dropout_p), 0.0)
+        else:
+            dv = tl.dot(b_pt.to(b_do.dtype), b_do, dv, input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_D]
         b_dst = b_pt * (b_dpt - delta[None, :])                                       # [BLOCK_N, BLOCK_M]
         if HAS_SOFTCAP:
             b_dst = b_dst * (1.0 - b_tt * b_tt)  # d softcap·tanh(x·scale/softcap) / d(x·scale)
@@ -98,9 +105,10 @@ def _bwd_dkdv_inner(
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "causal_shift", "window_left", "window_right"])
+@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "causal_shift", "window_left", "window_right",
+                             "rng_stride_bh", "rng_stride_m"])
 def _bwd_dkdv(
-    Q, K, V, DO, LSE, DELTA, DK, DV, ALIBI, CU_Q, CU_K,
+    Q, K, V, DO, LSE, DELTA, DK, DV, ALIBI, CU_Q, CU_K, SEED,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -109,9 +117,9 @@ def _bwd_dkdv(
     stride_dvb, stride_dvn, stride_dvh,
     stride_lb, stride_lh, stride_ab, stride_ah,
     nheads, nheads_k, seqlen_q, seqlen_k, causal_shift, window_left, window_right, kv_group,
-    qk_scale, sm_scale, softcap_scale, softcap2,
+    qk_scale, sm_scale, softcap_scale, softcap2, dropout_p, rng_stride_bh, rng_stride_m,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    IS_VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -140,9 +148,13 @@ def _bwd_dkdv(
     lo, a, b, hi = q_block_range(start_n, seqlen_q, shift, window_left, window_right,
                                  HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
 
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
     # GQA: dK/dV of kv head hk accumulate over query heads hk*G ... hk*G + G - 1, in registers.
     for g in range(0, kv_group):
         off_h = off_hk * kv_group + g
+        rng_base = (off_b * nheads + off_h) * rng_stride_bh
         slope2 = 0.0
         if HAS_ALIBI:
             slope2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah) * 1.4426950408889634
@@ -153,24 +165,24 @@ def _bwd_dkdv(
             dk, dv = _bwd_dkdv_inner(
                 dk, dv, b_k, b_v, q_base, do_base, LSE, DELTA, row_base, stride_qm, stride_dom,
                 o_n, o_d, m_d, lo, a, seqlen_q, shift, window_left, window_right,
-                qk_scale, softcap_scale, softcap2, slope2,
+                qk_scale, softcap_scale, softcap2, slope2, seed, rng_base, rng_stride_m, dropout_p,
                 MASK=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-                BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION,
+                HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION,
             )
         dk, dv = _bwd_dkdv_inner(
             dk, dv, b_k, b_v, q_base, do_base, LSE, DELTA, row_base, stride_qm, stride_dom,
             o_n, o_d, m_d, a, b, seqlen_q, shift, window_left, window_right,
-            qk_scale, softcap_scale, softcap2, slope2,
+            qk_scale, softcap_scale, softcap2, slope2, seed, rng_base, rng_stride_m, dropout_p,
             MASK=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-            BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION,
+            HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION,
         )
         if HAS_LEFT:  # rows past the left window edge (b = hi without a left bound)
             dk, dv = _bwd_dkdv_inner(
                 dk, dv, b_k, b_v, q_base, do_base, LSE, DELTA, row_base, stride_qm, stride_dom,
                 o_n, o_d, m_d, b, hi, seqlen_q, shift, window_left, window_right,
-                qk_scale, softcap_scale, softcap2, slope2,
+                qk_scale, softcap_scale, softcap2, slope2, seed, rng_base, rng_stride_m, dropout_p,
                 MASK=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-                BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION,
+                HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION,
             )
     dk = dk * sm_scale
     p_dk = DK + off_b * stride_dkb + off_hk * stride_dkh + row_k * stride_dkn + o_nb[:, None] * stride_dkn + o_d[None, :]
@@ -184,9 +196,9 @@ def _bwd_dq_inner(
     dq, b_q, b_do, lse2, delta,    # [BLOCK_M, BLOCK_D] fp32, [BLOCK_M, BLOCK_D] x2, [BLOCK_M] x2
     k_base, v_base, stride_kn, stride_vn,
     o_m, o_d, m_d, lo, hi, seqlen_k, shift, window_left, window_right,
-    qk_scale, softcap_scale, softcap2, slope2,
+    qk_scale, softcap_scale, softcap2, slope2, seed, rng_base, rng_stride_m, dropout_p,
     MASK: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Fold the K/V blocks starting in [lo, hi) into dQ of one Q block."""
@@ -205,6 +217,9 @@ def _bwd_dq_inner(
         if MASK:
             b_p = tl.where(visible(rel, window_left, window_right, HAS_LEFT, HAS_RIGHT), b_p, 0.0)
         b_dp = tl.dot(b_do, b_vt, input_precision=DOT_PRECISION)                     # [BLOCK_M, BLOCK_N]
+        if HAS_DROPOUT:
+            keep = dropout_keep(seed, rng_base, o_m[:, None], o_n[None, :], rng_stride_m, dropout_p)
+            b_dp = tl.where(keep, b_dp / (1.0 - dropout_p), 0.0)
         b_ds = b_p * (b_dp - delta[:, None])                                          # [BLOCK_M, BLOCK_N]
         if HAS_SOFTCAP:
             b_ds = b_ds * (1.0 - b_t * b_t)
@@ -212,9 +227,10 @@ def _bwd_dq_inner(
     return dq
 
 
-@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "causal_shift", "window_left", "window_right"])
+@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "causal_shift", "window_left", "window_right",
+                             "rng_stride_bh", "rng_stride_m"])
 def _bwd_dq(
-    Q, K, V, DO, LSE, DELTA, DQ, ALIBI, CU_Q, CU_K,
+    Q, K, V, DO, LSE, DELTA, DQ, ALIBI, CU_Q, CU_K, SEED,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -222,9 +238,9 @@ def _bwd_dq(
     stride_dqb, stride_dqm, stride_dqh,
     stride_lb, stride_lh, stride_ab, stride_ah,
     nheads, seqlen_q, seqlen_k, causal_shift, window_left, window_right, kv_group,
-    qk_scale, sm_scale, softcap_scale, softcap2,
+    qk_scale, sm_scale, softcap_scale, softcap2, dropout_p, rng_stride_bh, rng_stride_m,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    IS_VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -247,6 +263,10 @@ def _bwd_dq(
     slope2 = 0.0
     if HAS_ALIBI:
         slope2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah) * 1.4426950408889634
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
+    rng_base = pid_bh.to(tl.int64) * rng_stride_bh
     row0 = q_start + start_m
     p_q = Q + off_b * stride_qb + off_h * stride_qh + row0 * stride_qm + o_mb[:, None] * stride_qm + o_d[None, :]
     p_do = DO + off_b * stride_dob + off_h * stride_doh + row0 * stride_dom + o_mb[:, None] * stride_dom + o_d[None, :]
@@ -263,21 +283,21 @@ def _bwd_dq(
     if HAS_LEFT:  # left window edge (lo = a = 0 without a left bound)
         dq = _bwd_dq_inner(
             dq, b_q, b_do, lse2, delta, k_base, v_base, stride_kn, stride_vn, o_m, o_d, m_d, lo, a, seqlen_k,
-            shift, window_left, window_right, qk_scale, softcap_scale, softcap2, slope2,
-            MASK=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-            BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
+            shift, window_left, window_right, qk_scale, softcap_scale, softcap2, slope2, seed, rng_base,
+            rng_stride_m, dropout_p, MASK=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP,
+            HAS_ALIBI=HAS_ALIBI, HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
         )
     dq = _bwd_dq_inner(
         dq, b_q, b_do, lse2, delta, k_base, v_base, stride_kn, stride_vn, o_m, o_d, m_d, a, b, seqlen_k,
-        shift, window_left, window_right, qk_scale, softcap_scale, softcap2, slope2,
-        MASK=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-        BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
+        shift, window_left, window_right, qk_scale, softcap_scale, softcap2, slope2, seed, rng_base,
+        rng_stride_m, dropout_p, MASK=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP,
+        HAS_ALIBI=HAS_ALIBI, HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
     )
     dq = _bwd_dq_inner(
         dq, b_q, b_do, lse2, delta, k_base, v_base, stride_kn, stride_vn, o_m, o_d, m_d, b, hi, seqlen_k,
-        shift, window_left, window_right, qk_scale, softcap_scale, softcap2, slope2,
-        MASK=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-        BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
+        shift, window_left, window_right, qk_scale, softcap_scale, softcap2, slope2, seed, rng_base,
+        rng_stride_m, dropout_p, MASK=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP,
+        HAS_ALIBI=HAS_ALIBI, HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
     )
     dq = dq * sm_scale
     p_dq = DQ + off_b * stride_dqb + off_h * stride_dqh + row0 * stride_dqm + o_mb[:, None] * stride_dqm + o_d[None, :]
@@ -308,7 +328,7 @@ def default_bwd_config(head_dim: int, causal: bool = False) -> dict:
 
 def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool,
                         causal_shift: int | None = None, *, window=(-1, -1), softcap: float = 0.0,
-                        alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                        alibi_slopes=None, dropout_p: float = 0.0, seed=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
                         max_seqlen_k=None, config: dict | None = None, dq=None, dk=None, dv=None):
     """Launch the three backward kernels. Returns (dq, dk, dv) in the input shapes and dtypes.
 
@@ -338,7 +358,8 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
     if q.numel() == 0 or k.numel() == 0 or batch == 0:
         # no query or no key: every gradient is zero, nothing to launch
         return dq.zero_(), dk.zero_(), dv.zero_()
-    flags, sc, alibi_strides = feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch)
+    flags, sc, alibi_strides = feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch, dropout_p)
+    seed = seed if dropout_p > 0 else None
     if config is None:
         config = INTERPRET_BWD_CONFIG if interpreting() else default_bwd_config(head_dim, flags["HAS_RIGHT"])
     block_d = block_d_for(head_dim)
@@ -356,17 +377,18 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
     )
     common = dict(**flags, IS_VARLEN=varlen, HEAD_DIM=head_dim, BLOCK_D=block_d, DOT_PRECISION=precision)
     tail = (sc["window_left"], sc["window_right"], nheads // nheads_k,
-            softmax_scale * LOG2E, softmax_scale, sc["softcap_scale"], sc["softcap2"])
+            softmax_scale * LOG2E, softmax_scale, sc["softcap_scale"], sc["softcap2"], float(dropout_p),
+            *rng_strides(seqlen_q, seqlen_k))
     c = config["dkdv"]
     _bwd_dkdv[(triton.cdiv(seqlen_k, c["BLOCK_N"]), batch * nheads_k)](
-        q, k, v, dout, lse, delta, dk, dv, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+        q, k, v, dout, lse, delta, dk, dv, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seed,
         *strides3(q, varlen), *strides3(k, varlen), *strides3(v, varlen), *strides3(dout, varlen),
         *strides3(dk, varlen), *strides3(dv, varlen), *lse_strides, *alibi_strides,
         nheads, nheads_k, seqlen_q, seqlen_k, causal_shift, *tail, **common, **c,
     )
     c = config["dq"]
     _bwd_dq[(triton.cdiv(seqlen_q, c["BLOCK_M"]), batch * nheads)](
-        q, k, v, dout, lse, delta, dq, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+        q, k, v, dout, lse, delta, dq, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seed,
         *strides3(q, varlen), *strides3(k, varlen), *strides3(v, varlen), *strides3(dout, varlen),
         *strides3(dq, varlen), *lse_strides, *alibi_strides,
         nheads, seqlen_q, seqlen_k, causal_shift, *tail, **common, **c,

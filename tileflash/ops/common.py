@@ -119,3 +119,11 @@ def q_block_range(start_n, seqlen_q, shift, window_left, window_right,
     a = tl.minimum(tl.maximum(full_lo, lo), hi)
     b = tl.minimum(tl.maximum(full_hi, a), hi)
     return lo.to(tl.int64), a.to(tl.int64), b.to(tl.int64), hi.to(tl.int64)
+
+
+@triton.jit
+def dropout_keep(seed, rng_base, rows, cols, rng_stride_m, dropout_p):
+    """Dropout's keep mask for (rows, cols) (any broadcastable orientation): Philox on the 64-bit
+    counter rng_base + i·stride + j, so forward and backward regenerate the same bits."""
+    offs = rng_base + rows.to(tl.int64) * rng_stride_m + cols
+    return tl.rand(seed, offs) >= dropout_p

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tileflash.ops.common import kv_block_range, score_mods, seq_bounds, visible
+from tileflash.ops.common import dropout_keep, kv_block_range, score_mods, seq_bounds, visible
 
 LOG2E = 1.4426950408889634
 
@@ -38,9 +38,9 @@ def _fwd_inner(
     acc, l_i, m_i, b_q,          # [BLOCK_M, BLOCK_D] fp32, [BLOCK_M] fp32, [BLOCK_M] fp32, [BLOCK_M, BLOCK_D]
     k_base, v_base, stride_kn, stride_vn,
     o_m, o_d, m_d, lo, hi, seqlen_k, shift, window_left, window_right,
-    qk_scale, softcap_scale, softcap2, slope2,
+    qk_scale, softcap_scale, softcap2, slope2, seed, rng_base, rng_stride_m, dropout_p,
     MASK: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, PAD_D: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, PAD_D: tl.constexpr,
     BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Fold the K/V blocks starting in [lo, hi) into (acc, l_i, m_i).
@@ -75,26 +75,31 @@ def _fwd_inner(
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)                          # [BLOCK_M]
         b_p = tl.math.exp2(b_s - m_use[:, None])                                      # [BLOCK_M, BLOCK_N]
         alpha = tl.math.exp2(m_i - m_use)                                             # [BLOCK_M]
-        l_i = l_i * alpha + tl.sum(b_p, 1)
+        l_i = l_i * alpha + tl.sum(b_p, 1)  # the softmax denominator ignores dropout
         acc = acc * alpha[:, None]
+        if HAS_DROPOUT:
+            # Philox keyed on (seed, b·h, i, j): the backward regenerates the same mask
+            keep = dropout_keep(seed, rng_base, o_m[:, None], o_n[None, :], rng_stride_m, dropout_p)
+            b_p = tl.where(keep, b_p / (1.0 - dropout_p), 0.0)                       # [BLOCK_M, BLOCK_N]
         acc = tl.dot(b_p.to(b_v.dtype), b_v, acc, input_precision=DOT_PRECISION)     # [BLOCK_M, BLOCK_D]
         m_i = m_new
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "causal_shift", "window_left", "window_right"])
+@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "causal_shift", "window_left", "window_right",
+                             "rng_stride_bh", "rng_stride_m"])
 def _attn_fwd(
-    Q, K, V, O, LSE, ALIBI, CU_Q, CU_K,
+    Q, K, V, O, LSE, ALIBI, CU_Q, CU_K, SEED,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_ob, stride_om, stride_oh,
     stride_lb, stride_lh, stride_ab, stride_ah,
     nheads, seqlen_q, seqlen_k, causal_shift, window_left, window_right, kv_group,
-    qk_scale, softcap_scale, softcap2,
+    qk_scale, softcap_scale, softcap2, dropout_p, rng_stride_bh, rng_stride_m,
     SQ_BUCKET, SK_BUCKET,  # autotune key only: bucketed lengths, so a new length reuses a tuned config
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    IS_VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """One program per (Q block, batch*head): FA2's sequence parallelism.
@@ -126,6 +131,10 @@ def _attn_fwd(
     slope2 = 0.0
     if HAS_ALIBI:
         slope2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah) * 1.4426950408889634
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
+    rng_base = pid_bh.to(tl.int64) * rng_stride_bh
 
     row0 = q_start + start_m
     q_base = Q + off_b * stride_qb + off_h * stride_qh + row0 * stride_qm
@@ -144,21 +153,21 @@ def _attn_fwd(
     if HAS_LEFT:  # left window edge: masked (without a left bound lo = a = 0: not even compiled)
         acc, l_i, m_i = _fwd_inner(
             acc, l_i, m_i, b_q, k_base, v_base, stride_kn, stride_vn, o_m, o_d, m_d, lo, a, seqlen_k, shift,
-            window_left, window_right, qk_scale, softcap_scale, softcap2, slope2,
-            MASK=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-            PAD_D=True, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
+            window_left, window_right, qk_scale, softcap_scale, softcap2, slope2, seed, rng_base, rng_stride_m,
+            dropout_p, MASK=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP,
+            HAS_ALIBI=HAS_ALIBI, HAS_DROPOUT=HAS_DROPOUT, PAD_D=True, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
         )
     acc, l_i, m_i = _fwd_inner(  # fully visible, in-range blocks: no masks
         acc, l_i, m_i, b_q, k_base, v_base, stride_kn, stride_vn, o_m, o_d, m_d, a, b, seqlen_k, shift,
-        window_left, window_right, qk_scale, softcap_scale, softcap2, slope2,
-        MASK=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-        PAD_D=PAD_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
+        window_left, window_right, qk_scale, softcap_scale, softcap2, slope2, seed, rng_base, rng_stride_m,
+        dropout_p, MASK=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP,
+        HAS_ALIBI=HAS_ALIBI, HAS_DROPOUT=HAS_DROPOUT, PAD_D=PAD_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
     )
     acc, l_i, m_i = _fwd_inner(  # causal/right edge and ragged tail: masked
         acc, l_i, m_i, b_q, k_base, v_base, stride_kn, stride_vn, o_m, o_d, m_d, b, hi, seqlen_k, shift,
-        window_left, window_right, qk_scale, softcap_scale, softcap2, slope2,
-        MASK=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-        PAD_D=True, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
+        window_left, window_right, qk_scale, softcap_scale, softcap2, slope2, seed, rng_base, rng_stride_m,
+        dropout_p, MASK=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP,
+        HAS_ALIBI=HAS_ALIBI, HAS_DROPOUT=HAS_DROPOUT, PAD_D=True, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
     )
 
     # Epilogue: normalise; a row with no visible key has l_i = 0 and acc = 0 -> out = 0.
@@ -229,7 +238,8 @@ def prune_fwd_configs(configs, named_args, **kwargs):
 
 _attn_fwd_tuned = triton.autotune(
     configs=FWD_CONFIGS,
-    key=["SQ_BUCKET", "SK_BUCKET", "HEAD_DIM", "HAS_LEFT", "HAS_RIGHT", "HAS_SOFTCAP", "HAS_ALIBI", "IS_VARLEN",
+    key=["SQ_BUCKET", "SK_BUCKET", "HEAD_DIM", "HAS_LEFT", "HAS_RIGHT", "HAS_SOFTCAP", "HAS_ALIBI", "HAS_DROPOUT",
+         "IS_VARLEN",
          "DOT_PRECISION"],
     prune_configs_by={"early_config_prune": prune_fwd_configs},
 )(_attn_fwd)
@@ -263,7 +273,12 @@ def strides3(t, varlen: bool):
     return (0, t.stride(0), t.stride(1)) if varlen else (t.stride(0), t.stride(1), t.stride(2))
 
 
-def feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch):
+def rng_strides(seqlen_q: int, seqlen_k: int):
+    """Dropout's Philox counter for (batch·head, i, j) is bh·Sq·Sk + i·Sk + j (max lengths)."""
+    return seqlen_q * seqlen_k, seqlen_k
+
+
+def feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch, dropout_p=0.0):
     """Host-side flags and scalars shared by every launcher (see tileflash.ops.common)."""
     left, right = window
     if causal:
@@ -273,7 +288,7 @@ def feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch):
         alibi_strides = (alibi_slopes.stride(0), alibi_slopes.stride(1)) if alibi_slopes.dim() == 2 \
             else (0, alibi_slopes.stride(0))
     flags = dict(HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, HAS_SOFTCAP=softcap > 0,
-                 HAS_ALIBI=alibi_slopes is not None)
+                 HAS_ALIBI=alibi_slopes is not None, HAS_DROPOUT=dropout_p > 0)
     scalars = dict(window_left=max(left, 0), window_right=max(right, 0),
                    softcap_scale=softmax_scale / softcap if softcap > 0 else 0.0,
                    softcap2=softcap * LOG2E)
@@ -281,8 +296,8 @@ def feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch):
 
 
 def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int | None = None, *,
-                       window=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
-                       cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                       window=(-1, -1), softcap: float = 0.0, alibi_slopes=None, dropout_p: float = 0.0,
+                       seed=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
                        config: dict | None = None, out: torch.Tensor | None = None,
                        lse: torch.Tensor | None = None):
     """Launch the forward kernel. Inputs are validated by ``tileflash.interface``.
@@ -321,13 +336,13 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift
     if seqlen_k == 0:
         # every query sees no key: out = 0 and lse = -inf by definition, no launch
         return out.zero_(), lse.fill_(float("-inf"))
-    flags, sc, alibi_strides = feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch)
+    flags, sc, alibi_strides = feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch, dropout_p)
     args = (
-        q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+        q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seed if dropout_p > 0 else None,
         *strides3(q, varlen), *strides3(k, varlen), *strides3(v, varlen), *strides3(out, varlen),
         *lse_strides, *alibi_strides,
         nheads, seqlen_q, seqlen_k, causal_shift, sc["window_left"], sc["window_right"], nheads // nheads_k,
-        softmax_scale * LOG2E, sc["softcap_scale"], sc["softcap2"],
+        softmax_scale * LOG2E, sc["softcap_scale"], sc["softcap2"], float(dropout_p), *rng_strides(seqlen_q, seqlen_k),
         triton.next_power_of_2(seqlen_q), triton.next_power_of_2(seqlen_k),
     )
     meta = dict(
