@@ -118,8 +118,10 @@ def test_sdpa_unsupported_features():
 
 
 def test_public_names():
-    assert set(tileflash.__all__) == {"flash_attn_func", "flash_attn_varlen_func", "scaled_dot_product_attention",
-                                      "__version__"}
+    assert set(tileflash.__all__) == {
+        "flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
+        "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "scaled_dot_product_attention",
+        "__version__"}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

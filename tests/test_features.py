@@ -223,3 +223,70 @@ def test_varlen_kernel_writes_every_element(backend):
     bwd_mod.flash_attn_backward(torch.randn_like(q), q, k, v, out, lse, 24 ** -0.5, True, dq=bufs[0],
                                 dk=bufs[1], dv=bufs[2], **kw)
     assert not any(torch.isnan(b_).any() for b_ in bufs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Packed variants: same results as the unpacked call, gradients written into one packed tensor.
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_qkvpacked_and_kvpacked(backend, causal):
+    dev = backend_device(backend)
+    dt = torch.bfloat16 if dev == "cuda" else torch.float32
+    g = torch.Generator().manual_seed(11)
+    qkv = torch.randn(2, 37, 3, 4, 24, generator=g).to(dev, dt).requires_grad_()
+    do = torch.randn(2, 37, 4, 24, generator=g).to(dev, dt)
+    out = tileflash.flash_attn_qkvpacked_func(qkv, causal=causal, window_size=(9, -1))
+    (dqkv,) = torch.autograd.grad(out, qkv, do)
+    leaves = [t.detach().clone().requires_grad_() for t in qkv.unbind(2)]
+    ref = tileflash.flash_attn_func(*leaves, causal=causal, window_size=(9, -1))
+    ref_g = torch.autograd.grad(ref, leaves, do)
+    assert dqkv.shape == qkv.shape
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(dqkv, torch.stack(ref_g, 2), rtol=0, atol=0)
+
+    q = torch.randn(2, 20, 4, 24, generator=g).to(dev, dt).requires_grad_()
+    kv = torch.randn(2, 37, 2, 2, 24, generator=g).to(dev, dt).requires_grad_()  # GQA: 2 kv heads
+    do = torch.randn(2, 20, 4, 24, generator=g).to(dev, dt)
+    out = tileflash.flash_attn_kvpacked_func(q, kv, causal=causal, softcap=4.0)
+    dq, dkv = torch.autograd.grad(out, (q, kv), do)
+    leaves = [q.detach().clone().requires_grad_()] + [t.detach().clone().requires_grad_() for t in kv.unbind(2)]
+    ref = tileflash.flash_attn_func(*leaves, causal=causal, softcap=4.0)
+    ref_g = torch.autograd.grad(ref, leaves, do)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(dq, ref_g[0], rtol=0, atol=0)
+    torch.testing.assert_close(dkv, torch.stack(ref_g[1:], 2), rtol=0, atol=0)
+
+
+def test_varlen_packed(backend):
+    dev = backend_device(backend)
+    dt = torch.bfloat16 if dev == "cuda" else torch.float32
+    g = torch.Generator().manual_seed(12)
+    cu = torch.tensor([0, 9, 30, 31], dtype=torch.int32, device=dev)
+    qkv = torch.randn(31, 3, 2, 16, generator=g).to(dev, dt).requires_grad_()
+    do = torch.randn(31, 2, 16, generator=g).to(dev, dt)
+    out = tileflash.flash_attn_varlen_qkvpacked_func(qkv, cu, 21, causal=True)
+    (dqkv,) = torch.autograd.grad(out, qkv, do)
+    leaves = [t.detach().clone().requires_grad_() for t in qkv.unbind(1)]
+    ref = tileflash.flash_attn_varlen_func(*leaves, cu, cu, 21, 21, causal=True)
+    ref_g = torch.autograd.grad(ref, leaves, do)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(dqkv, torch.stack(ref_g, 1), rtol=0, atol=0)
+
+    q = torch.randn(31, 4, 16, generator=g).to(dev, dt).requires_grad_()
+    kv = torch.randn(25, 2, 2, 16, generator=g).to(dev, dt).requires_grad_()
+    cu_k = torch.tensor([0, 5, 5, 25], dtype=torch.int32, device=dev)
+    out = tileflash.flash_attn_varlen_kvpacked_func(q, kv, cu, cu_k, 21, 20)
+    dq, dkv = torch.autograd.grad(out, (q, kv), do.repeat(1, 2, 1))
+    leaves = [q.detach().clone().requires_grad_()] + [t.detach().clone().requires_grad_() for t in kv.unbind(1)]
+    ref = tileflash.flash_attn_varlen_func(*leaves, cu, cu_k, 21, 20)
+    ref_g = torch.autograd.grad(ref, leaves, do.repeat(1, 2, 1))
+    torch.testing.assert_close(dkv, torch.stack(ref_g[1:], 1), rtol=0, atol=0)
+    torch.testing.assert_close(dq, ref_g[0], rtol=0, atol=0)
+
+
+def test_packed_shape_errors():
+    with pytest.raises(ValueError, match=r"qkv must be \(batch, seqlen, 3, nheads, headdim\)"):
+        tileflash.flash_attn_qkvpacked_func(torch.randn(2, 5, 2, 4, 8))
+    with pytest.raises(ValueError, match=r"kv must be \(batch, seqlen_k, 2, nheads_k, headdim\)"):
+        tileflash.flash_attn_kvpacked_func(torch.randn(2, 5, 4, 8), torch.randn(2, 5, 3, 4, 8))

@@ -8,7 +8,7 @@ import os
 import torch
 from torch import Tensor
 
-from tileflash.ops.attention import attention_fwd, use_triton
+from tileflash.ops.attention import PackedAttention, attention_fwd, use_triton
 
 MAX_HEADDIM = 256
 MAX_BATCH_HEADS = 65535  # grid axis 1 of every kernel is batch*nheads
@@ -359,3 +359,93 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     q, k, v = (_unit_last_stride(t) for t in (q, k, v))
     out, _ = attention_fwd(q, k, v, sc, is_causal, 0)
     return out.transpose(1, 2)
+
+
+# ------------------------------------------------------------------------------------------------
+# Packed variants: q, k, v (or k, v) stacked in one tensor, as a fused QKV projection produces them.
+# They are read through views (no copy), and their gradients are written by the kernels straight
+# into one packed gradient tensor (no concatenation).
+# ------------------------------------------------------------------------------------------------
+
+
+def _check_packed(name, t, ndim, count, layout):
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim or t.shape[ndim - 3] != count:
+        raise ValueError(f"{name} must be {layout}, got shape {tuple(t.shape)}")
+
+
+def _packed(q_or_qkv, kv, dim, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+            deterministic, return_attn_probs, varlen=None):
+    if kv is None:
+        q, k, v = q_or_qkv.unbind(dim)
+    else:
+        q, (k, v) = q_or_qkv, kv.unbind(dim)
+    if varlen is None:
+        _check_qkv(q, k, v)
+        batch, nheads, shift = q.shape[0], q.shape[2], k.shape[1] - q.shape[1]
+        extra = {}
+    else:
+        cu_q, cu_k, max_q, max_k = varlen
+        _check_qkv(q[None], k[None], v[None])
+        _check_cu_seqlens("cu_seqlens_q", cu_q, q.shape[0], None, max_q, "max_seqlen_q", q.device)
+        batch = cu_q.numel() - 1
+        _check_cu_seqlens("cu_seqlens_k", cu_k, k.shape[0], batch, max_k, "max_seqlen_k", q.device)
+        nheads, shift = q.shape[1], 0
+        extra = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
+    if batch * nheads > MAX_BATCH_HEADS:
+        raise ValueError(f"batch * nheads = {batch * nheads} exceeds {MAX_BATCH_HEADS}; split the batch")
+    if q_or_qkv.stride(-1) != 1 or (kv is not None and kv.stride(-1) != 1):
+        raise ValueError("packed tensors need a unit stride on headdim; call .contiguous() on them")
+    feats = _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, deterministic,
+                            batch=batch, nheads=nheads)
+    scale = _default_scale(softmax_scale, q.shape[-1])
+    out, lse = PackedAttention.apply(q_or_qkv, kv, dim, scale, causal, shift, {**feats, **extra})
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """:func:`flash_attn_func` on ``qkv`` of shape (batch, seqlen, 3, nheads, headdim).
+
+    Equivalent to ``flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], ...)`` but the
+    gradient is one (batch, seqlen, 3, nheads, headdim) tensor that the backward kernels fill
+    in place (no concatenation of dq, dk, dv). Same arguments and return as flash_attn_func.
+    """
+    _check_packed("qkv", qkv, 5, 3, "(batch, seqlen, 3, nheads, headdim)")
+    return _packed(qkv, None, 2, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                   deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """:func:`flash_attn_func` with ``kv`` of shape (batch, seqlen_k, 2, nheads_k, headdim).
+
+    q is (batch, seqlen_q, nheads, headdim); GQA/MQA as in flash_attn_func. dk and dv are
+    written in place into one packed gradient of kv's shape.
+    """
+    _check_packed("kv", kv, 5, 2, "(batch, seqlen_k, 2, nheads_k, headdim)")
+    return _packed(q, kv, 2, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                   deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """:func:`flash_attn_varlen_func` on ``qkv`` of shape (total, 3, nheads, headdim), with
+    one ``cu_seqlens`` (batch + 1,) int32 and ``max_seqlen`` for q, k and v."""
+    _check_packed("qkv", qkv, 4, 3, "(total_tokens, 3, nheads, headdim)")
+    return _packed(qkv, None, 1, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                   deterministic, return_attn_probs, varlen=(cu_seqlens, cu_seqlens, max_seqlen, max_seqlen))
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """:func:`flash_attn_varlen_func` with ``kv`` of shape (total_k, 2, nheads_k, headdim)."""
+    for name, t in (("q", q),):
+        if not isinstance(t, Tensor) or t.dim() != 3:
+            raise ValueError(f"{name} must be a 3-D tensor (total_q, nheads, headdim)")
+    _check_packed("kv", kv, 4, 2, "(total_k, 2, nheads_k, headdim)")
+    return _packed(q, kv, 1, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                   deterministic, return_attn_probs, varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))

@@ -156,15 +156,85 @@ def attention_bwd(
     """
     kw = _kw(window_left, window_right, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
              max_seqlen_k, dropout_p, seed)
+    return _backward_impl(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw)
+
+
+def _backward_impl(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw, dq=None, dk=None, dv=None):
+    """The backward, writing into dq/dk/dv when given (the packed variants' gradient buffers)."""
     if use_triton(q):
         if q.is_cuda:
             with torch.cuda.device(q.device):
-                return _bwd.flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, **kw)
+                return _bwd.flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, **kw,
+                                                dq=dq, dk=dk, dv=dv)
         dt = _interpreter_dtype(q)
         grads = _bwd.flash_attn_backward(*(t.to(dt) for t in (dout, q, k, v, out)), lse, softmax_scale,
                                          causal, causal_shift, **kw)
-        return tuple(g.to(q.dtype) for g in grads)
-    return _cpu_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw)
+        grads = tuple(g.to(q.dtype) for g in grads)
+    else:
+        grads = _cpu_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw)
+    if dq is None:
+        return grads
+    for buf, g in zip((dq, dk, dv), grads):
+        buf.copy_(g)
+    return dq, dk, dv
+
+
+@torch.library.custom_op("tileflash::bwd_into", mutates_args=("dq", "dk", "dv"))
+def attention_bwd_into(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+    softmax_scale: float, causal: bool, causal_shift: int, dq: Tensor, dk: Tensor, dv: Tensor,
+    window_left: int = -1, window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
+    cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
+    max_seqlen_q: int = 0, max_seqlen_k: int = 0, dropout_p: float = 0.0, seed: Optional[Tensor] = None,
+) -> None:
+    """``tileflash::bwd`` writing its gradients into given (strided) buffers: the packed variants
+    pass views of one packed gradient tensor, so no concatenation is ever made."""
+    kw = _kw(window_left, window_right, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+             max_seqlen_k, dropout_p, seed)
+    _backward_impl(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw, dq=dq, dk=dk, dv=dv)
+
+
+@attention_bwd_into.register_fake
+def _(*args, **kwargs):
+    return None
+
+
+class PackedAttention(torch.autograd.Function):
+    """Attention on packed inputs: ``qkv`` (q, k, v stacked on ``dim``) or ``q`` plus ``kv``.
+
+    The forward reads q/k/v as views of the packed tensors (no copy); the backward allocates one
+    packed gradient per input and has the kernels write dq/dk/dv straight into its slices.
+    """
+
+    @staticmethod
+    def forward(ctx, q_or_qkv, kv, dim, softmax_scale, causal, causal_shift, feats):
+        if kv is None:
+            q, k, v = q_or_qkv.unbind(dim)
+        else:
+            q, (k, v) = q_or_qkv, kv.unbind(dim)
+        out, lse = attention_fwd(q, k, v, softmax_scale, causal, causal_shift, **feats)
+        ctx.save_for_backward(q_or_qkv, kv, out, lse)
+        ctx.args = (dim, softmax_scale, causal, causal_shift, feats)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q_or_qkv, kv, out, lse = ctx.saved_tensors
+        dim, softmax_scale, causal, causal_shift, feats = ctx.args
+        dout = dout if dout.stride(-1) == 1 else dout.contiguous()
+        if kv is None:
+            q, k, v = q_or_qkv.unbind(dim)
+            dqkv = torch.empty_like(q_or_qkv)
+            dq, dk, dv = dqkv.unbind(dim)
+            grads = (dqkv, None)
+        else:
+            q, (k, v) = q_or_qkv, kv.unbind(dim)
+            dq, dkv = torch.empty_like(q_or_qkv), torch.empty_like(kv)
+            dk, dv = dkv.unbind(dim)
+            grads = (dq, dkv)
+        attention_bwd_into(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, dq, dk, dv, **feats)
+        return (*grads, None, None, None, None, None)
 
 
 @attention_bwd.register_fake
