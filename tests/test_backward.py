@@ -169,7 +169,7 @@ def test_only_inputs_out_lse_saved(monkeypatch):
 # torch.compile and opcheck
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("api", ["flash", "sdpa"])
+@pytest.mark.parametrize("api", ["flash", "sdpa", "flash_features", "varlen"])
 def test_torch_compile_fullgraph(backend, api):
     if backend == "interpret":
         pytest.skip("compile is checked on the tiled CPU path and on CUDA; the interpreter adds nothing here")
@@ -178,9 +178,18 @@ def test_torch_compile_fullgraph(backend, api):
     q, k, v = make_qkv(2, 33, 41, 4, 2, 32, torch.float32, dev, seed=1)
     do = torch.randn_like(q)
 
+    slopes = torch.rand(4, device=dev)
+    cu_q = torch.tensor([0, 33, 66], dtype=torch.int32, device=dev)
+    cu_k = torch.tensor([0, 41, 82], dtype=torch.int32, device=dev)
+
     def fn(a, b, c):
         if api == "flash":
             return tileflash.flash_attn_func(a, b, c, causal=True) * 2.0
+        if api == "flash_features":
+            return tileflash.flash_attn_func(a, b, c, window_size=(7, 3), softcap=5.0, alibi_slopes=slopes) * 2.0
+        if api == "varlen":
+            return tileflash.flash_attn_varlen_func(a.flatten(0, 1), b.flatten(0, 1), c.flatten(0, 1), cu_q, cu_k,
+                                                    33, 41, causal=True).view(a.shape)
         o = tileflash.scaled_dot_product_attention(a.transpose(1, 2), b.transpose(1, 2), c.transpose(1, 2),
                                                    is_causal=True, enable_gqa=True)
         return o.transpose(1, 2) * 2.0
@@ -206,6 +215,21 @@ def test_opcheck(backend):
         torch.library.opcheck(attention_fwd, (*leaves, 0.25, causal, 13 - 9))
         out, lse = attention_fwd(q, k, v, 0.25, causal, 4)
         torch.library.opcheck(attention_bwd, (torch.randn_like(out), q, k, v, out, lse, 0.25, causal, 4))
+    # with every optional feature (window, softcap, ALiBi, dropout) and varlen
+    from tileflash.ops.attention import attention_bwd_into
+    feats = dict(window_left=3, window_right=2, softcap=4.0, alibi_slopes=torch.rand(4, device=dev),
+                 dropout_p=0.2, seed=torch.tensor([5], dtype=torch.int64, device=dev))
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    torch.library.opcheck(attention_fwd, (*leaves, 0.25, False, 4), feats)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32, device=dev)
+    cu_k = torch.tensor([0, 6, 13], dtype=torch.int32, device=dev)
+    vl = dict(cu_seqlens_q=cu, cu_seqlens_k=cu_k, max_seqlen_q=5, max_seqlen_k=7)
+    q3, k3, v3 = (t[0].detach().clone().requires_grad_() for t in (q, k, v))
+    torch.library.opcheck(attention_fwd, (q3, k3, v3, 0.25, True, 0), vl)
+    out, lse = attention_fwd(q3, k3, v3, 0.25, True, 0, **vl)
+    bufs = [torch.empty_like(t) for t in (q3, k3, v3)]
+    torch.library.opcheck(attention_bwd_into, (torch.randn_like(out), q3, k3, v3, out, lse, 0.25, True, 0, *bufs),
+                          vl)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -131,7 +131,8 @@ def _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, de
 
 def _check_cu_seqlens(name, cu, total, batch, max_seqlen, max_name, device):
     """Cheap structural checks always; value checks on CPU tensors, or on CUDA when
-    TILEFLASH_CHECK_INPUTS=1 (they need a device-to-host copy, i.e. a sync)."""
+    TILEFLASH_CHECK_INPUTS=1 (they need a device-to-host copy, i.e. a sync). Never inside a
+    torch.compile graph, where the values are not known at trace time."""
     if not isinstance(cu, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
     if cu.dtype != torch.int32:
@@ -144,6 +145,8 @@ def _check_cu_seqlens(name, cu, total, batch, max_seqlen, max_name, device):
         raise ValueError(f"{name} has {cu.numel()} entries but cu_seqlens_q has {batch + 1}; both are (batch + 1,)")
     if not isinstance(max_seqlen, int) or isinstance(max_seqlen, bool) or max_seqlen < 0:
         raise TypeError(f"{max_name} must be an int >= 0, got {max_seqlen!r}")
+    if torch.compiler.is_compiling():
+        return  # values are data-dependent: not checked inside torch.compile graphs
     if cu.device.type == "cpu" or os.environ.get("TILEFLASH_CHECK_INPUTS", "0") == "1":
         vals = cu.tolist()
         if vals[0] != 0:
@@ -180,7 +183,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     cu_seqlens are checked for dtype, shape and device on every call. Their values (start at 0,
     non-decreasing, end at the token count, ``max_seqlen >=`` the longest sequence) are checked
     on CPU tensors, and on CUDA only when the environment sets ``TILEFLASH_CHECK_INPUTS=1``:
-    reading them would force a device sync on every call.
+    reading them would force a device sync on every call. Inside ``torch.compile`` they are not
+    checked (their values are unknown while tracing).
 
     Return:
         out: (total_q, nheads, headdim).
