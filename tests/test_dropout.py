@@ -20,9 +20,9 @@ D = SK  # identity V needs headdim = seqlen_k
 
 def _mask(dev, p, seed, causal=False):
     torch.manual_seed(seed)
-    q = torch.zeros(B, SQ, H, D, device=dev)
-    k = make_qkv(B, SQ, SK, H, HK, D, torch.float32, dev, seed=1)[1]
-    v = torch.eye(SK, D, device=dev).expand(B, HK, SK, D).permute(0, 2, 1, 3).contiguous()
+    k = make_qkv(B, SQ, SK, H, HK, D, torch.float32, dev, seed=1)[1]  # bf16 on CUDA
+    q = torch.zeros(B, SQ, H, D, device=dev, dtype=k.dtype)
+    v = torch.eye(SK, D, device=dev, dtype=k.dtype).expand(B, HK, SK, D).permute(0, 2, 1, 3).contiguous()
     out = tileflash.flash_attn_func(q, k, v, dropout_p=p, causal=causal)
     z = (out.float() * SK * (1 - p)).permute(0, 2, 1, 3)  # (B, H, SQ, SK)
     return z > 0.5
@@ -37,8 +37,10 @@ def test_keep_rate_and_reproducibility(backend, p):
     n = m1.numel()
     std = (p * (1 - p) / n) ** 0.5
     assert abs(m1.float().mean().item() - (1 - p)) < 5 * std, (m1.float().mean().item(), 1 - p)
-    # masks of different heads and batches are not copies of each other
+    # masks of different heads and batches are not copies of each other, nor are rows shifted copies
     assert not torch.equal(m1[0, 0], m1[0, 1]) and not torch.equal(m1[0, 0], m1[1, 0])
+    assert not torch.equal(m1[0, 0, 1:], m1[0, 0, :-1])
+    assert not torch.equal(m1[0, 0, 1:, :-1], m1[0, 0, :-1, 1:]) and not torch.equal(m1[0, 0, 1:, 1:], m1[0, 0, :-1, :-1])
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -65,12 +67,12 @@ def test_gradients_match_explicit_mask(backend, causal):
         return o, torch.autograd.grad(o, (qs, ks, vs), do.cpu().to(dtype))
 
     ref_o, ref_g = ref(torch.float64)
-    eager_o, eager_g = ref(torch.float32)
+    eager_o, eager_g = ref(q.dtype)  # eager in the dtype under test (bf16 on CUDA)
     for name, got, r, e, factor in [("out", out, ref_o, eager_o, 2)] + [
             (n, g, rg, eg, 3) for n, g, rg, eg in zip(("dq", "dk", "dv"), grads, ref_g, eager_g)]:
         got, r, e = got.detach().cpu().double(), r.detach(), e.detach().double()
         err, eager_err = (got - r).abs().max().item(), (e - r).abs().max().item()
-        assert err <= factor * eager_err + rounding_atol(r, torch.float32), f"{name}: {err:.3g} vs {eager_err:.3g}"
+        assert err <= factor * eager_err + rounding_atol(r, q.dtype), f"{name}: {err:.3g} vs {eager_err:.3g}"
 
 
 def test_unbiased_mean_over_seeds(backend):
@@ -94,3 +96,20 @@ def test_zero_dropout_is_exact(backend):
     dev = backend_device(backend)
     q, k, v = make_qkv(1, 20, 20, 2, 2, 16, torch.float32, dev, seed=6)
     assert torch.equal(tileflash.flash_attn_func(q, k, v, dropout_p=0.0), tileflash.flash_attn_func(q, k, v))
+
+
+def test_varlen_sequences_get_their_own_masks(backend):
+    """Two sequences of equal length in one varlen batch must not share a dropout mask."""
+    dev = backend_device(backend)
+    p, n = 0.5, 16
+    dt = torch.bfloat16 if dev == "cuda" else torch.float32
+    cu = torch.tensor([0, n, 2 * n, 3 * n], dtype=torch.int32, device=dev)
+    q = torch.zeros(3 * n, 2, n, device=dev, dtype=dt)
+    k = torch.randn(3 * n, 2, n, device=dev).to(dt)
+    v = torch.eye(n, device=dev, dtype=dt).repeat(3, 1)[:, None, :].expand(3 * n, 2, n).contiguous()
+    torch.manual_seed(3)
+    out = tileflash.flash_attn_varlen_func(q, k, v, cu, cu, n, n, dropout_p=p)
+    masks = (out.float() * n * (1 - p) > 0.5).view(3, n, 2, n)
+    assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])
+    frac = masks.float().mean().item()
+    assert abs(frac - (1 - p)) < 5 * (p * (1 - p) / masks.numel()) ** 0.5

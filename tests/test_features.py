@@ -290,3 +290,64 @@ def test_packed_shape_errors():
         tileflash.flash_attn_qkvpacked_func(torch.randn(2, 5, 2, 4, 8))
     with pytest.raises(ValueError, match=r"kv must be \(batch, seqlen_k, 2, nheads_k, headdim\)"):
         tileflash.flash_attn_kvpacked_func(torch.randn(2, 5, 4, 8), torch.randn(2, 5, 3, 4, 8))
+
+
+def test_dq_finite_when_all_scores_are_very_negative(backend):
+    """fp16, ragged key tail, every score about -64: P of the zero-loaded tail keys would be
+    exp(-lse) = inf; it must be masked, or dQ becomes NaN."""
+    dev = backend_device(backend)
+    dt = torch.float16
+    q = torch.full((1, 24, 2, 16), 4.0, device=dev, dtype=dt, requires_grad=True)
+    k = torch.full((1, 20, 2, 16), -4.0, device=dev, dtype=dt, requires_grad=True)
+    v = torch.randn(1, 20, 2, 16, device=dev).to(dt).requires_grad_()
+    for kw in ({}, dict(causal=True), dict(window_size=(5, 5))):
+        out = tileflash.flash_attn_func(q, k, v, **kw)
+        grads = torch.autograd.grad(out.float().sum(), (q, k, v))
+        assert all(torch.isfinite(g).all() for g in grads), kw
+
+
+def test_huge_window_means_unbounded(backend):
+    dev = backend_device(backend)
+    q, k, v = make_qkv(1, 40, 50, 2, 2, 16, torch.float32, dev, seed=8)
+    full = tileflash.flash_attn_func(q, k, v)
+    for ws in [(2**31 - 1, 2**31 - 1), (2**63 - 1, 2**62), (-1, 2**40)]:
+        torch.testing.assert_close(tileflash.flash_attn_func(q, k, v, window_size=ws), full, rtol=0, atol=0)
+    causal = tileflash.flash_attn_func(q, k, v, causal=True)
+    torch.testing.assert_close(tileflash.flash_attn_func(q, k, v, causal=True, window_size=(2**63 - 1, -1)), causal,
+                               rtol=0, atol=0)
+
+
+def test_varlen_argument_forms():
+    import numpy as np
+
+    q, k, v, cu_q, cu_k = _varlen_inputs()
+    out = tileflash.flash_attn_varlen_func(q, k, v, cu_q, cu_k, np.int64(6), np.int32(7))  # numpy ints are fine
+    assert out.shape == q.shape
+    strided = torch.stack([cu_q, cu_q], 1)[:, 0]  # right values, stride 2
+    with pytest.raises(ValueError, match="cu_seqlens_q must be contiguous"):
+        tileflash.flash_attn_varlen_func(q, k, v, strided, cu_k, 6, 7)
+    with pytest.raises(ValueError, match="max_seqlen_q is 0 but there are 10 tokens"):
+        tileflash.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 0, 7)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("case", ["window", "window_causal", "softcap", "alibi_softcap_causal", "all"])
+def test_features_gpu_sized(case, d, dtype):
+    """Lengths of about 1000: on the GPU's 64-128 blocks the unmasked middle loops run with each
+    feature (the small CPU shapes mostly exercise the masked edge blocks)."""
+    kw = _kwargs(case, 2, 4, "cuda")
+    if "window_size" in kw:
+        kw["window_size"] = tuple(w * 10 if w > 0 else w for w in kw["window_size"])  # (50, 90) etc.
+    q, k, v = make_qkv(2, 1000, 1100, 4, 2, d, dtype, "cuda", seed=d)
+    do = make_qkv(2, 1000, 1100, 4, 2, d, dtype, "cuda", seed=d + 1)[0]
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = tileflash.flash_attn_func(*leaves, **kw)
+    grads = torch.autograd.grad(out, leaves, do)
+    ref_out, _, ref_g = _ref(q, k, v, do, kw, upcast=True)
+    eager_out, _, eager_g = _ref(q, k, v, do, kw, upcast=False)
+    extra = 3e-4 if kw.get("softcap", 0) > 0 else 0.0
+    _check("out", out, ref_out, eager_out, dtype, 2, extra)
+    for name, g, r, e in zip(("dq", "dk", "dv"), grads, ref_g, eager_g):
+        _check(name, g, r, e, dtype, 3, extra)

@@ -205,12 +205,15 @@ def attention_forward_cpu(
     dropout_p: float = 0.0,
     dropout_seed: int = 0,
     rng_batch_offset: int = 0,
+    rng_seqlens: Optional[Tuple[int, int]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Blockwise exact attention forward.
 
     ``dropout_p > 0`` drops entries of P after the softmax (kept ones scaled by 1/(1-p)) with
     the mask of :func:`dropout_keep_cpu` for ``dropout_seed``; the LSE ignores dropout.
-    ``rng_batch_offset`` shifts the batch index of that mask (varlen runs one sequence per call).
+    ``rng_batch_offset`` shifts the batch index of that mask and ``rng_seqlens`` (default: this
+    call's lengths) sizes its counter space, so that varlen, which runs one sequence per call,
+    gives every sequence its own disjoint counters (max lengths, as in the kernels).
 
     Returns ``(out, lse)``: ``out`` has ``q``'s dtype and shape
     ``(batch, seqlen_q, nheads, headdim_v)`` (contiguous); ``lse`` is
@@ -272,8 +275,8 @@ def attention_forward_cpu(
             l_i = l_i * alpha + p.sum(dim=-1)  # the denominator ignores dropout
             acc.mul_(alpha.unsqueeze(-1))
             if dropout_p > 0:
-                keep = dropout_keep_cpu(dropout_seed, rng_batch_offset, nheads, seqlen_q, seqlen_k, batch, nheads_k,
-                                        group, q_start, q_stop, k_start, k_stop, dropout_p, device)
+                keep = dropout_keep_cpu(dropout_seed, rng_batch_offset, nheads, *(rng_seqlens or (seqlen_q, seqlen_k)),
+                                        batch, nheads_k, group, q_start, q_stop, k_start, k_stop, dropout_p, device)
                 p = p.mul_(keep).mul_(1.0 / (1.0 - dropout_p))
             acc.add_(torch.matmul(p, vc))
             m_i = m_new
@@ -307,6 +310,7 @@ def attention_backward_cpu(
     dropout_p: float = 0.0,
     dropout_seed: int = 0,
     rng_batch_offset: int = 0,
+    rng_seqlens: Optional[Tuple[int, int]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Blockwise attention backward using the saved ``lse``.
 
@@ -374,8 +378,9 @@ def attention_backward_cpu(
             dp = torch.matmul(doc, vc.transpose(-1, -2))
             if dropout_p > 0:
                 # the forward's mask Z = keep / (1 - p): dV = (P∘Z)^T dO, dP = (dO V^T)∘Z
-                z = dropout_keep_cpu(dropout_seed, rng_batch_offset, nheads, seqlen_q, seqlen_k, batch, nheads_k,
-                                     group, q_start, q_stop, k_start, k_stop, dropout_p, device).to(cdt)
+                z = dropout_keep_cpu(dropout_seed, rng_batch_offset, nheads, *(rng_seqlens or (seqlen_q, seqlen_k)),
+                                     batch, nheads_k, group, q_start, q_stop, k_start, k_stop, dropout_p,
+                                     device).to(cdt)
                 z.mul_(1.0 / (1.0 - dropout_p))
                 dv[:, :, k_start:k_stop].add_(torch.matmul((p * z).transpose(-1, -2), doc))
                 dp.mul_(z)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 import os
 
 import torch
@@ -130,7 +131,7 @@ def _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, de
 
 
 def _check_cu_seqlens(name, cu, total, batch, max_seqlen, max_name, device):
-    """Cheap structural checks always; value checks on CPU tensors, or on CUDA when
+    """Returns max_seqlen as an int. Cheap structural checks always; value checks on CPU tensors, or on CUDA when
     TILEFLASH_CHECK_INPUTS=1 (they need a device-to-host copy, i.e. a sync). Never inside a
     torch.compile graph, where the values are not known at trace time."""
     if not isinstance(cu, Tensor):
@@ -143,10 +144,21 @@ def _check_cu_seqlens(name, cu, total, batch, max_seqlen, max_name, device):
         raise ValueError(f"{name} is on {cu.device} but q is on {device}; move it with .to()")
     if batch is not None and cu.numel() != batch + 1:
         raise ValueError(f"{name} has {cu.numel()} entries but cu_seqlens_q has {batch + 1}; both are (batch + 1,)")
-    if not isinstance(max_seqlen, int) or isinstance(max_seqlen, bool) or max_seqlen < 0:
+    try:
+        if isinstance(max_seqlen, bool):
+            raise TypeError
+        max_seqlen = operator.index(max_seqlen)
+    except TypeError:
+        raise TypeError(f"{max_name} must be an int >= 0, got {max_seqlen!r}") from None
+    if max_seqlen < 0:
         raise TypeError(f"{max_name} must be an int >= 0, got {max_seqlen!r}")
+    if max_seqlen == 0 and total > 0:
+        raise ValueError(f"{max_name} is 0 but there are {total} tokens; pass the longest sequence's length")
+    if cu.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous (the kernels read it with unit stride); "
+                         f"pass {name}.contiguous()")
     if torch.compiler.is_compiling():
-        return  # values are data-dependent: not checked inside torch.compile graphs
+        return max_seqlen  # values are data-dependent: not checked inside torch.compile graphs
     if cu.device.type == "cpu" or os.environ.get("TILEFLASH_CHECK_INPUTS", "0") == "1":
         vals = cu.tolist()
         if vals[0] != 0:
@@ -158,6 +170,7 @@ def _check_cu_seqlens(name, cu, total, batch, max_seqlen, max_name, device):
             raise ValueError(f"{name} must end at the number of tokens ({total}), got {vals[-1]}")
         if lens and max(lens) > max_seqlen:
             raise ValueError(f"{max_name} = {max_seqlen} is smaller than the longest sequence ({max(lens)})")
+    return max_seqlen
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -197,9 +210,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             raise ValueError(f"{name} must be 3-D (total_tokens, nheads, headdim) for varlen, got shape "
                              f"{tuple(t.shape)}")
     _check_qkv(q[None], k[None], v[None])
-    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], None, max_seqlen_q, "max_seqlen_q", q.device)
+    max_seqlen_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], None, max_seqlen_q, "max_seqlen_q",
+                                     q.device)
     batch = cu_seqlens_q.numel() - 1
-    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], batch, max_seqlen_k, "max_seqlen_k", q.device)
+    max_seqlen_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], batch, max_seqlen_k, "max_seqlen_k",
+                                     q.device)
     if batch * q.shape[1] > MAX_BATCH_HEADS:
         raise ValueError(f"batch * nheads = {batch * q.shape[1]} exceeds {MAX_BATCH_HEADS}; split the batch")
     feats = _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, deterministic,
@@ -294,9 +309,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     Return:
         out: (batch, seqlen_q, nheads, headdim), the dtype of q.
         softmax_lse [optional, if return_attn_probs=True]: (batch, nheads, seqlen_q), float32.
-            The natural-log logsumexp of each row of QKᵀ · softmax_scale (-inf for a row
-            that sees no key). It has no gradient: a loss that depends on it does not
-            backpropagate through it (as in flash-attn).
+            The natural-log logsumexp of each row of the final scores (after softcap and
+            ALiBi), -inf for a row that sees no key. It has no gradient: a loss that depends on
+            it does not backpropagate through it (as in flash-attn). Two differences from
+            flash-attn 2's value: it returns +inf for rows that see no key, and with causal +
+            ALiBi its lse is ours + slope·(i + seqlen_k - seqlen_q) (it biases by +slope·j).
         None [optional, if return_attn_probs=True]: placeholder for the attention probabilities.
     """
     _check_qkv(q, k, v)
@@ -392,9 +409,9 @@ def _packed(q_or_qkv, kv, dim, dropout_p, softmax_scale, causal, window_size, so
     else:
         cu_q, cu_k, max_q, max_k = varlen
         _check_qkv(q[None], k[None], v[None])
-        _check_cu_seqlens("cu_seqlens_q", cu_q, q.shape[0], None, max_q, "max_seqlen_q", q.device)
+        max_q = _check_cu_seqlens("cu_seqlens_q", cu_q, q.shape[0], None, max_q, "max_seqlen_q", q.device)
         batch = cu_q.numel() - 1
-        _check_cu_seqlens("cu_seqlens_k", cu_k, k.shape[0], batch, max_k, "max_seqlen_k", q.device)
+        max_k = _check_cu_seqlens("cu_seqlens_k", cu_k, k.shape[0], batch, max_k, "max_seqlen_k", q.device)
         nheads, shift = q.shape[1], 0
         extra = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
     if batch * nheads > MAX_BATCH_HEADS:

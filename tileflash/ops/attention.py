@@ -59,7 +59,10 @@ def _kw(window_left, window_right, softcap, alibi_slopes, cu_seqlens_q, cu_seqle
 def _cpu_dropout(kw, b0=0):
     if kw["dropout_p"] <= 0:
         return {}
-    return dict(dropout_p=kw["dropout_p"], dropout_seed=int(kw["seed"].item()), rng_batch_offset=b0)
+    rng = dict(dropout_p=kw["dropout_p"], dropout_seed=int(kw["seed"].item()), rng_batch_offset=b0)
+    if kw["cu_seqlens_q"] is not None:
+        rng["rng_seqlens"] = (kw["max_seqlen_q"], kw["max_seqlen_k"])  # disjoint counters per sequence
+    return rng
 
 
 def _cpu_sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes):

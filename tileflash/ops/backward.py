@@ -215,7 +215,9 @@ def _bwd_dq_inner(
                               softcap_scale, softcap2, slope2, HAS_SOFTCAP, HAS_ALIBI)  # [BLOCK_M, BLOCK_N]
         b_p = tl.math.exp2(b_s - lse2[:, None])                                       # [BLOCK_M, BLOCK_N]
         if MASK:
-            b_p = tl.where(visible(rel, window_left, window_right, HAS_LEFT, HAS_RIGHT), b_p, 0.0)
+            # keys past seqlen_k too: their zero-loaded score gives P = exp(-lse), which overflows
+            # (then inf * 0 = NaN in dQ) when every real score of the row is very negative
+            b_p = tl.where(m_n[None, :] & visible(rel, window_left, window_right, HAS_LEFT, HAS_RIGHT), b_p, 0.0)
         b_dp = tl.dot(b_do, b_vt, input_precision=DOT_PRECISION)                     # [BLOCK_M, BLOCK_N]
         if HAS_DROPOUT:
             keep = dropout_keep(seed, rng_base, o_m[:, None], o_n[None, :], rng_stride_m, dropout_p)
@@ -358,7 +360,8 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
     if q.numel() == 0 or k.numel() == 0 or batch == 0:
         # no query or no key: every gradient is zero, nothing to launch
         return dq.zero_(), dk.zero_(), dv.zero_()
-    flags, sc, alibi_strides = feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch, dropout_p)
+    flags, sc, alibi_strides = feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch, dropout_p,
+                                            seqlen_q + abs(causal_shift), seqlen_k + abs(causal_shift))
     seed = seed if dropout_p > 0 else None
     if config is None:
         config = INTERPRET_BWD_CONFIG if interpreting() else default_bwd_config(head_dim, flags["HAS_RIGHT"])

@@ -278,9 +278,15 @@ def rng_strides(seqlen_q: int, seqlen_k: int):
     return seqlen_q * seqlen_k, seqlen_k
 
 
-def feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch, dropout_p=0.0):
+def feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch, dropout_p=0.0,
+                 seqlen_q=0, seqlen_k=0):
     """Host-side flags and scalars shared by every launcher (see tileflash.ops.common)."""
     left, right = window
+    # |i + shift - j| < seqlen_q + seqlen_k: a wider window is unbounded (and would overflow the
+    # block-range arithmetic in the kernels)
+    span = seqlen_q + seqlen_k
+    left = -1 if left >= span else left
+    right = -1 if right >= span else right
     if causal:
         right = 0  # flash-attn: causal means window_size[1] = 0
     alibi_strides = (0, 0)
@@ -336,7 +342,8 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift
     if seqlen_k == 0:
         # every query sees no key: out = 0 and lse = -inf by definition, no launch
         return out.zero_(), lse.fill_(float("-inf"))
-    flags, sc, alibi_strides = feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch, dropout_p)
+    flags, sc, alibi_strides = feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch, dropout_p,
+                                            seqlen_q + abs(causal_shift), seqlen_k + abs(causal_shift))
     args = (
         q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seed if dropout_p > 0 else None,
         *strides3(q, varlen), *strides3(k, varlen), *strides3(v, varlen), *strides3(out, varlen),
