@@ -14,10 +14,11 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from tileflash.ops import backward as B
+from tileflash.ops import decode as DEC
 from tileflash.ops import forward as F
 
-PTRS_FP32 = {"LSE", "DELTA", "ALIBI"}
-PTRS_I32 = {"CU_Q", "CU_K"}
+PTRS_FP32 = {"LSE", "DELTA", "ALIBI", "O_PART", "LSE_PART"}
+PTRS_I32 = {"CU_Q", "CU_K", "SEQLENS_K", "BATCH_IDX", "BLOCK_TABLE"}
 PTRS_I64 = {"SEED"}
 FLOATS = {"qk_scale", "sm_scale", "softcap_scale", "softcap2", "dropout_p"}
 # feature sets compiled for every kernel: plain, and every optional feature switched on
@@ -25,7 +26,8 @@ FEATURES = [
     dict(HAS_LEFT=False, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_DROPOUT=False, IS_VARLEN=False),
     dict(HAS_LEFT=True, HAS_SOFTCAP=True, HAS_ALIBI=True, HAS_DROPOUT=True, IS_VARLEN=True),
 ]
-OPTIONAL_PTRS = {"ALIBI": "HAS_ALIBI", "CU_Q": "IS_VARLEN", "CU_K": "IS_VARLEN", "SEED": "HAS_DROPOUT"}
+OPTIONAL_PTRS = {"ALIBI": "HAS_ALIBI", "CU_Q": "IS_VARLEN", "CU_K": "IS_VARLEN", "SEED": "HAS_DROPOUT",
+                 "BATCH_IDX": "HAS_BATCH_IDX", "BLOCK_TABLE": "PAGED"}
 
 
 def signature(fn, dtype, constexprs):
@@ -88,6 +90,23 @@ def main():
                         failures += 1
                         print(f"FAIL {dtype} D={d} causal={causal} {name}: {type(e).__name__}: {str(e)[:300]}",
                               flush=True)
+    # decode (split-KV) and combine kernels: GQA group 4, one new token; plain and paged+features
+    for dtype in ("fp16", "bf16"):
+        for d in (64, 128):
+            for feats in (dict(HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False,
+                               HAS_BATCH_IDX=False, PAGED=False),
+                          dict(HAS_LEFT=True, HAS_RIGHT=True, HAS_SOFTCAP=True, HAS_ALIBI=True,
+                               HAS_BATCH_IDX=False, PAGED=True)):
+                cases = [("decode", DEC._decode_split, dict(KV_GROUP=4, **feats, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=16,
+                                                            BLOCK_N=64, DOT_PRECISION="tf32"), 4, 2),
+                         ("combine", DEC._combine, dict(KV_GROUP=4, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=16, BLOCK_S=8), 4, 1)]
+                for name, fn, const, w, s_ in cases:
+                    try:
+                        compile_one(fn, dtype, const, w, s_)
+                        print(f"ok   {dtype} D={d} {name} paged={feats['PAGED']}", flush=True)
+                    except Exception as e:  # noqa: BLE001
+                        failures += 1
+                        print(f"FAIL {dtype} D={d} {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
     print(f"triton {triton.__version__}: {failures} failure(s)")
     return 1 if failures else 0
 

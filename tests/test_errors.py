@@ -120,7 +120,8 @@ def test_sdpa_unsupported_features():
 def test_public_names():
     assert set(tileflash.__all__) == {
         "flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
-        "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "scaled_dot_product_attention",
+        "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache",
+        "scaled_dot_product_attention",
         "__version__"}
 
 

@@ -7,6 +7,7 @@ from tileflash.interface import (
     flash_attn_varlen_func,
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
+    flash_attn_with_kvcache,
     scaled_dot_product_attention,
 )
 
@@ -18,6 +19,7 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
     "scaled_dot_product_attention",
     "__version__",
 ]

@@ -9,7 +9,8 @@ import os
 import torch
 from torch import Tensor
 
-from tileflash.ops.attention import PackedAttention, attention_fwd, use_triton
+from tileflash.ops.attention import PackedAttention, attention_fwd, kvcache_fwd, use_triton
+from tileflash.ops.decode import apply_rotary
 
 MAX_HEADDIM = 256
 MAX_BATCH_HEADS = 65535  # grid axis 1 of every kernel is batch*nheads
@@ -470,3 +471,166 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
     _check_packed("kv", kv, 4, 2, "(total_k, 2, nheads_k, headdim)")
     return _packed(q, kv, 1, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                    deterministic, return_attn_probs, varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+
+
+# ------------------------------------------------------------------------------------------------
+# Inference: attention over a KV cache, with in-place append and rotary.
+# ------------------------------------------------------------------------------------------------
+
+
+def _int_tensor(name, t, shape, device):
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32, got {t.dtype}; use {name}.int()")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q is on {device}; move it with .to()")
+    return t.contiguous()
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """Attention of new query tokens against a KV cache (decoding), flash-attn 2's signature.
+
+    If ``k`` and ``v`` are given, they are first **written in place** into the cache at positions
+    ``cache_seqlens[b], cache_seqlens[b] + 1, ...`` (after rotary, if given); attention then runs
+    over ``cache[:cache_seqlens[b] + seqlen_new]``, causal aligned bottom-right (new token t is at
+    position ``cache_seqlens[b] + t``). Without k/v it runs over ``cache[:cache_seqlens[b]]``.
+    Forward only: there is no backward.
+
+    Arguments:
+        q: (batch, seqlen_q, nheads, headdim), usually seqlen_q = 1.
+        k_cache, v_cache: contiguous cache (batch_cache, seqlen_cache, nheads_k, headdim), or,
+            with ``block_table``, a paged cache (num_blocks, page_size, nheads_k, headdim). Any
+            page size >= 1 works (16 to 256 are the usual ones); key j of batch b is row
+            ``j % page_size`` of page ``block_table[b, j // page_size]``.
+        k, v: (batch, seqlen_new, nheads_k, headdim) or None.
+        rotary_cos, rotary_sin: (seqlen_ro, rotary_dim / 2), rotary_dim <= headdim and even.
+            Applied to the new k and to q: at positions cache_seqlens + t when causal or local,
+            otherwise every q token at position cache_seqlens (flash-attn's rule).
+        cache_seqlens: int, or (batch,) int32: tokens already in the cache. None: the cache is full.
+        cache_batch_idx: (batch,) int32: which cache entry each batch element uses (contiguous
+            caches only). None: entry b.
+        cache_leftpad: not supported (raises NotImplementedError).
+        block_table: (batch, max_blocks) int32 for a paged cache.
+        softmax_scale, causal, window_size, softcap, alibi_slopes: as in flash_attn_func.
+        rotary_interleaved: True for GPT-J style pairs (0,1),(2,3)...; False for GPT-NeoX halves.
+        num_splits: how many pieces the KV length is split into (flash-decoding). 0 chooses from
+            the number of SMs and the cache length; 1 disables splitting.
+        return_softmax_lse: also return the merged LSE (batch, nheads, seqlen_q), float32.
+
+    Everything is validated before anything is written: an append past the cache's end, block
+    table entries out of range, dtype/device/head mismatches raise and leave the cache untouched.
+    (These checks read cache_seqlens and block_table on the host: one device sync per call.)
+    """
+    if cache_leftpad is not None:
+        raise NotImplementedError("cache_leftpad is not supported by tileflash yet; pass None")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D, got shape {tuple(t.shape)}")
+    if tuple(k_cache.shape) != tuple(v_cache.shape):
+        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    batch, seqlen_q, nheads, d = q.shape
+    # validate q against the cache as if it were one (batch_cache, seqlen, nheads_k, d) k/v
+    _check_qkv(q, k_cache[:1].expand(batch, *k_cache.shape[1:]), v_cache[:1].expand(batch, *v_cache.shape[1:]),
+               names=("q", "k_cache", "v_cache"))
+    nheads_k, dev = k_cache.shape[2], q.device
+    paged = block_table is not None
+    if paged:
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx cannot be combined with block_table (a paged cache)")
+        if not isinstance(block_table, Tensor) or block_table.dim() != 2:
+            raise ValueError("block_table must be a 2-D int32 tensor (batch, max_blocks)")
+        block_table = _int_tensor("block_table", block_table, (batch, block_table.shape[1]), dev)
+        capacity = block_table.shape[1] * k_cache.shape[1]
+    else:
+        capacity = k_cache.shape[1]
+    if cache_batch_idx is not None:
+        cache_batch_idx = _int_tensor("cache_batch_idx", cache_batch_idx, (batch,), dev)
+    if cache_seqlens is None:
+        seqlens = torch.full((batch,), capacity, dtype=torch.int32, device=dev)
+    elif isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=dev)
+    else:
+        seqlens = _int_tensor("cache_seqlens", cache_seqlens, (batch,), dev)
+    if (k is None) != (v is None):
+        raise ValueError("pass both k and v to append to the cache, or neither")
+    seqlen_new = 0
+    if k is not None:
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, Tensor) or tuple(t.shape[:1]) != (batch,) or t.dim() != 4 \
+                    or tuple(t.shape[2:]) != (nheads_k, d):
+                raise ValueError(f"{name} must be (batch, seqlen_new, nheads_k, headdim) = ({batch}, *, {nheads_k}, "
+                                 f"{d}), got {tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}")
+            if t.dtype != k_cache.dtype or t.device != dev:
+                raise TypeError(f"{name} must match the cache's dtype and device ({k_cache.dtype}, {dev})")
+        if k.shape[1] != v.shape[1]:
+            raise ValueError(f"k and v must have the same seqlen_new, got {k.shape[1]} and {v.shape[1]}")
+        seqlen_new = k.shape[1]
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("pass both rotary_cos and rotary_sin, or neither")
+    if rotary_cos is not None:
+        if rotary_cos.dim() != 2 or rotary_cos.shape != rotary_sin.shape or 2 * rotary_cos.shape[1] > d:
+            raise ValueError(f"rotary_cos/rotary_sin must both be (seqlen_ro, rotary_dim / 2) with rotary_dim <= "
+                             f"headdim = {d}; got {tuple(rotary_cos.shape)} and {tuple(rotary_sin.shape)}")
+    if not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (0 = automatic), got {num_splits!r}")
+    feats = _check_features(q, 0.0, causal, window_size, softcap, alibi_slopes, False, batch=batch, nheads=nheads)
+    scale = _default_scale(softmax_scale, d)
+
+    # -- value checks, all before any write --------------------------------------------------------
+    sl = seqlens.tolist()
+    if min(sl, default=0) < 0:
+        raise ValueError(f"cache_seqlens must be >= 0, got {sl}")
+    if max(sl, default=0) + seqlen_new > capacity:
+        b = max(range(batch), key=lambda i: sl[i])
+        raise ValueError(f"cache overflow: batch {b} holds {sl[b]} tokens and appends {seqlen_new}, but the cache "
+                         f"has room for {capacity}; grow the cache (or its block_table) first")
+    if paged:
+        need = [-(-(n + seqlen_new) // k_cache.shape[1]) for n in sl]
+        used = [block_table[b, : need[b]] for b in range(batch)]
+        vals = torch.cat(used).tolist() if used else []
+        if vals and (min(vals) < 0 or max(vals) >= k_cache.shape[0]):
+            raise ValueError(f"block_table entries must be in [0, {k_cache.shape[0]}) (the number of pages); "
+                             f"got values from {min(vals)} to {max(vals)}")
+    if cache_batch_idx is not None:
+        idx = cache_batch_idx.tolist()
+        if min(idx) < 0 or max(idx) >= k_cache.shape[0]:
+            raise ValueError(f"cache_batch_idx entries must be in [0, {k_cache.shape[0]}), got {idx}")
+    if rotary_cos is not None and max(sl, default=0) + max(seqlen_new, seqlen_q) > rotary_cos.shape[0]:
+        raise ValueError(f"rotary_cos has {rotary_cos.shape[0]} positions but positions up to "
+                         f"{max(sl) + max(seqlen_new, seqlen_q) - 1} are needed")
+
+    # -- rotary and in-place append ----------------------------------------------------------------
+    t_new = torch.arange(seqlen_new, device=dev)
+    if rotary_cos is not None:
+        t_q = torch.arange(seqlen_q, device=dev) if (causal or window_size != (-1, -1)) else \
+            torch.zeros(seqlen_q, dtype=torch.long, device=dev)
+        q = apply_rotary(q, rotary_cos, rotary_sin, seqlens.long()[:, None] + t_q[None, :], rotary_interleaved)
+        if k is not None:
+            k = apply_rotary(k, rotary_cos, rotary_sin, seqlens.long()[:, None] + t_new[None, :], rotary_interleaved)
+    if k is not None and seqlen_new > 0:
+        pos = seqlens.long()[:, None] + t_new[None, :]                          # (batch, seqlen_new)
+        if paged:
+            ps = k_cache.shape[1]
+            page = torch.gather(block_table.long(), 1, pos // ps)
+            rows = (page, pos % ps)
+        else:
+            cb = cache_batch_idx.long() if cache_batch_idx is not None else torch.arange(batch, device=dev)
+            rows = (cb[:, None].expand_as(pos), pos)
+        with torch.no_grad():
+            k_cache[rows] = k
+            v_cache[rows] = v
+        seqlens = seqlens + seqlen_new
+    q = _unit_last_stride(q)
+    out, lse = kvcache_fwd(q, k_cache, v_cache, seqlens.to(torch.int32).contiguous(), scale, causal,
+                           feats["window_left"], feats["window_right"], feats["softcap"], feats["alibi_slopes"],
+                           cache_batch_idx, block_table, num_splits)
+    return (out, lse) if return_softmax_lse else out

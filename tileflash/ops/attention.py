@@ -13,6 +13,7 @@ Because these are ``torch.library.custom_op`` s with fake (meta) implementations
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Optional
 
@@ -21,6 +22,7 @@ from torch import Tensor
 
 from tileflash import cpu
 from tileflash.ops import backward as _bwd
+from tileflash.ops import decode as _dec
 from tileflash.ops import forward as _fwd
 
 
@@ -274,3 +276,39 @@ def _backward(ctx, dout, dlse):
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("tileflash::kvcache_fwd", mutates_args=())
+def kvcache_fwd(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Tensor, softmax_scale: float, causal: bool,
+    window_left: int = -1, window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
+    cache_batch_idx: Optional[Tensor] = None, block_table: Optional[Tensor] = None, num_splits: int = 0,
+) -> tuple[Tensor, Tensor]:
+    """Attention of q (batch, seqlen_q, nheads, d) over the first seqlens_k[b] keys of a
+    contiguous or paged KV cache -> (out, lse (batch, nheads, seqlen_q)). Forward only."""
+    feats = dict(window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes)
+    if use_triton(q):
+        dt = q.dtype if q.is_cuda else _interpreter_dtype(q)
+        conv = (lambda t: t) if dt == q.dtype else (lambda t: t.to(dt))
+        ctx = torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext()
+        with ctx:
+            out, lse = _dec.decode_forward(conv(q), conv(k_cache), conv(v_cache), seqlens_k, softmax_scale, causal,
+                                           **feats, cache_batch_idx=cache_batch_idx, block_table=block_table,
+                                           num_splits=num_splits)
+        return out.to(q.dtype), lse
+    # tiled CPU path: one batch entry at a time over its gathered cache rows
+    out = torch.empty_like(q)
+    lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    for b, n in enumerate(seqlens_k.tolist()):
+        kb = _dec.gather_cache(k_cache, b, n, cache_batch_idx, block_table)
+        vb = _dec.gather_cache(v_cache, b, n, cache_batch_idx, block_table)
+        slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
+        o, l_ = cpu.attention_forward_cpu(q[b: b + 1], kb, vb, softmax_scale, causal, window_size=feats["window"],
+                                          softcap=softcap, alibi_slopes=slopes)
+        out[b], lse[b] = o[0], l_[0]
+    return out, lse
+
+
+@kvcache_fwd.register_fake
+def _(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *args, **kwargs):
+    return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)

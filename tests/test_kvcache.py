@@ -1,0 +1,167 @@
+"""flash_attn_with_kvcache: in-place append, rotary, contiguous and paged caches, split-KV.
+
+The reference rebuilds the expected cache with plain indexing and runs naive attention over each
+batch entry's rows; the cache after the call must equal the expected one exactly.
+"""
+
+import pytest
+import torch
+
+import tileflash
+from tileflash.ops.decode import apply_rotary
+from tileflash.reference import attention_ref
+
+from conftest import backend_device
+from test_forward import rounding_atol
+
+B, H, D, CAP = 3, 4, 32, 48
+
+
+def _rotary_tables(n, rd, dev):
+    inv = 1.0 / (10000 ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
+    ang = torch.arange(n, dtype=torch.float64)[:, None] * inv[None, :]
+    return ang.cos().float().to(dev), ang.sin().float().to(dev)
+
+
+def _setup(dev, hk, paged, page_size, seed):
+    g = torch.Generator().manual_seed(seed)
+    if paged:
+        nblocks = B * (CAP // page_size) + 3
+        kc = torch.randn(nblocks, page_size, hk, D, generator=g).to(dev)
+        vc = torch.randn(nblocks, page_size, hk, D, generator=g).to(dev)
+        perm = torch.randperm(nblocks, generator=g)[: B * (CAP // page_size)]
+        table = perm.view(B, CAP // page_size).int().to(dev)
+    else:
+        kc = torch.randn(B + 1, CAP, hk, D, generator=g).to(dev)
+        vc = torch.randn(B + 1, CAP, hk, D, generator=g).to(dev)
+        table = None
+    return kc, vc, table, g
+
+
+def _rows(cache, b, n, table, batch_idx):
+    if table is None:
+        cb = b if batch_idx is None else int(batch_idx[b])
+        return cache[cb, :n]
+    ps = cache.shape[1]
+    return torch.cat([cache[int(table[b, j // ps]), j % ps][None] for j in range(n)]) if n else cache[0, :0]
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "batch_idx", "paged16", "paged6"])
+@pytest.mark.parametrize("rotary", [None, "interleaved", "neox"])
+@pytest.mark.parametrize("new,causal", [(1, True), (3, True), (3, False), (0, True)])
+@pytest.mark.parametrize("hk", [2, 1], ids=["gqa", "mqa"])
+def test_kvcache_matches_reference(backend, layout, rotary, new, causal, hk):
+    dev = backend_device(backend)
+    paged = layout.startswith("paged")
+    kc, vc, table, g = _setup(dev, hk, paged, int(layout[5:]) if paged else 0, seed=new * 10 + hk)
+    seqlen_q = max(new, 1)
+    q = torch.randn(B, seqlen_q, H, D, generator=g).to(dev)
+    k = torch.randn(B, new, hk, D, generator=g).to(dev) if new else None
+    v = torch.randn(B, new, hk, D, generator=g).to(dev) if new else None
+    cache_seqlens = torch.tensor([5, 0, CAP - new - 1], dtype=torch.int32, device=dev)
+    batch_idx = torch.tensor([2, 0, 3], dtype=torch.int32, device=dev) if layout == "batch_idx" else None
+    cos = sin = None
+    if rotary:
+        cos, sin = _rotary_tables(CAP + 4, 16, dev)
+    kc0, vc0 = kc.clone(), vc.clone()
+
+    out, lse = tileflash.flash_attn_with_kvcache(
+        q, kc, vc, k, v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=cache_seqlens, cache_batch_idx=batch_idx,
+        block_table=table, causal=causal, rotary_interleaved=rotary == "interleaved", num_splits=2,
+        return_softmax_lse=True)
+
+    # expected cache: the new (rotated) k/v written at cache_seqlens[b] + t, nothing else touched
+    exp_k, exp_v = kc0.clone(), vc0.clone()
+    qr = q
+    sl = cache_seqlens.long()
+    if rotary:
+        interleaved = rotary == "interleaved"
+        tq = torch.arange(seqlen_q, device=dev) if causal else torch.zeros(seqlen_q, dtype=torch.long, device=dev)
+        qr = apply_rotary(q, cos, sin, sl[:, None] + tq[None], interleaved)
+        if new:
+            k = apply_rotary(k, cos, sin, sl[:, None] + torch.arange(new, device=dev)[None], interleaved)
+    for b in range(B):
+        for t in range(new):
+            j = int(sl[b]) + t
+            if table is None:
+                cb = b if batch_idx is None else int(batch_idx[b])
+                exp_k[cb, j], exp_v[cb, j] = k[b, t], v[b, t]
+            else:
+                ps = kc.shape[1]
+                exp_k[int(table[b, j // ps]), j % ps], exp_v[int(table[b, j // ps]), j % ps] = k[b, t], v[b, t]
+    assert torch.equal(kc, exp_k) and torch.equal(vc, exp_v), "cache contents after the append"
+    for b in range(B):
+        n = int(sl[b]) + new
+        kb, vb = _rows(exp_k, b, n, table, batch_idx)[None], _rows(exp_v, b, n, table, batch_idx)[None]
+        ref, ref_lse = attention_ref(qr[b:b + 1].cpu().double(), kb.cpu().double(), vb.cpu().double(), causal=causal)
+        err = (out[b:b + 1].cpu().double() - ref).abs().max().item()
+        assert err <= 2e-5, f"batch {b}: {err:.3g}"
+        fin = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isinf(lse[b:b + 1].cpu()), ~fin)
+        assert (lse[b:b + 1].cpu().double()[fin] - ref_lse[fin]).abs().max().item() <= 1e-4 if fin.any() else True
+
+
+@pytest.mark.parametrize("splits", [1, 2, 5, 0])
+def test_num_splits_agree(backend, splits):
+    dev = backend_device(backend)
+    kc, vc, _, g = _setup(dev, 2, False, 0, seed=3)
+    q = torch.randn(B, 1, H, D, generator=g).to(dev)
+    seqlens = torch.tensor([47, 13, 30], dtype=torch.int32, device=dev)
+    one = tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=1)
+    out = tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=splits)
+    torch.testing.assert_close(out, one, rtol=1e-5, atol=2e-6)
+
+
+def test_bf16_on_cuda_or_interpreter(backend):
+    """bf16 caches (the decode dtype of the issue); the interpreter computes bf16 in fp32."""
+    dev = backend_device(backend)
+    kc, vc, _, g = _setup(dev, 2, False, 0, seed=4)
+    kc, vc = kc.bfloat16(), vc.bfloat16()
+    q = torch.randn(B, 1, H, D, generator=g).to(dev).bfloat16()
+    seqlens = torch.tensor([40, 1, 12], dtype=torch.int32, device=dev)
+    out = tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens)
+    for b in range(B):
+        n = int(seqlens[b])
+        ref, _ = attention_ref(q[b:b + 1].double().cpu(), kc[b:b + 1, :n].double().cpu(), vc[b:b + 1, :n].double().cpu())
+        eager, _ = attention_ref(q[b:b + 1].cpu(), kc[b:b + 1, :n].cpu(), vc[b:b + 1, :n].cpu(), upcast=False)
+        err = (out[b:b + 1].cpu().double() - ref).abs().max().item()
+        assert err <= 2 * (eager.double() - ref).abs().max().item() + rounding_atol(ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("bad,err,match", [
+    ("overflow", ValueError, "cache overflow"),
+    ("table_range", ValueError, "block_table entries must be in"),
+    ("batch_idx_range", ValueError, "cache_batch_idx entries must be in"),
+    ("seqlens_dtype", TypeError, "cache_seqlens must be int32"),
+    ("kv_heads", ValueError, "k must be"),
+    ("only_k", ValueError, "both k and v"),
+    ("leftpad", NotImplementedError, "cache_leftpad"),
+    ("dtype", TypeError, "cache's dtype"),
+])
+def test_bad_input_leaves_cache_untouched(bad, err, match):
+    paged = bad == "table_range"
+    kc, vc, table, g = _setup("cpu", 2, paged, 16, seed=5)
+    q = torch.randn(B, 2, H, D, generator=g)
+    k, v = torch.randn(B, 2, 2, D, generator=g), torch.randn(B, 2, 2, D, generator=g)
+    seqlens = torch.tensor([3, 4, 5], dtype=torch.int32)
+    kw = dict(cache_seqlens=seqlens, block_table=table)
+    if bad == "overflow":
+        kw["cache_seqlens"] = torch.tensor([3, CAP - 1, 5], dtype=torch.int32)
+    elif bad == "table_range":
+        table[1, 0] = kc.shape[0] + 7
+    elif bad == "batch_idx_range":
+        kw["cache_batch_idx"] = torch.tensor([0, 1, 9], dtype=torch.int32)
+    elif bad == "seqlens_dtype":
+        kw["cache_seqlens"] = seqlens.long()
+    elif bad == "kv_heads":
+        k = torch.randn(B, 2, 4, D)
+    elif bad == "only_k":
+        v = None
+    elif bad == "leftpad":
+        kw["cache_leftpad"] = torch.zeros(B, dtype=torch.int32)
+    elif bad == "dtype":
+        k = k.double()
+    kc0, vc0 = kc.clone(), vc.clone()
+    with pytest.raises(err, match=match):
+        tileflash.flash_attn_with_kvcache(q, kc, vc, k, v, **kw)
+    assert torch.equal(kc, kc0) and torch.equal(vc, vc0), "a rejected call must not write the cache"

@@ -1,0 +1,236 @@
+"""KV-cache attention for decoding: split-KV (flash-decoding) with GQA packing, paged caches.
+
+Decoding is a few new query tokens against a long cache: memory-bound, and a prefill grid of one
+program per (Q block, head) leaves most of the GPU idle at small batch. Here:
+
+* one program per (KV split, batch, kv head) reads its slice of the cache **once** for all the
+  query heads of its GQA group and all new tokens, packed into the rows of one tile
+  (row r = g·seqlen_q + t for query head hk·G + g and new token t);
+* each split writes an unnormalised partial (fp32 out, LSE); ``_combine`` merges the splits with
+  their LSEs: lse = log Σ_s exp(lse_s), out = Σ_s exp(lse_s − lse)·out_s;
+* the cache is either contiguous ``(batch_cache, max_len, nheads_k, d)`` (with an optional
+  ``cache_batch_idx`` indirection) or paged ``(num_blocks, page_size, nheads_k, d)`` with a
+  ``block_table (batch, max_blocks)``: key j of batch b lives in page block_table[b, j // page_size],
+  row j % page_size. Any page size works (the page is looked up per key row).
+
+Masks follow tileflash.ops.common: new token t sits at position seqlen_k_b − seqlen_q + t,
+i.e. rel = t + shift − j with shift = seqlen_k_b − seqlen_q (bottom-right causal).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tileflash.ops.common import score_mods, visible
+from tileflash.ops.forward import LOG2E, block_d_for, feature_args, interpreting
+
+
+@triton.jit(do_not_specialize=["seqlen_q", "split_len", "window_left", "window_right"])
+def _decode_split(
+    Q, K, V, O_PART, LSE_PART, SEQLENS_K, BATCH_IDX, BLOCK_TABLE, ALIBI,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_bt_b, stride_ab, stride_ah,
+    nheads_k, seqlen_q, split_len, page_size, window_left, window_right,
+    qk_scale, softcap_scale, softcap2,
+    KV_GROUP: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, PAGED: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid_s = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    off_b = (pid_bh // nheads_k).to(tl.int64)
+    off_hk = (pid_bh % nheads_k).to(tl.int64)
+    seqlen_k = tl.load(SEQLENS_K + off_b)          # cache length after the append, this batch entry
+    shift = seqlen_k - seqlen_q
+    lo = pid_s * split_len
+    hi = tl.minimum(lo + split_len, seqlen_k)
+
+    o_r = tl.arange(0, BLOCK_M)                                                       # [BLOCK_M] packed rows
+    o_g = o_r // seqlen_q                                                             # query head within group
+    o_t = o_r % seqlen_q                                                              # new token index
+    m_r = o_r < KV_GROUP * seqlen_q
+    o_h = off_hk * KV_GROUP + o_g                                                     # [BLOCK_M] query head
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < HEAD_DIM
+    p_q = Q + off_b * stride_qb + o_t[:, None].to(tl.int64) * stride_qm + o_h[:, None] * stride_qh + o_d[None, :]
+    b_q = tl.load(p_q, mask=m_r[:, None] & m_d[None, :], other=0.0)                  # [BLOCK_M, BLOCK_D]
+    slope2 = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_ALIBI:
+        slope2 = tl.load(ALIBI + off_b * stride_ab + o_h * stride_ah, mask=m_r, other=0.0) * 1.4426950408889634
+
+    if HAS_BATCH_IDX:
+        cache_b = tl.load(BATCH_IDX + off_b).to(tl.int64)
+    else:
+        cache_b = off_b
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    o_nb = tl.arange(0, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        o_n = start_n + o_nb                                                          # [BLOCK_N]
+        m_n = o_n < hi
+        if PAGED:
+            page = tl.load(BLOCK_TABLE + off_b * stride_bt_b + o_n // page_size, mask=m_n, other=0).to(tl.int64)
+            row = (o_n % page_size).to(tl.int64)
+        else:
+            page = cache_b + 0 * o_n.to(tl.int64)
+            row = o_n.to(tl.int64)
+        p_kt = K + page[None, :] * stride_kb + row[None, :] * stride_kn + off_hk * stride_kh + o_d[:, None]
+        p_v = V + page[:, None] * stride_vb + row[:, None] * stride_vn + off_hk * stride_vh + o_d[None, :]
+        b_kt = tl.load(p_kt, mask=m_n[None, :] & m_d[:, None], other=0.0)            # [BLOCK_D, BLOCK_N]
+        b_v = tl.load(p_v, mask=m_n[:, None] & m_d[None, :], other=0.0)              # [BLOCK_N, BLOCK_D]
+        rel = o_t[:, None] + shift - o_n[None, :]                                     # [BLOCK_M, BLOCK_N]
+        b_s, b_t = score_mods(tl.dot(b_q, b_kt, input_precision=DOT_PRECISION), rel, qk_scale,
+                              softcap_scale, softcap2, slope2[:, None], HAS_SOFTCAP, HAS_ALIBI)
+        m_s = m_n[None, :] & visible(rel, window_left, window_right, HAS_LEFT, HAS_RIGHT)
+        b_s = tl.where(m_s, b_s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(b_s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        b_p = tl.math.exp2(b_s - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(b_p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(b_p.to(b_v.dtype), b_v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+    # unnormalised partial: out_s = acc / l, lse_s (base 2) = m + log2 l; empty split -> lse -inf
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    lse2 = tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_safe))
+    part = (pid_s * tl.num_programs(1) + pid_bh).to(tl.int64) * BLOCK_M
+    tl.store(LSE_PART + part + o_r, lse2, mask=m_r)
+    tl.store(O_PART + (part + o_r[:, None]) * BLOCK_D + o_d[None, :], acc / l_safe[:, None],
+             mask=m_r[:, None] & m_d[None, :])
+
+
+@triton.jit
+def _combine(
+    O_PART, LSE_PART, O, LSE,
+    stride_ob, stride_om, stride_oh,
+    nheads, nheads_k, seqlen_q, num_splits,
+    KV_GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """Merge the splits of one (batch, kv head): lse = log Σ exp(lse_s), out = Σ exp(lse_s − lse)·out_s."""
+    pid_bh = tl.program_id(0)
+    off_b = (pid_bh // nheads_k).to(tl.int64)
+    off_hk = (pid_bh % nheads_k).to(tl.int64)
+    o_r = tl.arange(0, BLOCK_M)
+    m_r = o_r < KV_GROUP * seqlen_q
+    o_s = tl.arange(0, BLOCK_S)
+    m_s = o_s < num_splits
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < HEAD_DIM
+    part = ((o_s[:, None] * tl.num_programs(0) + pid_bh).to(tl.int64) * BLOCK_M + o_r[None, :])  # [BLOCK_S, BLOCK_M]
+    lse_s = tl.load(LSE_PART + part, mask=m_s[:, None] & m_r[None, :], other=float("-inf"))   # [BLOCK_S, BLOCK_M]
+    m = tl.max(lse_s, 0)                                                              # [BLOCK_M]
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.math.exp2(lse_s - m_use[None, :])                                          # [BLOCK_S, BLOCK_M]
+    total = tl.sum(w, 0)                                                              # [BLOCK_M]
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for s in range(0, num_splits):
+        ws = tl.sum(tl.where(o_s[:, None] == s, w, 0.0), 0)                           # [BLOCK_M]
+        base = ((s * tl.num_programs(0) + pid_bh).to(tl.int64) * BLOCK_M + o_r) * BLOCK_D
+        o_part = tl.load(O_PART + base[:, None] + o_d[None, :], mask=m_r[:, None] & m_d[None, :] & (ws > 0)[:, None],
+                         other=0.0)
+        acc += ws[:, None] * o_part
+    t_safe = tl.where(total == 0.0, 1.0, total)
+    out = acc / t_safe[:, None]
+    lse = tl.where(total == 0.0, float("-inf"), (m_use + tl.math.log2(t_safe)) * 0.6931471805599453)
+    o_g = o_r // seqlen_q
+    o_t = o_r % seqlen_q
+    o_h = off_hk * KV_GROUP + o_g
+    p_o = O + off_b * stride_ob + o_t[:, None].to(tl.int64) * stride_om + o_h[:, None] * stride_oh + o_d[None, :]
+    tl.store(p_o, out.to(O.dtype.element_ty), mask=m_r[:, None] & m_d[None, :])
+    tl.store(LSE + (off_b * nheads + o_h) * seqlen_q + o_t, lse, mask=m_r)
+
+
+def choose_num_splits(batch: int, nheads_k: int, max_seqlen_k: int, device) -> int:
+    """Enough (batch, kv head, split) programs for about two waves of the GPU, and at least 256
+    keys per split (fewer makes the merge cost more than the parallelism gains)."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+    want = max(1, (2 * sms) // max(1, batch * nheads_k))
+    return int(max(1, min(want, triton.cdiv(max_seqlen_k, 256), 128)))
+
+
+def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, window=(-1, -1), softcap=0.0,
+                   alibi_slopes=None, cache_batch_idx=None, block_table=None, num_splits=0):
+    """Attention of q (batch, seqlen_q, nheads, d) over the first seqlens_k[b] keys of the cache.
+
+    Returns out (q's shape and dtype) and lse (batch, nheads, seqlen_q) fp32. Inputs validated by
+    ``tileflash.interface.flash_attn_with_kvcache``; seqlens_k is int32 (batch,).
+    """
+    batch, seqlen_q, nheads, head_dim = q.shape
+    nheads_k = k_cache.shape[2]
+    group = nheads // nheads_k
+    paged = block_table is not None
+    max_k = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+    if num_splits <= 0:
+        num_splits = choose_num_splits(batch, nheads_k, max_k, q.device)
+    block_n = 16 if interpreting() else 64
+    split_len = triton.cdiv(triton.cdiv(max_k, num_splits), block_n) * block_n
+    num_splits = triton.cdiv(max_k, split_len)
+    block_m = max(16, triton.next_power_of_2(group * seqlen_q))
+    block_d = block_d_for(head_dim)
+    out = torch.empty_like(q)
+    lse = torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse
+    o_part = torch.empty((num_splits, batch * nheads_k, block_m, block_d), dtype=torch.float32, device=q.device)
+    lse_part = torch.empty((num_splits, batch * nheads_k, block_m), dtype=torch.float32, device=q.device)
+    flags, sc, alibi_strides = feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch, 0.0,
+                                            seqlen_q + max_k, seqlen_q + max_k)
+    flags.pop("HAS_DROPOUT")
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    _decode_split[(num_splits, batch * nheads_k)](
+        q, k_cache, v_cache, o_part, lse_part, seqlens_k, cache_batch_idx, block_table, alibi_slopes,
+        q.stride(0), q.stride(1), q.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_table.stride(0) if paged else 0, *alibi_strides,
+        nheads_k, seqlen_q, split_len, k_cache.shape[1] if paged else 1, sc["window_left"], sc["window_right"],
+        softmax_scale * LOG2E, sc["softcap_scale"], sc["softcap2"],
+        KV_GROUP=group, **flags, HAS_BATCH_IDX=cache_batch_idx is not None, PAGED=paged,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=precision,
+        num_warps=4, num_stages=2,
+    )
+    _combine[(batch * nheads_k,)](
+        o_part, lse_part, out, lse, out.stride(0), out.stride(1), out.stride(2),
+        nheads, nheads_k, seqlen_q, num_splits,
+        KV_GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
+        BLOCK_S=max(2, triton.next_power_of_2(num_splits)), num_warps=4,
+    )
+    return out, lse
+
+
+def apply_rotary(x, cos, sin, pos, interleaved: bool):
+    """Rotary embedding of x (batch, seqlen, nheads, d) at integer positions pos (batch, seqlen).
+
+    cos/sin: (seqlen_ro, rotary_dim / 2); the first rotary_dim channels rotate, the rest pass.
+    interleaved=True (GPT-J) rotates channel pairs (0, 1), (2, 3), ...; False (GPT-NeoX) rotates
+    channel i with channel i + rotary_dim / 2.
+    """
+    rd = cos.shape[1] * 2
+    c = cos[pos].unsqueeze(2).float()  # (batch, seqlen, 1, rd/2)
+    s = sin[pos].unsqueeze(2).float()
+    xr = x[..., :rd].float()
+    if interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        rot = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
+    else:
+        x1, x2 = xr[..., : rd // 2], xr[..., rd // 2:]
+        rot = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
+    return torch.cat((rot.to(x.dtype), x[..., rd:]), dim=-1)
+
+
+def gather_cache(cache, b, n, cache_batch_idx=None, block_table=None):
+    """The first n rows of batch entry b's cache as (1, n, nheads_k, d) (the CPU path's view)."""
+    if block_table is None:
+        cb = int(cache_batch_idx[b]) if cache_batch_idx is not None else b
+        return cache[cb: cb + 1, :n]
+    ps = cache.shape[1]
+    pages = block_table[b, : triton.cdiv(n, ps)].long()
+    return cache[pages].reshape(-1, *cache.shape[2:])[:n][None]
