@@ -16,6 +16,10 @@ if not HAS_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
+# Import now, so Triton builds the kernels under the environment chosen above, not under whatever a
+# fixture has set when some test module first imports tileflash.
+import tileflash  # noqa: E402,F401
+
 BACKENDS = ["tiled", "interpret", "cuda"]
 
 

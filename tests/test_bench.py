@@ -82,3 +82,17 @@ def test_subcommand_help(sub, capsys):
         cli.main([sub, "--help"])
     assert e.value.code == 0
     assert "usage: tileflash " + sub in capsys.readouterr().out
+
+
+def test_decode_bench_cpu(tmp_path, capsys):
+    rc = cli.main(["bench", "--decode", "--device", "cpu", "--quick", "--seqlens", "64", "--providers", "tileflash",
+                   "eager", "--out", str(tmp_path)])
+    assert rc == 0
+    rows = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert {r["provider"] for r in rows} == {"tileflash", "eager"}
+    for r in rows:
+        assert r["status"] == "ok" and r["mode"] == "decode" and r["seqlen_q"] == 1
+        kv_bytes = 2 * r["batch"] * r["seqlen_k"] * r["heads_kv"] * r["head_dim"] * 4
+        assert r["kv_tb_s"] == pytest.approx(kv_bytes / r["ms"] * 1e-9)
+        assert r["max_err"] < 1e-5
+    assert "KV TB/s" in capsys.readouterr().out

@@ -37,7 +37,7 @@ MODES = ("fwd", "bwd", "fwd+bwd")
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 CSV_FIELDS = ["provider", "mode", "batch", "heads", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "causal",
-              "dtype", "status", "ms", "p20", "p80", "tflops", "peak_mib", "max_err", "device_name", "torch",
+              "dtype", "status", "ms", "p20", "p80", "tflops", "kv_tb_s", "peak_mib", "max_err", "device_name", "torch",
               "triton", "date", "git"]
 
 
@@ -61,6 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="few small shapes and short timing")
     p.add_argument("--out", default=None, help="directory for results.json, results.csv and PNG plots")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--decode", action="store_true",
+                   help="decode benchmark: one query token against a KV cache of each --seqlens length; the "
+                        "metric is K and V bytes read per second (defaults: batch 16, 32 heads, 8 kv heads, "
+                        "headdim 128, bf16 on CUDA)")
 
 
 def _shapes(args, device):
@@ -234,6 +238,79 @@ def write_results(rows, out_dir: Path, skipped: dict):
             w.writerow(r)
 
 
+def _decode_tileflash(q, k, v, causal):
+    import tileflash
+
+    return tileflash.flash_attn_with_kvcache(q, k, v, cache_seqlens=k.shape[1], causal=causal)
+
+
+def measure_decode(name, shape, dtype, device, quick):
+    """One decode row: q (B, 1, H, D) against K/V (B, L, Hk, D); KV bytes read per second."""
+    b, h, hk, d, n = (shape[k_] for k_ in ("batch", "heads", "heads_kv", "head_dim", "seqlen"))
+    row = dict(provider=name, mode="decode", batch=b, heads=h, heads_kv=hk, seqlen_q=1, seqlen_k=n, head_dim=d,
+               causal=False, dtype=str(dtype).replace("torch.", ""))
+    fn = _decode_tileflash if name == "tileflash" else PROVIDERS[name].fn
+    kv_bytes = 2 * b * n * hk * d * torch.finfo(dtype).bits // 8
+    # rotate several caches so that their total exceeds twice the L2 (60 MB on an H200): else a
+    # small cache is timed out of L2, not HBM
+    sets = 1 if device == "cpu" else int(min(16, max(1, -(-240e6 // kv_bytes))))
+    try:
+        g = torch.Generator().manual_seed(n)
+        q = torch.randn(b, 1, h, d, generator=g).to(device, dtype)
+        caches = [(torch.randn(b, n, hk, d, generator=g).to(device, dtype),
+                   torch.randn(b, n, hk, d, generator=g).to(device, dtype)) for _ in range(sets)]
+        k, v = caches[0]
+        ref, _ = attention_ref(q[:1].float(), k[:1].float(), v[:1].float())
+        row["max_err"] = (fn(q, k, v, False)[:1].float() - ref).abs().max().item()
+        it = [0]
+
+        def run():
+            k_, v_ = caches[it[0] % sets]
+            it[0] += 1
+            return fn(q, k_, v_, False)
+
+        ms, p20, p80 = _time(run, device, quick)
+        row.update(ms=ms, p20=p20, p80=p80, kv_tb_s=kv_bytes / ms * 1e-9, tflops=4 * b * h * n * d / ms * 1e-9,
+                   peak_mib=_peak_mib(run, device), status="ok", caches_rotated=sets)
+    except Exception as e:  # noqa: BLE001
+        row["status"] = "OOM" if _is_oom(e) else f"error: {type(e).__name__}: {str(e)[:200]}"
+    finally:
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return row
+
+
+def run_decode(args, device, meta):
+    dtype = DTYPES[args.dtype or ("bfloat16" if device == "cuda" else "float32")]
+    names = args.providers or (["tileflash", "sdpa_flash", "sdpa_cudnn", "eager"] if device == "cuda"
+                               else ["tileflash", "sdpa_math", "eager"])
+    names = [n for n in names if n == "tileflash" or not PROVIDERS[n].unavailable(device)]
+    lens = args.seqlens or ([1024, 8192, 65536] if device == "cuda" else [256, 1024])
+    batches = [args.batch] if args.batch else ([16, 1] if device == "cuda" else [2])
+    cpu = device == "cpu"
+    shapes = [dict(batch=bt, heads=args.heads or (4 if cpu else 32), heads_kv=args.heads_kv or (2 if cpu else 8),
+                   head_dim=(args.head_dim or [32 if cpu else 128])[0], seqlen=n) for bt in batches for n in lens]
+    rows = []
+    prog = _Progress(len(shapes) * len(names))
+    with (tiled_cpu_path() if cpu else contextlib.nullcontext()):
+        for shape in shapes:
+            for name in names:
+                prog.step(f"decode {name} B={shape['batch']} L={shape['seqlen']}")
+                rows.append({**measure_decode(name, shape, dtype, device, args.quick), **meta})
+    prog.close()
+    print(f"{'provider':<13}{'B':>4}{'L':>8}{'ms':>10}{'KV TB/s':>9}{'max_err':>10}  status")
+    for r in rows:
+        ok = r["status"] == "ok"
+        print(f"{r['provider']:<13}{r['batch']:>4}{r['seqlen_k']:>8}"
+              + (f"{r['ms']:>10.4f}{r['kv_tb_s']:>9.3f}{r['max_err']:>10.2e}" if ok else " " * 29) + f"  {r['status']}")
+    print("KV TB/s = bytes of K and V in the cache (read once) / time; " + ", ".join(f"{k_} {v_}" for k_, v_ in
+                                                                                 meta.items()))
+    if args.out:
+        write_results(rows, Path(args.out), {})
+        print(f"wrote {Path(args.out) / 'results.json'}, {Path(args.out) / 'results.csv'}")
+    return 0
+
+
 def run(args) -> int:
     device = args.device
     if device == "auto":
@@ -244,6 +321,11 @@ def run(args) -> int:
     if device == "cpu":
         print("No CUDA GPU in use: benchmarking the CPU version (tileflash's tiled PyTorch path) at small sizes",
               flush=True)
+    if args.decode:
+        env = environment(device)
+        meta = dict(device_name=env["device_name"], torch=env["torch"], triton=env["triton"], date=env["date"],
+                    git=env["git"] if not env.get("git_dirty") else f"{env['git']}-dirty")
+        return run_decode(args, device, meta)
     dtype = DTYPES[args.dtype or ("float16" if device == "cuda" else "float32")]
     names = args.providers or (list(PROVIDERS) if device == "cuda" else ["tileflash", "eager", "sdpa_math",
                                                                          "sdpa_flash"])
