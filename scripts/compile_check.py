@@ -91,19 +91,20 @@ def main():
                         print(f"FAIL {dtype} D={d} causal={causal} {name}: {type(e).__name__}: {str(e)[:300]}",
                               flush=True)
     # decode (split-KV) and combine kernels: GQA group 4, one new token; plain and paged+features
-    for dtype in ("fp16", "bf16"):
-        for d in (64, 128):
+    for dtype, bm in (("fp16", 16), ("bf16", 16), ("bf16", 128)):
+        for d in (40, 64, 128, 256):
             for feats in (dict(HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False,
                                HAS_BATCH_IDX=False, PAGED=False),
                           dict(HAS_LEFT=True, HAS_RIGHT=True, HAS_SOFTCAP=True, HAS_ALIBI=True,
                                HAS_BATCH_IDX=False, PAGED=True)):
-                cases = [("decode", DEC._decode_split, dict(KV_GROUP=4, **feats, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=16,
+                bd = F.block_d_for(d)
+                cases = [("decode", DEC._decode_split, dict(KV_GROUP=4, **feats, HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=bm,
                                                             BLOCK_N=64, DOT_PRECISION="tf32"), 4, 2),
-                         ("combine", DEC._combine, dict(KV_GROUP=4, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=16, BLOCK_S=8), 4, 1)]
+                         ("combine", DEC._combine, dict(KV_GROUP=4, HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=bm, BLOCK_S=128), 4, 1)]
                 for name, fn, const, w, s_ in cases:
                     try:
                         compile_one(fn, dtype, const, w, s_)
-                        print(f"ok   {dtype} D={d} {name} paged={feats['PAGED']}", flush=True)
+                        print(f"ok   {dtype} D={d} BLOCK_M={bm} {name} paged={feats['PAGED']}", flush=True)
                     except Exception as e:  # noqa: BLE001
                         failures += 1
                         print(f"FAIL {dtype} D={d} {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)

@@ -74,12 +74,11 @@ def test_kvcache_matches_reference(backend, layout, rotary, new, causal, hk):
     exp_k, exp_v = kc0.clone(), vc0.clone()
     qr = q
     sl = cache_seqlens.long()
-    if rotary:
+    if rotary and new:  # rotary applies only together with an append (flash-attn's rule)
         interleaved = rotary == "interleaved"
         tq = torch.arange(seqlen_q, device=dev) if causal else torch.zeros(seqlen_q, dtype=torch.long, device=dev)
         qr = apply_rotary(q, cos, sin, sl[:, None] + tq[None], interleaved)
-        if new:
-            k = apply_rotary(k, cos, sin, sl[:, None] + torch.arange(new, device=dev)[None], interleaved)
+        k = apply_rotary(k, cos, sin, sl[:, None] + torch.arange(new, device=dev)[None], interleaved)
     for b in range(B):
         for t in range(new):
             j = int(sl[b]) + t
@@ -137,9 +136,13 @@ def test_bf16_on_cuda_or_interpreter(backend):
     ("only_k", ValueError, "both k and v"),
     ("leftpad", NotImplementedError, "cache_leftpad"),
     ("dtype", TypeError, "cache's dtype"),
+    ("cache_stride", ValueError, "unit stride on headdim"),
+    ("dup_batch_idx", ValueError, "repeated entries"),
+    ("shared_page", ValueError, "same page"),
+    ("too_many_rows", NotImplementedError, "query rows"),
 ])
 def test_bad_input_leaves_cache_untouched(bad, err, match):
-    paged = bad == "table_range"
+    paged = bad in ("table_range", "shared_page")
     kc, vc, table, g = _setup("cpu", 2, paged, 16, seed=5)
     q = torch.randn(B, 2, H, D, generator=g)
     k, v = torch.randn(B, 2, 2, D, generator=g), torch.randn(B, 2, 2, D, generator=g)
@@ -161,7 +164,42 @@ def test_bad_input_leaves_cache_untouched(bad, err, match):
         kw["cache_leftpad"] = torch.zeros(B, dtype=torch.int32)
     elif bad == "dtype":
         k = k.double()
+    elif bad == "cache_stride":
+        kc = torch.randn(B + 1, CAP, D, 2).transpose(-1, -2)
+    elif bad == "dup_batch_idx":
+        kw["cache_batch_idx"] = torch.tensor([0, 1, 1], dtype=torch.int32)
+    elif bad == "shared_page":
+        kw["block_table"] = table = torch.zeros(B, CAP // 16, dtype=torch.int32)
+        kw["block_table"][:, 1:] = torch.arange(1, CAP // 16).int()
+    elif bad == "too_many_rows":
+        q = torch.randn(B, 65, H, D)  # 2 query heads per kv head x 65 tokens > 128 rows
+        k, v = torch.randn(B, 65, 2, D), torch.randn(B, 65, 2, D)
+        kw["cache_seqlens"] = torch.zeros(B, dtype=torch.int32)
     kc0, vc0 = kc.clone(), vc.clone()
     with pytest.raises(err, match=match):
         tileflash.flash_attn_with_kvcache(q, kc, vc, k, v, **kw)
     assert torch.equal(kc, kc0) and torch.equal(vc, vc0), "a rejected call must not write the cache"
+
+
+@pytest.mark.parametrize("case", ["plain", "window", "softcap_alibi_causal"])
+def test_long_cache_many_splits(backend, case):
+    """A cache of 300 keys: several splits even with the GPU's 64-key blocks, one split empty for the
+    short sequence, and the running-max rescale across blocks inside a split."""
+    dev = backend_device(backend)
+    g = torch.Generator().manual_seed(9)
+    cap, b = 300, 3
+    kc = torch.randn(b, cap, 2, D, generator=g).to(dev)
+    vc = torch.randn(b, cap, 2, D, generator=g).to(dev)
+    q = torch.randn(b, 2, H, D, generator=g).to(dev)
+    seqlens = torch.tensor([300, 3, 170], dtype=torch.int32, device=dev)
+    kw = {"plain": {}, "window": dict(window_size=(40, 0)),
+          "softcap_alibi_causal": dict(softcap=6.0, alibi_slopes=torch.rand(H, generator=g).to(dev), causal=True)}[case]
+    outs = [tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=ns, **kw)
+            for ns in (1, 4)]
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=2e-6)
+    for i in range(b):
+        n = int(seqlens[i])
+        rkw = {key: (val.cpu() if isinstance(val, torch.Tensor) else val) for key, val in kw.items()}
+        ref, _ = attention_ref(q[i:i + 1].cpu().double(), kc[i:i + 1, :n].cpu().double(),
+                               vc[i:i + 1, :n].cpu().double(), **rkw)
+        assert (outs[1][i:i + 1].cpu().double() - ref).abs().max().item() < 3e-5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 import os
 
@@ -14,6 +15,7 @@ from tileflash.ops.decode import apply_rotary
 
 MAX_HEADDIM = 256
 MAX_BATCH_HEADS = 65535  # grid axis 1 of every kernel is batch*nheads
+MAX_DECODE_ROWS = 128  # rows of the decode kernel's one query tile (GQA group x new tokens)
 _GPU_DTYPES = (torch.float16, torch.bfloat16)
 _INTERPRETER_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -503,15 +505,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Forward only: there is no backward.
 
     Arguments:
-        q: (batch, seqlen_q, nheads, headdim), usually seqlen_q = 1.
+        q: (batch, seqlen_q, nheads, headdim), usually seqlen_q = 1; (nheads / nheads_k) * seqlen_q
+            must be at most 128 (the rows of one decode tile).
         k_cache, v_cache: contiguous cache (batch_cache, seqlen_cache, nheads_k, headdim), or,
             with ``block_table``, a paged cache (num_blocks, page_size, nheads_k, headdim). Any
             page size >= 1 works (16 to 256 are the usual ones); key j of batch b is row
             ``j % page_size`` of page ``block_table[b, j // page_size]``.
         k, v: (batch, seqlen_new, nheads_k, headdim) or None.
         rotary_cos, rotary_sin: (seqlen_ro, rotary_dim / 2), rotary_dim <= headdim and even.
-            Applied to the new k and to q: at positions cache_seqlens + t when causal or local,
-            otherwise every q token at position cache_seqlens (flash-attn's rule).
+            Only used when k and v are appended (as in flash-attn): applied to the new k and to q,
+            at positions cache_seqlens + t when causal or local, otherwise every q token at
+            position cache_seqlens (flash-attn's rule).
         cache_seqlens: int, or (batch,) int32: tokens already in the cache. None: the cache is full.
         cache_batch_idx: (batch,) int32: which cache entry each batch element uses (contiguous
             caches only). None: entry b.
@@ -537,6 +541,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if tuple(k_cache.shape) != tuple(v_cache.shape):
         raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
                          f"{tuple(v_cache.shape)}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a unit stride on headdim (it is updated in place, so it cannot be "
+                             f"copied); allocate it contiguous")
     batch, seqlen_q, nheads, d = q.shape
     # validate q against the cache as if it were one (batch_cache, seqlen, nheads_k, d) k/v
     _check_qkv(q, k_cache[:1].expand(batch, *k_cache.shape[1:]), v_cache[:1].expand(batch, *v_cache.shape[1:]),
@@ -556,8 +564,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         cache_batch_idx = _int_tensor("cache_batch_idx", cache_batch_idx, (batch,), dev)
     if cache_seqlens is None:
         seqlens = torch.full((batch,), capacity, dtype=torch.int32, device=dev)
-    elif isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
-        seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=dev)
+    elif isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
+        seqlens = torch.full((batch,), int(cache_seqlens), dtype=torch.int32, device=dev)
     else:
         seqlens = _int_tensor("cache_seqlens", cache_seqlens, (batch,), dev)
     if (k is None) != (v is None):
@@ -584,6 +592,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise ValueError(f"num_splits must be an int >= 0 (0 = automatic), got {num_splits!r}")
     feats = _check_features(q, 0.0, causal, window_size, softcap, alibi_slopes, False, batch=batch, nheads=nheads)
     scale = _default_scale(softmax_scale, d)
+    if (nheads // nheads_k) * seqlen_q > MAX_DECODE_ROWS:
+        raise NotImplementedError(
+            f"the decode kernel packs (nheads / nheads_k) * seqlen_q = {(nheads // nheads_k) * seqlen_q} query rows "
+            f"per kv head into one tile, at most {MAX_DECODE_ROWS}; for longer chunks (prefill) append with fewer "
+            f"tokens per call or run flash_attn_func on the prompt")
 
     # -- value checks, all before any write --------------------------------------------------------
     sl = seqlens.tolist()
@@ -593,6 +606,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         b = max(range(batch), key=lambda i: sl[i])
         raise ValueError(f"cache overflow: batch {b} holds {sl[b]} tokens and appends {seqlen_new}, but the cache "
                          f"has room for {capacity}; grow the cache (or its block_table) first")
+    vals = []
     if paged:
         need = [-(-(n + seqlen_new) // k_cache.shape[1]) for n in sl]
         used = [block_table[b, : need[b]] for b in range(batch)]
@@ -604,18 +618,25 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         idx = cache_batch_idx.tolist()
         if min(idx) < 0 or max(idx) >= k_cache.shape[0]:
             raise ValueError(f"cache_batch_idx entries must be in [0, {k_cache.shape[0]}), got {idx}")
+        if seqlen_new and len(set(idx)) != len(idx):
+            raise ValueError(f"cache_batch_idx has repeated entries {idx}: two batch rows would append to the same "
+                             f"cache entry")
+    if paged and seqlen_new and vals and len(set(vals)) != len(vals):
+        raise ValueError("block_table maps two batch rows (or two positions) to the same page while appending; "
+                         "give every sequence its own pages")
     if rotary_cos is not None and max(sl, default=0) + max(seqlen_new, seqlen_q) > rotary_cos.shape[0]:
         raise ValueError(f"rotary_cos has {rotary_cos.shape[0]} positions but positions up to "
                          f"{max(sl) + max(seqlen_new, seqlen_q) - 1} are needed")
 
     # -- rotary and in-place append ----------------------------------------------------------------
     t_new = torch.arange(seqlen_new, device=dev)
-    if rotary_cos is not None:
-        t_q = torch.arange(seqlen_q, device=dev) if (causal or window_size != (-1, -1)) else \
+    if rotary_cos is not None and k is not None:  # flash-attn: rotary only applies with an append
+        span = max(sl, default=0) + seqlen_new + seqlen_q
+        local = 0 <= feats["window_left"] < span or 0 <= feats["window_right"] < span
+        t_q = torch.arange(seqlen_q, device=dev) if (causal or local) else \
             torch.zeros(seqlen_q, dtype=torch.long, device=dev)
         q = apply_rotary(q, rotary_cos, rotary_sin, seqlens.long()[:, None] + t_q[None, :], rotary_interleaved)
-        if k is not None:
-            k = apply_rotary(k, rotary_cos, rotary_sin, seqlens.long()[:, None] + t_new[None, :], rotary_interleaved)
+        k = apply_rotary(k, rotary_cos, rotary_sin, seqlens.long()[:, None] + t_new[None, :], rotary_interleaved)
     if k is not None and seqlen_new > 0:
         pos = seqlens.long()[:, None] + t_new[None, :]                          # (batch, seqlen_new)
         if paged:
@@ -632,5 +653,5 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     q = _unit_last_stride(q)
     out, lse = kvcache_fwd(q, k_cache, v_cache, seqlens.to(torch.int32).contiguous(), scale, causal,
                            feats["window_left"], feats["window_right"], feats["softcap"], feats["alibi_slopes"],
-                           cache_batch_idx, block_table, num_splits)
+                           cache_batch_idx, block_table, num_splits, max(sl, default=0) + seqlen_new)
     return (out, lse) if return_softmax_lse else out

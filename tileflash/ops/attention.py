@@ -283,6 +283,7 @@ def kvcache_fwd(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Tensor, softmax_scale: float, causal: bool,
     window_left: int = -1, window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
     cache_batch_idx: Optional[Tensor] = None, block_table: Optional[Tensor] = None, num_splits: int = 0,
+    max_seqlen_k: int = -1,
 ) -> tuple[Tensor, Tensor]:
     """Attention of q (batch, seqlen_q, nheads, d) over the first seqlens_k[b] keys of a
     contiguous or paged KV cache -> (out, lse (batch, nheads, seqlen_q)). Forward only."""
@@ -294,7 +295,7 @@ def kvcache_fwd(
         with ctx:
             out, lse = _dec.decode_forward(conv(q), conv(k_cache), conv(v_cache), seqlens_k, softmax_scale, causal,
                                            **feats, cache_batch_idx=cache_batch_idx, block_table=block_table,
-                                           num_splits=num_splits)
+                                           num_splits=num_splits, max_seqlen_k=max_seqlen_k)
         return out.to(q.dtype), lse
     # tiled CPU path: one batch entry at a time over its gathered cache rows
     out = torch.empty_like(q)

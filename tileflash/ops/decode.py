@@ -157,17 +157,21 @@ def choose_num_splits(batch: int, nheads_k: int, max_seqlen_k: int, device) -> i
 
 
 def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, window=(-1, -1), softcap=0.0,
-                   alibi_slopes=None, cache_batch_idx=None, block_table=None, num_splits=0):
+                   alibi_slopes=None, cache_batch_idx=None, block_table=None, num_splits=0, max_seqlen_k=-1):
     """Attention of q (batch, seqlen_q, nheads, d) over the first seqlens_k[b] keys of the cache.
 
     Returns out (q's shape and dtype) and lse (batch, nheads, seqlen_q) fp32. Inputs validated by
-    ``tileflash.interface.flash_attn_with_kvcache``; seqlens_k is int32 (batch,).
+    ``tileflash.interface.flash_attn_with_kvcache``; seqlens_k is int32 (batch,); max_seqlen_k
+    (if >= 0) bounds seqlens_k and sizes the splits.
     """
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
     group = nheads // nheads_k
     paged = block_table is not None
     max_k = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+    if max_seqlen_k >= 0:
+        max_k = min(max_k, max_seqlen_k)  # split the keys that exist, not the cache's capacity
+    max_k = max(max_k, 1)
     if num_splits <= 0:
         num_splits = choose_num_splits(batch, nheads_k, max_k, q.device)
     block_n = 16 if interpreting() else 64
