@@ -26,7 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tileflash.ops.common import dropout_keep, kv_block_range, q_block_range, score_mods, seq_bounds, visible
+from tileflash.ops.common import (dropout_keep, head_scalars, kv_block_range, q_block_range, score_mods, seq_bounds,
+                                   visible)
 from tileflash.ops.forward import LOG2E, block_d_for, feature_args, interpreting, rng_strides, strides3
 
 
@@ -148,16 +149,11 @@ def _bwd_dkdv(
     lo, a, b, hi = q_block_range(start_n, seqlen_q, shift, window_left, window_right,
                                  HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
 
-    seed = 0
-    if HAS_DROPOUT:
-        seed = tl.load(SEED)
     # GQA: dK/dV of kv head hk accumulate over query heads hk*G ... hk*G + G - 1, in registers.
     for g in range(0, kv_group):
         off_h = off_hk * kv_group + g
         rng_base = (off_b * nheads + off_h) * rng_stride_bh
-        slope2 = 0.0
-        if HAS_ALIBI:
-            slope2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah) * 1.4426950408889634
+        slope2, seed = head_scalars(ALIBI, SEED, off_b, off_h, stride_ab, stride_ah, HAS_ALIBI, HAS_DROPOUT)
         q_base = Q + off_b * stride_qb + off_h * stride_qh + q_start * stride_qm
         do_base = DO + off_b * stride_dob + off_h * stride_doh + q_start * stride_dom
         row_base = off_b * stride_lb + off_h * stride_lh + q_start
@@ -262,12 +258,7 @@ def _bwd_dq(
     o_d = tl.arange(0, BLOCK_D)                                                       # [BLOCK_D]
     m_d = o_d < HEAD_DIM
     m_md = (o_m < seqlen_q)[:, None] & m_d[None, :]                                   # [BLOCK_M, BLOCK_D]
-    slope2 = 0.0
-    if HAS_ALIBI:
-        slope2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah) * 1.4426950408889634
-    seed = 0
-    if HAS_DROPOUT:
-        seed = tl.load(SEED)
+    slope2, seed = head_scalars(ALIBI, SEED, off_b, off_h, stride_ab, stride_ah, HAS_ALIBI, HAS_DROPOUT)
     rng_base = pid_bh.to(tl.int64) * rng_stride_bh
     row0 = q_start + start_m
     p_q = Q + off_b * stride_qb + off_h * stride_qh + row0 * stride_qm + o_mb[:, None] * stride_qm + o_d[None, :]

@@ -127,3 +127,15 @@ def dropout_keep(seed, rng_base, rows, cols, rng_stride_m, dropout_p):
     counter rng_base + i·stride + j, so forward and backward regenerate the same bits."""
     offs = rng_base + rows.to(tl.int64) * rng_stride_m + cols
     return tl.rand(seed, offs) >= dropout_p
+
+
+@triton.jit
+def head_scalars(ALIBI, SEED, off_b, off_h, stride_ab, stride_ah, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr):
+    """Per-(batch, head) scalars: the ALiBi slope ×log2(e) (0 without ALiBi) and the dropout seed."""
+    slope2 = 0.0
+    if HAS_ALIBI:
+        slope2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah) * 1.4426950408889634
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
+    return slope2, seed

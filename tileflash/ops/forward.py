@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tileflash.ops.common import dropout_keep, kv_block_range, score_mods, seq_bounds, visible
+from tileflash.ops.common import dropout_keep, head_scalars, kv_block_range, score_mods, seq_bounds, visible
 
 LOG2E = 1.4426950408889634
 
@@ -128,12 +128,7 @@ def _attn_fwd(
     o_d = tl.arange(0, BLOCK_D)                                                       # [BLOCK_D]
     m_d = o_d < HEAD_DIM                                                              # [BLOCK_D]
     m_m = o_m < seqlen_q                                                              # [BLOCK_M]
-    slope2 = 0.0
-    if HAS_ALIBI:
-        slope2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah) * 1.4426950408889634
-    seed = 0
-    if HAS_DROPOUT:
-        seed = tl.load(SEED)
+    slope2, seed = head_scalars(ALIBI, SEED, off_b, off_h, stride_ab, stride_ah, HAS_ALIBI, HAS_DROPOUT)
     rng_base = pid_bh.to(tl.int64) * rng_stride_bh
 
     row0 = q_start + start_m
