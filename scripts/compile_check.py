@@ -91,7 +91,7 @@ def main():
                         print(f"FAIL {dtype} D={d} causal={causal} {name}: {type(e).__name__}: {str(e)[:300]}",
                               flush=True)
     # decode (split-KV) and combine kernels: GQA group 4, one new token; plain and paged+features
-    for dtype, bm in (("fp16", 16), ("bf16", 16), ("bf16", 128)):
+    for dtype, bm in (("fp16", 16), ("bf16", 16), ("bf16", 64)):
         for d in (40, 64, 128, 256):
             for feats in (dict(HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False,
                                HAS_BATCH_IDX=False, PAGED=False),

@@ -15,7 +15,6 @@ from tileflash.ops.decode import apply_rotary
 
 MAX_HEADDIM = 256
 MAX_BATCH_HEADS = 65535  # grid axis 1 of every kernel is batch*nheads
-MAX_DECODE_ROWS = 128  # rows of the decode kernel's one query tile (GQA group x new tokens)
 _GPU_DTYPES = (torch.float16, torch.bfloat16)
 _INTERPRETER_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -505,8 +504,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Forward only: there is no backward.
 
     Arguments:
-        q: (batch, seqlen_q, nheads, headdim), usually seqlen_q = 1; (nheads / nheads_k) * seqlen_q
-            must be at most 128 (the rows of one decode tile).
+        q: (batch, seqlen_q, nheads, headdim), usually seqlen_q = 1 (longer chunks work too).
         k_cache, v_cache: contiguous cache (batch_cache, seqlen_cache, nheads_k, headdim), or,
             with ``block_table``, a paged cache (num_blocks, page_size, nheads_k, headdim). Any
             page size >= 1 works (16 to 256 are the usual ones); key j of batch b is row
@@ -592,11 +590,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise ValueError(f"num_splits must be an int >= 0 (0 = automatic), got {num_splits!r}")
     feats = _check_features(q, 0.0, causal, window_size, softcap, alibi_slopes, False, batch=batch, nheads=nheads)
     scale = _default_scale(softmax_scale, d)
-    if (nheads // nheads_k) * seqlen_q > MAX_DECODE_ROWS:
-        raise NotImplementedError(
-            f"the decode kernel packs (nheads / nheads_k) * seqlen_q = {(nheads // nheads_k) * seqlen_q} query rows "
-            f"per kv head into one tile, at most {MAX_DECODE_ROWS}; for longer chunks (prefill) append with fewer "
-            f"tokens per call or run flash_attn_func on the prompt")
 
     # -- value checks, all before any write --------------------------------------------------------
     sl = seqlens.tolist()

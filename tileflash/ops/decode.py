@@ -3,9 +3,10 @@
 Decoding is a few new query tokens against a long cache: memory-bound, and a prefill grid of one
 program per (Q block, head) leaves most of the GPU idle at small batch. Here:
 
-* one program per (KV split, batch, kv head) reads its slice of the cache **once** for all the
-  query heads of its GQA group and all new tokens, packed into the rows of one tile
-  (row r = g·seqlen_q + t for query head hk·G + g and new token t);
+* one program per (KV split, batch, kv head, row block) reads its slice of the cache once for
+  the query heads of its GQA group and the new tokens, packed as rows (row r = g·seqlen_q + t for
+  query head hk·G + g and new token t; one row block of up to 64 rows covers a whole group when
+  decoding a token, so each K/V byte is read once);
 * each split writes an unnormalised partial (fp32 out, LSE); ``_combine`` merges the splits with
   their LSEs: lse = log Σ_s exp(lse_s), out = Σ_s exp(lse_s − lse)·out_s;
 * the cache is either contiguous ``(batch_cache, max_len, nheads_k, d)`` (with an optional
@@ -34,7 +35,7 @@ def _decode_split(
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_bt_b, stride_ab, stride_ah,
-    nheads_k, seqlen_q, split_len, page_size, window_left, window_right,
+    nheads_k, seqlen_q, split_len, page_size, window_left, window_right, rows_total,
     qk_scale, softcap_scale, softcap2,
     KV_GROUP: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, PAGED: tl.constexpr,
@@ -50,7 +51,7 @@ def _decode_split(
     lo = pid_s * split_len
     hi = tl.minimum(lo + split_len, seqlen_k)
 
-    o_r = tl.arange(0, BLOCK_M)                                                       # [BLOCK_M] packed rows
+    o_r = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)                          # [BLOCK_M] packed rows
     o_g = o_r // seqlen_q                                                             # query head within group
     o_t = o_r % seqlen_q                                                              # new token index
     m_r = o_r < KV_GROUP * seqlen_q
@@ -100,7 +101,7 @@ def _decode_split(
     # unnormalised partial: out_s = acc / l, lse_s (base 2) = m + log2 l; empty split -> lse -inf
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     lse2 = tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_safe))
-    part = (pid_s * tl.num_programs(1) + pid_bh).to(tl.int64) * BLOCK_M
+    part = (pid_s * tl.num_programs(1) + pid_bh).to(tl.int64) * rows_total
     tl.store(LSE_PART + part + o_r, lse2, mask=m_r)
     tl.store(O_PART + (part + o_r[:, None]) * BLOCK_D + o_d[None, :], acc / l_safe[:, None],
              mask=m_r[:, None] & m_d[None, :])
@@ -110,7 +111,7 @@ def _decode_split(
 def _combine(
     O_PART, LSE_PART, O, LSE,
     stride_ob, stride_om, stride_oh,
-    nheads, nheads_k, seqlen_q, num_splits,
+    nheads, nheads_k, seqlen_q, num_splits, rows_total,
     KV_GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
@@ -118,13 +119,13 @@ def _combine(
     pid_bh = tl.program_id(0)
     off_b = (pid_bh // nheads_k).to(tl.int64)
     off_hk = (pid_bh % nheads_k).to(tl.int64)
-    o_r = tl.arange(0, BLOCK_M)
+    o_r = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)                          # [BLOCK_M] packed rows
     m_r = o_r < KV_GROUP * seqlen_q
     o_s = tl.arange(0, BLOCK_S)
     m_s = o_s < num_splits
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < HEAD_DIM
-    part = ((o_s[:, None] * tl.num_programs(0) + pid_bh).to(tl.int64) * BLOCK_M + o_r[None, :])  # [BLOCK_S, BLOCK_M]
+    part = ((o_s[:, None] * tl.num_programs(0) + pid_bh).to(tl.int64) * rows_total + o_r[None, :])  # [BLOCK_S, BLOCK_M]
     lse_s = tl.load(LSE_PART + part, mask=m_s[:, None] & m_r[None, :], other=float("-inf"))   # [BLOCK_S, BLOCK_M]
     m = tl.max(lse_s, 0)                                                              # [BLOCK_M]
     m_use = tl.where(m == float("-inf"), 0.0, m)
@@ -133,7 +134,7 @@ def _combine(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for s in range(0, num_splits):
         ws = tl.sum(tl.where(o_s[:, None] == s, w, 0.0), 0)                           # [BLOCK_M]
-        base = ((s * tl.num_programs(0) + pid_bh).to(tl.int64) * BLOCK_M + o_r) * BLOCK_D
+        base = ((s * tl.num_programs(0) + pid_bh).to(tl.int64) * rows_total + o_r) * BLOCK_D
         o_part = tl.load(O_PART + base[:, None] + o_d[None, :], mask=m_r[:, None] & m_d[None, :] & (ws > 0)[:, None],
                          other=0.0)
         acc += ws[:, None] * o_part
@@ -177,33 +178,36 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     block_n = 16 if interpreting() else 64
     split_len = triton.cdiv(triton.cdiv(max_k, num_splits), block_n) * block_n
     num_splits = triton.cdiv(max_k, split_len)
-    block_m = max(16, triton.next_power_of_2(group * seqlen_q))
+    # the G query heads of a kv head x the new tokens, packed as rows; tiles of at most 64 rows
+    block_m = min(64, max(16, triton.next_power_of_2(group * seqlen_q)))
+    m_blocks = triton.cdiv(group * seqlen_q, block_m)
+    rows_total = m_blocks * block_m
     block_d = block_d_for(head_dim)
     out = torch.empty_like(q)
     lse = torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse
-    o_part = torch.empty((num_splits, batch * nheads_k, block_m, block_d), dtype=torch.float32, device=q.device)
-    lse_part = torch.empty((num_splits, batch * nheads_k, block_m), dtype=torch.float32, device=q.device)
+    o_part = torch.empty((num_splits, batch * nheads_k, rows_total, block_d), dtype=torch.float32, device=q.device)
+    lse_part = torch.empty((num_splits, batch * nheads_k, rows_total), dtype=torch.float32, device=q.device)
     flags, sc, alibi_strides = feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch, 0.0,
                                             seqlen_q + max_k, seqlen_q + max_k)
     flags.pop("HAS_DROPOUT")
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    _decode_split[(num_splits, batch * nheads_k)](
+    _decode_split[(num_splits, batch * nheads_k, m_blocks)](
         q, k_cache, v_cache, o_part, lse_part, seqlens_k, cache_batch_idx, block_table, alibi_slopes,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_table.stride(0) if paged else 0, *alibi_strides,
         nheads_k, seqlen_q, split_len, k_cache.shape[1] if paged else 1, sc["window_left"], sc["window_right"],
-        softmax_scale * LOG2E, sc["softcap_scale"], sc["softcap2"],
+        rows_total, softmax_scale * LOG2E, sc["softcap_scale"], sc["softcap2"],
         KV_GROUP=group, **flags, HAS_BATCH_IDX=cache_batch_idx is not None, PAGED=paged,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=precision,
         num_warps=4, num_stages=2,
     )
-    _combine[(batch * nheads_k,)](
+    _combine[(batch * nheads_k, m_blocks)](
         o_part, lse_part, out, lse, out.stride(0), out.stride(1), out.stride(2),
-        nheads, nheads_k, seqlen_q, num_splits,
+        nheads, nheads_k, seqlen_q, num_splits, rows_total,
         KV_GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
         BLOCK_S=max(2, triton.next_power_of_2(num_splits)), num_warps=4,
     )
