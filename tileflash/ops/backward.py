@@ -28,7 +28,7 @@ import triton.language as tl
 
 from tileflash.ops.common import (dropout_keep, head_scalars, kv_block_range, q_block_range, score_mods, seq_bounds,
                                    visible)
-from tileflash.ops.forward import LOG2E, block_d_for, feature_args, interpreting, rng_strides, strides3
+from tileflash.ops.forward import LOG2E, block_d_for, feature_args, interpreting, problem_dims, rng_strides, strides3
 
 
 @triton.jit(do_not_specialize=["seqlen_q"])
@@ -321,24 +321,15 @@ def default_bwd_config(head_dim: int, causal: bool = False) -> dict:
 
 def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool,
                         causal_shift: int | None = None, *, window=(-1, -1), softcap: float = 0.0,
-                        alibi_slopes=None, dropout_p: float = 0.0, seed=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                        max_seqlen_k=None, config: dict | None = None, dq=None, dk=None, dv=None):
+                        alibi_slopes=None, dropout_p: float = 0.0, seed=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                        max_seqlen_q=None, max_seqlen_k=None, config: dict | None = None, dq=None, dk=None, dv=None):
     """Launch the three backward kernels. Returns (dq, dk, dv) in the input shapes and dtypes.
 
     Layouts and feature arguments as in ``flash_attn_forward``; ``lse`` is the forward's
     natural-log LSE. ``dq``/``dk``/``dv`` may be given preallocated (tests pass NaN-filled buffers).
     """
-    varlen = cu_seqlens_q is not None
-    nheads, head_dim = q.shape[-2], q.shape[-1]
-    nheads_k = k.shape[-2]
-    if varlen:
-        batch = cu_seqlens_q.shape[0] - 1
-        seqlen_q, seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
-        total_q = q.shape[0]
-        lse_strides = (0, total_q)
-    else:
-        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
-        lse_strides = (nheads * seqlen_q, seqlen_q)
+    varlen, batch, seqlen_q, seqlen_k, _, lse_strides = problem_dims(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
+    nheads, head_dim, nheads_k = q.shape[-2], q.shape[-1], k.shape[-2]
     if causal_shift is None:
         causal_shift = seqlen_k - seqlen_q
     if dout.stride(-1) != 1:

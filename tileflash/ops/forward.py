@@ -268,6 +268,20 @@ def strides3(t, varlen: bool):
     return (0, t.stride(0), t.stride(1)) if varlen else (t.stride(0), t.stride(1), t.stride(2))
 
 
+def problem_dims(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
+    """(varlen, batch, seqlen_q, seqlen_k, lse_shape, lse_strides) of a dense or varlen call.
+
+    Varlen lengths are the maxima (they size the grid); the LSE is (nheads, total_q) there and
+    (batch, nheads, seqlen_q) for dense inputs, addressed with (batch, head) strides.
+    """
+    nheads = q.shape[-2]
+    if cu_seqlens_q is not None:
+        total_q = q.shape[0]
+        return True, cu_seqlens_q.shape[0] - 1, int(max_seqlen_q), int(max_seqlen_k), (nheads, total_q), (0, total_q)
+    batch, seqlen_q = q.shape[0], q.shape[1]
+    return False, batch, seqlen_q, k.shape[1], (batch, nheads, seqlen_q), (nheads * seqlen_q, seqlen_q)
+
+
 def rng_strides(seqlen_q: int, seqlen_k: int):
     """Dropout's Philox counter for (batch·head, i, j) is bh·Sq·Sk + i·Sk + j (max lengths)."""
     return seqlen_q * seqlen_k, seqlen_k
@@ -314,18 +328,9 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift
     ``out``/``lse`` may be given preallocated (tests pass NaN-filled buffers to prove that the
     kernel writes every element).
     """
-    varlen = cu_seqlens_q is not None
-    nheads, head_dim = q.shape[-2], q.shape[-1]
-    nheads_k = k.shape[-2]
-    if varlen:
-        batch = cu_seqlens_q.shape[0] - 1
-        seqlen_q, seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
-        total_q = q.shape[0]
-        lse_shape, lse_strides = (nheads, total_q), (0, total_q)
-    else:
-        batch, seqlen_q = q.shape[0], q.shape[1]
-        seqlen_k = k.shape[1]
-        lse_shape, lse_strides = (batch, nheads, seqlen_q), (nheads * seqlen_q, seqlen_q)
+    varlen, batch, seqlen_q, seqlen_k, lse_shape, lse_strides = problem_dims(q, k, cu_seqlens_q, max_seqlen_q,
+                                                                             max_seqlen_k)
+    nheads, head_dim, nheads_k = q.shape[-2], q.shape[-1], k.shape[-2]
     if causal_shift is None:
         causal_shift = seqlen_k - seqlen_q
     if out is None:
