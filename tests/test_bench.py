@@ -86,10 +86,10 @@ def test_subcommand_help(sub, capsys):
 
 def test_decode_bench_cpu(tmp_path, capsys):
     rc = cli.main(["bench", "--decode", "--device", "cpu", "--quick", "--seqlens", "64", "--providers", "tileflash",
-                   "eager", "--out", str(tmp_path)])
+                   "eager", "--page-sizes", "16", "--out", str(tmp_path)])
     assert rc == 0
     rows = json.loads((tmp_path / "results.json").read_text())["results"]
-    assert {r["provider"] for r in rows} == {"tileflash", "eager"}
+    assert {r["provider"] for r in rows} == {"tileflash", "tileflash_paged16", "eager"}
     for r in rows:
         assert r["status"] == "ok" and r["mode"] == "decode" and r["seqlen_q"] == 1
         kv_bytes = 2 * r["batch"] * r["seqlen_k"] * r["heads_kv"] * r["head_dim"] * 4

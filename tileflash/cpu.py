@@ -35,7 +35,12 @@ flash-attn 2's extras are supported with its semantics (``shift`` is
   ``-slope[b, h] * |i + shift - j|`` after the softcap (no gradient).
 
 Computation is in float32 for fp16/bf16/fp32 inputs and in float64 for
-float64 inputs (so ``torch.autograd.gradcheck`` can be used).
+float64 inputs (so ``torch.autograd.gradcheck`` can be used). One exception:
+for fp32 inputs the backward recomputes the scores S in float32, exactly as
+the forward did, and does everything after (P, dP, dS and the three gradient
+matmuls) in float64. With all of it in float32, dK/dV errors reached 3.2x
+those of eager fp32 autograd (MQA, causal, on one of two CPUs tried); this
+way they are at eager's level, for about 2x the time of the fp32 backward.
 """
 
 from __future__ import annotations
@@ -51,6 +56,11 @@ __all__ = ["attention_forward_cpu", "attention_backward_cpu"]
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _gradient_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The backward's dtype after S (see the module docstring)."""
+    return torch.float64 if dtype in (torch.float32, torch.float64) else torch.float32
 
 
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Tuple[int, ...]:
@@ -341,14 +351,15 @@ def attention_backward_cpu(
     mod = _ScoreMod(q, seqlen_q, seqlen_k, nheads_k, causal, causal_shift, window_size, softcap, alibi_slopes, cdt)
 
     q_g, do_g, o_g = _grouped(q, nheads_k), _grouped(dout, nheads_k), _grouped(out, nheads_k)
-    lse_g = lse[..., :seqlen_q].to(cdt).reshape(batch, nheads_k, group, seqlen_q)
+    gdt = _gradient_dtype(q.dtype)  # P, dP, dS and the gradients
+    lse_g = lse[..., :seqlen_q].to(gdt).reshape(batch, nheads_k, group, seqlen_q)
     k_h = k.permute(0, 2, 1, 3)
     v_h = v.permute(0, 2, 1, 3)
 
     # Accumulators in the compute dtype, O(N * d).
-    dq = torch.zeros(batch, nheads_k, group, seqlen_q, headdim, dtype=cdt, device=device)
-    dk = torch.zeros(batch, nheads_k, seqlen_k, headdim, dtype=cdt, device=device)
-    dv = torch.zeros(batch, nheads_k, seqlen_k, headdim_v, dtype=cdt, device=device)
+    dq = torch.zeros(batch, nheads_k, group, seqlen_q, headdim, dtype=gdt, device=device)
+    dk = torch.zeros(batch, nheads_k, seqlen_k, headdim, dtype=gdt, device=device)
+    dv = torch.zeros(batch, nheads_k, seqlen_k, headdim_v, dtype=gdt, device=device)
 
     for q_start in range(0, seqlen_q, block_m):
         q_stop = min(q_start + block_m, seqlen_q)
@@ -357,30 +368,33 @@ def attention_backward_cpu(
         if k_lo >= k_hi:
             continue  # no query of this chunk sees any key: all gradients are 0
         qc = _rows(q_g[:, :, :, q_start:q_stop], cdt)  # (B, Hk, G*bm, D)
-        doc = _rows(do_g[:, :, :, q_start:q_stop], cdt)  # (B, Hk, G*bm, Dv)
-        oc = _rows(o_g[:, :, :, q_start:q_stop], cdt)
+        qg = qc.to(gdt)
+        doc = _rows(do_g[:, :, :, q_start:q_stop], gdt)  # (B, Hk, G*bm, Dv)
+        oc = _rows(o_g[:, :, :, q_start:q_stop], gdt)
         delta = (doc * oc).sum(dim=-1)  # (B, Hk, G*bm)
         lse_c = lse_g[:, :, :, q_start:q_stop].reshape(batch, nheads_k, group * bm)
         # lse == -inf means the row sees nothing: subtract +inf so P = exp(-inf) = 0.
         lse_c = torch.where(torch.isneginf(lse_c), torch.full_like(lse_c, float("inf")), lse_c)
         lse_c = lse_c.unsqueeze(-1)
-        dqc = torch.zeros_like(qc)
+        dqc = torch.zeros_like(qg)
 
         for k_start in range(k_lo, k_hi, block_n):
             k_stop = min(k_start + block_n, k_hi)
             kc = k_h[:, :, k_start:k_stop].to(cdt)
-            vc = v_h[:, :, k_start:k_stop].to(cdt)
-            s = torch.matmul(qc, kc.transpose(-1, -2))
+            vc = v_h[:, :, k_start:k_stop].to(gdt)
+            s = torch.matmul(qc, kc.transpose(-1, -2))  # in the forward's dtype, as the forward did
             s.mul_(softmax_scale)
             # masked entries are -inf, so P = exp(-inf - lse) = 0 there
             s, t = mod.apply(s, q_start, q_stop, k_start, k_stop, want_tanh=True)
+            s, t = s.to(gdt), (t.to(gdt) if t is not None else None)
+            kc = kc.to(gdt)
             p = torch.exp(s.sub_(lse_c))
             dp = torch.matmul(doc, vc.transpose(-1, -2))
             if dropout_p > 0:
                 # the forward's mask Z = keep / (1 - p): dV = (P∘Z)^T dO, dP = (dO V^T)∘Z
                 z = dropout_keep_cpu(dropout_seed, rng_batch_offset, nheads, *(rng_seqlens or (seqlen_q, seqlen_k)),
                                      batch, nheads_k, group, q_start, q_stop, k_start, k_stop, dropout_p,
-                                     device).to(cdt)
+                                     device).to(gdt)
                 z.mul_(1.0 / (1.0 - dropout_p))
                 dv[:, :, k_start:k_stop].add_(torch.matmul((p * z).transpose(-1, -2), doc))
                 dp.mul_(z)
@@ -391,7 +405,7 @@ def attention_backward_cpu(
             if t is not None:  # through softcap * tanh(x / softcap): factor 1 - t^2
                 ds.mul_(t.square_().neg_().add_(1.0))
             dqc.add_(torch.matmul(ds, kc), alpha=softmax_scale)
-            dk[:, :, k_start:k_stop].add_(torch.matmul(ds.transpose(-1, -2), qc), alpha=softmax_scale)
+            dk[:, :, k_start:k_stop].add_(torch.matmul(ds.transpose(-1, -2), qg), alpha=softmax_scale)
 
         dq[:, :, :, q_start:q_stop] = dqc.view(batch, nheads_k, group, bm, headdim)
 

@@ -65,6 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="decode benchmark: one query token against a KV cache of each --seqlens length; the "
                         "metric is K and V bytes read per second (defaults: batch 16, 32 heads, 8 kv heads, "
                         "headdim 128, bf16 on CUDA)")
+    p.add_argument("--page-sizes", type=int, nargs="*", default=None,
+                   help="with --decode: also time tileflash on a paged cache of each page size (rows "
+                        "'tileflash_paged<P>'; default 16 64 256 on CUDA, none on CPU)")
 
 
 def _shapes(args, device):
@@ -244,30 +247,60 @@ def _decode_tileflash(q, k, v, causal):
     return tileflash.flash_attn_with_kvcache(q, k, v, cache_seqlens=k.shape[1], causal=causal)
 
 
+def _to_paged(k, v, page, g):
+    """The same cache as pages of `page` tokens in a shuffled pool, and its block table."""
+    b, n, hk, d = k.shape
+    if n % page:
+        raise ValueError(f"seqlen {n} is not a multiple of the page size {page}")
+    nb = n // page
+    perm = torch.randperm(b * nb, generator=g).to(k.device)  # g: a CPU generator
+    kp, vp = torch.empty_like(k).view(b * nb, page, hk, d), torch.empty_like(v).view(b * nb, page, hk, d)
+    kp[perm], vp[perm] = k.reshape(b * nb, page, hk, d), v.reshape(b * nb, page, hk, d)
+    return kp, vp, perm.view(b, nb).int()
+
+
+def _decode_paged(q, cache, causal):
+    import tileflash
+
+    kp, vp, table = cache
+    return tileflash.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=table.shape[1] * kp.shape[1],
+                                             block_table=table, causal=causal)
+
+
 def measure_decode(name, shape, dtype, device, quick):
     """One decode row: q (B, 1, H, D) against K/V (B, L, Hk, D); KV bytes read per second."""
     b, h, hk, d, n = (shape[k_] for k_ in ("batch", "heads", "heads_kv", "head_dim", "seqlen"))
     row = dict(provider=name, mode="decode", batch=b, heads=h, heads_kv=hk, seqlen_q=1, seqlen_k=n, head_dim=d,
                causal=False, dtype=str(dtype).replace("torch.", ""))
-    fn = _decode_tileflash if name == "tileflash" else PROVIDERS[name].fn
+    page = int(name[len("tileflash_paged"):]) if name.startswith("tileflash_paged") else 0
+    fn = _decode_tileflash if name == "tileflash" else None if page else PROVIDERS[name].fn
     kv_bytes = 2 * b * n * hk * d * torch.finfo(dtype).bits // 8
     # rotate several caches so that their total exceeds twice the L2 (60 MB on an H200): else a
     # small cache is timed out of L2, not HBM
     sets = 1 if device == "cpu" else int(min(16, max(1, -(-240e6 // kv_bytes))))
     try:
-        g = torch.Generator().manual_seed(n)
-        q = torch.randn(b, 1, h, d, generator=g).to(device, dtype)
-        caches = [(torch.randn(b, n, hk, d, generator=g).to(device, dtype),
-                   torch.randn(b, n, hk, d, generator=g).to(device, dtype)) for _ in range(sets)]
+        g = torch.Generator(device=device).manual_seed(n)  # caches drawn on the device: GBs at long L
+        q = torch.randn(b, 1, h, d, generator=g, device=device).to(dtype)
+        caches = [(torch.randn(b, n, hk, d, generator=g, device=device).to(dtype),
+                   torch.randn(b, n, hk, d, generator=g, device=device).to(dtype)) for _ in range(sets)]
         k, v = caches[0]
         ref, _ = attention_ref(q[:1].float(), k[:1].float(), v[:1].float())
-        row["max_err"] = (fn(q, k, v, False)[:1].float() - ref).abs().max().item()
+        if page:
+            caches = [_to_paged(k_, v_, page, torch.Generator().manual_seed(page)) for k_, v_ in caches]
+            row["page_size"] = page
+
+            def call(c):
+                return _decode_paged(q, c, False)
+        else:
+            def call(c):
+                return fn(q, c[0], c[1], False)
+        row["max_err"] = (call(caches[0])[:1].float() - ref).abs().max().item()
         it = [0]
 
         def run():
-            k_, v_ = caches[it[0] % sets]
+            c = caches[it[0] % sets]
             it[0] += 1
-            return fn(q, k_, v_, False)
+            return call(c)
 
         ms, p20, p80 = _time(run, device, quick)
         row.update(ms=ms, p20=p20, p80=p80, kv_tb_s=kv_bytes / ms * 1e-9, tflops=4 * b * h * n * d / ms * 1e-9,
@@ -285,7 +318,10 @@ def run_decode(args, device, meta):
     names = args.providers or (["tileflash", "sdpa_flash", "sdpa_cudnn", "eager"] if device == "cuda"
                                else ["tileflash", "sdpa_math", "eager"])
     names = [n for n in names if n == "tileflash" or not PROVIDERS[n].unavailable(device)]
-    lens = args.seqlens or ([1024, 8192, 65536] if device == "cuda" else [256, 1024])
+    pages = args.page_sizes if args.page_sizes is not None else ([16, 64, 256] if device == "cuda" else [])
+    if "tileflash" in names:
+        names[names.index("tileflash") + 1:names.index("tileflash") + 1] = [f"tileflash_paged{p}" for p in pages]
+    lens = args.seqlens or ([1024, 8192, 65536, 131072] if device == "cuda" else [256, 1024])
     batches = [args.batch] if args.batch else ([16, 1] if device == "cuda" else [2])
     cpu = device == "cpu"
     shapes = [dict(batch=bt, heads=args.heads or (4 if cpu else 32), heads_kv=args.heads_kv or (2 if cpu else 8),
@@ -298,10 +334,10 @@ def run_decode(args, device, meta):
                 prog.step(f"decode {name} B={shape['batch']} L={shape['seqlen']}")
                 rows.append({**measure_decode(name, shape, dtype, device, args.quick), **meta})
     prog.close()
-    print(f"{'provider':<13}{'B':>4}{'L':>8}{'ms':>10}{'KV TB/s':>9}{'max_err':>10}  status")
+    print(f"{'provider':<19}{'B':>4}{'L':>8}{'ms':>10}{'KV TB/s':>9}{'max_err':>10}  status")
     for r in rows:
         ok = r["status"] == "ok"
-        print(f"{r['provider']:<13}{r['batch']:>4}{r['seqlen_k']:>8}"
+        print(f"{r['provider']:<19}{r['batch']:>4}{r['seqlen_k']:>8}"
               + (f"{r['ms']:>10.4f}{r['kv_tb_s']:>9.3f}{r['max_err']:>10.2e}" if ok else " " * 29) + f"  {r['status']}")
     print("KV TB/s = bytes of K and V in the cache (read once) / time; " + ", ".join(f"{k_} {v_}" for k_, v_ in
                                                                                  meta.items()))
