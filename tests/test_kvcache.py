@@ -236,3 +236,23 @@ def test_long_chunk_spans_several_row_blocks(backend):
     for b in range(B):
         n = int(seqlens[b]) + 40
         _assert_matches(out[b:b + 1], q[b:b + 1], kc[b:b + 1, :n], vc[b:b + 1, :n], 3e-5, causal=True)
+
+
+def test_kernel_clamps_unchecked_indices(backend):
+    """A read-only call on CUDA does not read cache_seqlens / block_table on the host (no sync), so
+    the kernel clamps them: bad entries in one row must not touch memory outside the cache nor
+    change the other rows. Called below the interface, where nothing is checked."""
+    if backend == "tiled":
+        pytest.skip("the clamping is in the Triton kernel")
+    from tileflash.ops.decode import decode_forward
+
+    dev = backend_device(backend)
+    kc, vc, table, g = _setup(dev, 2, True, 16, seed=12)
+    q = torch.randn(B, 1, H, D, generator=g).to(dev, kc.dtype)
+    table = table.clone()
+    table[1, 0], table[2, 1] = 10 ** 6, -5                       # out of range, both ways
+    seqlens = torch.tensor([30, 20, 10 ** 6], dtype=torch.int32, device=dev)  # row 2 longer than the cache
+    out, lse = decode_forward(q, kc, vc, seqlens, D ** -0.5, False, block_table=table)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    kb, vb = _rows(kc, 0, 30, table, None)[None], _rows(vc, 0, 30, table, None)[None]
+    _assert_matches(out[:1], q[:1], kb, vb, 2e-5)

@@ -527,7 +527,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
     Everything is validated before anything is written: an append past the cache's end, block
     table entries out of range, dtype/device/head mismatches raise and leave the cache untouched.
-    (These checks read cache_seqlens and block_table on the host: one device sync per call.)
+    Checking values (cache_seqlens, block_table, cache_batch_idx) needs a device-to-host copy, a
+    sync: it is done when appending (k/v given), for CPU tensors, and with the environment
+    variable TILEFLASH_CHECK_INPUTS=1. A read-only call on CUDA skips it, so decode steps stay
+    asynchronous; the kernel then clamps lengths and indices into the cache, so bad values give
+    wrong outputs for that row but never read outside the cache. Passing cache_seqlens as a
+    Python int is checked for free.
     """
     if cache_leftpad is not None:
         raise NotImplementedError("cache_leftpad is not supported by tileflash yet; pass None")
@@ -592,39 +597,57 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     scale = _default_scale(softmax_scale, d)
 
     # -- value checks, all before any write --------------------------------------------------------
-    sl = seqlens.tolist()
-    if min(sl, default=0) < 0:
-        raise ValueError(f"cache_seqlens must be >= 0, got {sl}")
-    if max(sl, default=0) + seqlen_new > capacity:
-        b = max(range(batch), key=lambda i: sl[i])
-        raise ValueError(f"cache overflow: batch {b} holds {sl[b]} tokens and appends {seqlen_new}, but the cache "
-                         f"has room for {capacity}; grow the cache (or its block_table) first")
-    vals = []
-    if paged:
-        need = [-(-(n + seqlen_new) // k_cache.shape[1]) for n in sl]
-        used = [block_table[b, : need[b]] for b in range(batch)]
-        vals = torch.cat(used).tolist() if used else []
-        if vals and (min(vals) < 0 or max(vals) >= k_cache.shape[0]):
-            raise ValueError(f"block_table entries must be in [0, {k_cache.shape[0]}) (the number of pages); "
-                             f"got values from {min(vals)} to {max(vals)}")
-    if cache_batch_idx is not None:
+    # The values of cache_seqlens / block_table / cache_batch_idx live on the device; reading them
+    # costs a sync. They are checked whenever the call writes the cache (an append), on CPU tensors,
+    # and with TILEFLASH_CHECK_INPUTS=1. A read-only decode step on CUDA is not synced: the kernel
+    # clamps lengths and page/batch indices into range, so bad values there give wrong numbers for
+    # that row, never an out-of-bounds access.
+    if isinstance(cache_seqlens, numbers.Integral) or cache_seqlens is None:
+        sl = [int(cache_seqlens) if cache_seqlens is not None else capacity] * batch  # known on the host
+    else:
+        sl = None
+    check_values = (seqlen_new > 0 or dev.type != "cuda" or os.environ.get("TILEFLASH_CHECK_INPUTS", "0") == "1") \
+        and not torch.compiler.is_compiling()
+    if sl is None and check_values:
+        sl = seqlens.tolist()
+    if sl is not None:
+        if min(sl, default=0) < 0:
+            raise ValueError(f"cache_seqlens must be >= 0, got {sl}")
+        if max(sl, default=0) + seqlen_new > capacity:
+            b = max(range(batch), key=lambda i: sl[i])
+            raise ValueError(f"cache overflow: batch {b} holds {sl[b]} tokens and appends {seqlen_new}, but the "
+                             f"cache has room for {capacity}; grow the cache (or its block_table) first")
+    if check_values and paged and batch:
+        # the pages each row uses (those holding its first sl[b] + seqlen_new keys), checked on the
+        # device and read back in one small copy: min, max, and whether a page repeats
+        ps = k_cache.shape[1]
+        need = torch.tensor([-(-(n + seqlen_new) // ps) for n in sl], device=dev)
+        used = block_table[torch.arange(block_table.shape[1], device=dev)[None, :] < need[:, None]]
+        if used.numel():
+            srt = used.sort().values
+            lo_, hi_, rep = torch.stack((srt[0], srt[-1], (srt[1:] == srt[:-1]).any().int())).tolist()
+            if lo_ < 0 or hi_ >= k_cache.shape[0]:
+                raise ValueError(f"block_table entries must be in [0, {k_cache.shape[0]}) (the number of pages); "
+                                 f"got values from {lo_} to {hi_}")
+            if seqlen_new and rep:
+                raise ValueError("block_table maps two batch rows (or two positions) to the same page while "
+                                 "appending; give every sequence its own pages")
+    if check_values and cache_batch_idx is not None:
         idx = cache_batch_idx.tolist()
         if min(idx) < 0 or max(idx) >= k_cache.shape[0]:
             raise ValueError(f"cache_batch_idx entries must be in [0, {k_cache.shape[0]}), got {idx}")
         if seqlen_new and len(set(idx)) != len(idx):
             raise ValueError(f"cache_batch_idx has repeated entries {idx}: two batch rows would append to the same "
                              f"cache entry")
-    if paged and seqlen_new and vals and len(set(vals)) != len(vals):
-        raise ValueError("block_table maps two batch rows (or two positions) to the same page while appending; "
-                         "give every sequence its own pages")
-    if rotary_cos is not None and max(sl, default=0) + max(seqlen_new, seqlen_q) > rotary_cos.shape[0]:
+    if rotary_cos is not None and k is not None and sl is not None and \
+            max(sl, default=0) + max(seqlen_new, seqlen_q) > rotary_cos.shape[0]:
         raise ValueError(f"rotary_cos has {rotary_cos.shape[0]} positions but positions up to "
                          f"{max(sl) + max(seqlen_new, seqlen_q) - 1} are needed")
 
     # -- rotary and in-place append ----------------------------------------------------------------
     t_new = torch.arange(seqlen_new, device=dev)
     if rotary_cos is not None and k is not None:  # flash-attn: rotary only applies with an append
-        span = max(sl, default=0) + seqlen_new + seqlen_q
+        span = (max(sl, default=0) if sl is not None else capacity) + seqlen_new + seqlen_q
         local = 0 <= feats["window_left"] < span or 0 <= feats["window_right"] < span
         t_q = torch.arange(seqlen_q, device=dev) if (causal or local) else \
             torch.zeros(seqlen_q, dtype=torch.long, device=dev)
@@ -646,5 +669,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     q = _unit_last_stride(q)
     out, lse = kvcache_fwd(q, k_cache, v_cache, seqlens.to(torch.int32).contiguous(), scale, causal,
                            feats["window_left"], feats["window_right"], feats["softcap"], feats["alibi_slopes"],
-                           cache_batch_idx, block_table, num_splits, max(sl, default=0) + seqlen_new)
+                           cache_batch_idx, block_table, num_splits,
+                           max(sl, default=0) + seqlen_new if sl is not None else -1)
     return (out, lse) if return_softmax_lse else out

@@ -20,12 +20,18 @@ i.e. rel = t + shift − j with shift = seqlen_k_b − seqlen_q (bottom-right ca
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from tileflash.ops.common import score_mods, visible
 from tileflash.ops.forward import LOG2E, block_d_for, feature_args, interpreting
+
+# GPU launch defaults of the split kernel (see docs/testing.md for the H200 sweep behind them)
+WAVES = 4          # target programs per SM when choosing num_splits
+DECODE_CONFIG = dict(block_n=64, num_warps=4, num_stages=3)
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "split_len", "window_left", "window_right"])
@@ -35,7 +41,7 @@ def _decode_split(
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_bt_b, stride_ab, stride_ah,
-    nheads_k, seqlen_q, split_len, page_size, window_left, window_right, rows_total,
+    nheads_k, seqlen_q, split_len, page_size, window_left, window_right, rows_total, capacity, num_cache,
     qk_scale, softcap_scale, softcap2,
     KV_GROUP: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, PAGED: tl.constexpr,
@@ -46,7 +52,10 @@ def _decode_split(
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // nheads_k).to(tl.int64)
     off_hk = (pid_bh % nheads_k).to(tl.int64)
-    seqlen_k = tl.load(SEQLENS_K + off_b)          # cache length after the append, this batch entry
+    # cache length after the append, this batch entry; clamped, as are page and batch indices below,
+    # because a read-only call does not check the values on the host (no sync): bad values give
+    # wrong numbers for that row, never an access outside the cache
+    seqlen_k = tl.minimum(tl.maximum(tl.load(SEQLENS_K + off_b), 0), capacity)
     shift = seqlen_k - seqlen_q
     lo = pid_s * split_len
     hi = tl.minimum(lo + split_len, seqlen_k)
@@ -65,9 +74,14 @@ def _decode_split(
         slope2 = tl.load(ALIBI + off_b * stride_ab + o_h * stride_ah, mask=m_r, other=0.0) * 1.4426950408889634
 
     if HAS_BATCH_IDX:
-        cache_b = tl.load(BATCH_IDX + off_b).to(tl.int64)
+        cache_b = tl.minimum(tl.maximum(tl.load(BATCH_IDX + off_b), 0), num_cache - 1).to(tl.int64)
     else:
         cache_b = off_b
+    K_base = K + off_hk * stride_kh
+    V_base = V + off_hk * stride_vh
+    if not PAGED:
+        K_base += cache_b * stride_kb
+        V_base += cache_b * stride_vb
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -76,13 +90,14 @@ def _decode_split(
         o_n = start_n + o_nb                                                          # [BLOCK_N]
         m_n = o_n < hi
         if PAGED:
-            page = tl.load(BLOCK_TABLE + off_b * stride_bt_b + o_n // page_size, mask=m_n, other=0).to(tl.int64)
+            page = tl.load(BLOCK_TABLE + off_b * stride_bt_b + o_n // page_size, mask=m_n, other=0)
+            page = tl.minimum(tl.maximum(page, 0), num_cache - 1).to(tl.int64)                 # [BLOCK_N]
             row = (o_n % page_size).to(tl.int64)
+            p_kt = K_base + page[None, :] * stride_kb + row[None, :] * stride_kn + o_d[:, None]
+            p_v = V_base + page[:, None] * stride_vb + row[:, None] * stride_vn + o_d[None, :]
         else:
-            page = cache_b + 0 * o_n.to(tl.int64)
-            row = o_n.to(tl.int64)
-        p_kt = K + page[None, :] * stride_kb + row[None, :] * stride_kn + off_hk * stride_kh + o_d[:, None]
-        p_v = V + page[:, None] * stride_vb + row[:, None] * stride_vn + off_hk * stride_vh + o_d[None, :]
+            p_kt = K_base + o_n[None, :].to(tl.int64) * stride_kn + o_d[:, None]
+            p_v = V_base + o_n[:, None].to(tl.int64) * stride_vn + o_d[None, :]
         b_kt = tl.load(p_kt, mask=m_n[None, :] & m_d[:, None], other=0.0)            # [BLOCK_D, BLOCK_N]
         b_v = tl.load(p_v, mask=m_n[:, None] & m_d[None, :], other=0.0)              # [BLOCK_N, BLOCK_D]
         rel = o_t[:, None] + shift - o_n[None, :]                                     # [BLOCK_M, BLOCK_N]
@@ -149,22 +164,31 @@ def _combine(
     tl.store(LSE + (off_b * nheads + o_h) * seqlen_q + o_t, lse, mask=m_r)
 
 
-def choose_num_splits(batch: int, nheads_k: int, max_seqlen_k: int, device) -> int:
-    """Enough (batch, kv head, split) programs for about two waves of the GPU, and at least 256
-    keys per split (fewer makes the merge cost more than the parallelism gains)."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
-    want = max(1, (2 * sms) // max(1, batch * nheads_k))
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def choose_num_splits(batch: int, nheads_k: int, max_seqlen_k: int, device, waves: int = WAVES) -> int:
+    """Enough (batch, kv head, split) programs for `waves` programs per SM, and at least 256 keys
+    per split (fewer makes the merge cost more than the parallelism gains)."""
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
+        if device.type == "cuda" else 8
+    want = max(1, (waves * sms) // max(1, batch * nheads_k))
     return int(max(1, min(want, triton.cdiv(max_seqlen_k, 256), 128)))
 
 
 def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, window=(-1, -1), softcap=0.0,
-                   alibi_slopes=None, cache_batch_idx=None, block_table=None, num_splits=0, max_seqlen_k=-1):
+                   alibi_slopes=None, cache_batch_idx=None, block_table=None, num_splits=0, max_seqlen_k=-1,
+                   config=None):
     """Attention of q (batch, seqlen_q, nheads, d) over the first seqlens_k[b] keys of the cache.
 
     Returns out (q's shape and dtype) and lse (batch, nheads, seqlen_q) fp32. Inputs validated by
     ``tileflash.interface.flash_attn_with_kvcache``; seqlens_k is int32 (batch,); max_seqlen_k
-    (if >= 0) bounds seqlens_k and sizes the splits.
+    (if >= 0) bounds seqlens_k and sizes the splits. config: dict(block_n, num_warps, num_stages)
+    overriding DECODE_CONFIG (for tuning scripts).
     """
+    cfg = {**DECODE_CONFIG, **(config or {})}
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
     group = nheads // nheads_k
@@ -175,7 +199,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     max_k = max(max_k, 1)
     if num_splits <= 0:
         num_splits = choose_num_splits(batch, nheads_k, max_k, q.device)
-    block_n = 16 if interpreting() else 64
+    block_n = 16 if interpreting() else cfg["block_n"]
     split_len = triton.cdiv(triton.cdiv(max_k, num_splits), block_n) * block_n
     num_splits = triton.cdiv(max_k, split_len)
     # the G query heads of a kv head x the new tokens, packed as rows; tiles of at most 64 rows
@@ -200,10 +224,11 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_table.stride(0) if paged else 0, *alibi_strides,
         nheads_k, seqlen_q, split_len, k_cache.shape[1] if paged else 1, sc["window_left"], sc["window_right"],
-        rows_total, softmax_scale * LOG2E, sc["softcap_scale"], sc["softcap2"],
+        rows_total, (block_table.shape[1] * k_cache.shape[1]) if paged else k_cache.shape[1], k_cache.shape[0],
+        softmax_scale * LOG2E, sc["softcap_scale"], sc["softcap2"],
         KV_GROUP=group, **flags, HAS_BATCH_IDX=cache_batch_idx is not None, PAGED=paged,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=precision,
-        num_warps=4, num_stages=2,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     _combine[(batch * nheads_k, m_blocks)](
         o_part, lse_part, out, lse, out.stride(0), out.stride(1), out.stride(2),
