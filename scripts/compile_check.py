@@ -98,8 +98,10 @@ def main():
                           dict(HAS_LEFT=True, HAS_RIGHT=True, HAS_SOFTCAP=True, HAS_ALIBI=True,
                                HAS_BATCH_IDX=False, PAGED=True)):
                 bd = F.block_d_for(d)
+                cfg = DEC.decode_config(bd)
                 cases = [("decode", DEC._decode_split, dict(KV_GROUP=4, **feats, HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=bm,
-                                                            BLOCK_N=64, DOT_PRECISION="tf32"), 4, 2),
+                                                            BLOCK_N=cfg["block_n"], DOT_PRECISION="tf32"),
+                          cfg["num_warps"], cfg["num_stages"]),
                          ("combine", DEC._combine, dict(KV_GROUP=4, HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=bm, BLOCK_S=128), 4, 1)]
                 for name, fn, const, w, s_ in cases:
                     try:

@@ -30,8 +30,14 @@ from tileflash.ops.common import score_mods, visible
 from tileflash.ops.forward import LOG2E, block_d_for, feature_args, interpreting
 
 # GPU launch defaults of the split kernel (see docs/testing.md for the H200 sweep behind them)
-WAVES = 4          # target programs per SM when choosing num_splits
-DECODE_CONFIG = dict(block_n=64, num_warps=4, num_stages=3)
+WAVES = 2          # target programs per SM when choosing num_splits
+DECODE_CONFIG = dict(block_n=128, num_warps=8, num_stages=3)   # BLOCK_D <= 128: 3 x 64 KiB of K/V tiles
+DECODE_CONFIG_WIDE = dict(block_n=64, num_warps=8, num_stages=2)  # BLOCK_D 256: 2 x 64 KiB
+
+
+def decode_config(block_d: int) -> dict:
+    """Launch config of the split kernel; the K/V tiles of all stages must fit the SM's shared memory."""
+    return dict(DECODE_CONFIG if block_d <= 128 else DECODE_CONFIG_WIDE)
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "split_len", "window_left", "window_right"])
@@ -188,7 +194,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     (if >= 0) bounds seqlens_k and sizes the splits. config: dict(block_n, num_warps, num_stages)
     overriding DECODE_CONFIG (for tuning scripts).
     """
-    cfg = {**DECODE_CONFIG, **(config or {})}
+    cfg = {**decode_config(block_d_for(q.shape[-1])), **(config or {})}
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
     group = nheads // nheads_k
