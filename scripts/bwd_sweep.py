@@ -13,7 +13,7 @@ from tileflash.ops import backward as B
 from tileflash.ops import forward as F
 
 DKDV = [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2), (32, 64, 4, 2),
-        (64, 128, 4, 2)]
+        (64, 128, 4, 2), (64, 64, 4, 2), (64, 64, 8, 3), (128, 64, 8, 2), (32, 128, 8, 3)]
 DQ = [(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3), (64, 128, 8, 2), (64, 32, 4, 2)]
 
 
@@ -23,7 +23,8 @@ def cfg(t):
 
 def main():
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 8192
-    for d in (64, 128):
+    dims = [int(x) for x in sys.argv[2].split(",")] if len(sys.argv) > 2 else [64, 128]
+    for d in dims:
         for causal in (True, False):
             b, h = 16384 // n, 2048 // d
             q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=torch.float16) for _ in range(4))
