@@ -310,12 +310,17 @@ def _c(bm, bn, w, s):
 
 
 def default_bwd_config(head_dim: int, causal: bool = False) -> dict:
-    """Per-head-dim block configs, picked by ``scripts/bwd_sweep.py`` on an H200 (fp16, N=8k;
-    see docs/results.md). D=256 was not swept: it uses small tiles that fit its registers."""
+    """Per-head-dim block configs, picked by ``scripts/bwd_sweep.py`` on an H200 (fp16, N=4k, re-swept
+    after the feature flags changed the kernels' register use; see docs/results.md). D=256 was not
+    swept: it uses small tiles that fit its registers."""
     if head_dim <= 64:
-        return {"dkdv": _c(32, 128, 4, 3), "dq": _c(64, 64, 4, 3) if causal else _c(128, 64, 8, 3)}
+        if causal:
+            return {"dkdv": _c(32, 64, 4, 2), "dq": _c(64, 64, 4, 3)}
+        return {"dkdv": _c(32, 128, 4, 3), "dq": _c(128, 32, 8, 3)}
     if head_dim <= 128:
-        return {"dkdv": _c(32, 64, 4, 2) if causal else _c(64, 128, 8, 3), "dq": _c(128, 64, 8, 3)}
+        if causal:
+            return {"dkdv": _c(32, 128, 8, 3), "dq": _c(128, 64, 8, 3)}
+        return {"dkdv": _c(64, 128, 8, 2), "dq": _c(128, 64, 8, 3)}
     return {"dkdv": _c(32, 64, 4, 2), "dq": _c(64, 32, 4, 2)}
 
 
