@@ -1,7 +1,6 @@
 """Measure the DRAM bytes of one attention forward with Nsight Compute, against `tileflash io`.
 
-NOT YET RUN: written for the next GPU session (this session had no device time left). Usage on
-the GPU machine:
+First run: 2026-11-29 on the H200 (docs/io-model.md has the table). Usage on the GPU machine:
 
     PYTHONPATH=. python3 scripts/io_measure.py --seqlens 1024 2048 4096 8192 --out io.json
 
@@ -11,9 +10,10 @@ For each (provider, N) it starts a child process under
         --metrics dram__bytes_read.sum,dram__bytes_write.sum python3 scripts/io_measure.py --child ...
 
 The child warms up (compiles), then calls torch.cuda.profiler.start(), runs one forward,
-synchronizes and stops, so only that call's kernels are profiled. The parent sums the DRAM
-bytes over all profiled kernels and prints them beside the model's prediction
-(`tileflash.bench.io_model`), with the ratio measured / model.
+synchronizes and stops, so only that call's kernels are profiled (ncu flushes the caches
+before each kernel by default). The parent sums DRAM reads and writes over all profiled
+kernels and prints them beside the model (`tileflash.bench.io_model`): the plain figure, and
+for tileflash the L2 figure (K and V from HBM once per head when they fit in L2).
 """
 
 import argparse
@@ -46,15 +46,15 @@ def child(args):
 
 
 def dram_bytes(csv_text):
-    """Sum dram__bytes_read.sum + dram__bytes_write.sum over every profiled kernel (ncu --csv)."""
+    """(read, written) DRAM bytes summed over every profiled kernel (ncu --csv)."""
     start = csv_text.find('"ID"')
     rows = csv.DictReader(io.StringIO(csv_text[start:]))
     scale = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
-    total = 0.0
+    tot = {"dram__bytes_read.sum": 0.0, "dram__bytes_write.sum": 0.0}
     for r in rows:
-        if r.get("Metric Name") in ("dram__bytes_read.sum", "dram__bytes_write.sum"):
-            total += float(r["Metric Value"].replace(",", "")) * scale.get(r.get("Metric Unit", "byte"), 1)
-    return total
+        if r.get("Metric Name") in tot:
+            tot[r["Metric Name"]] += float(r["Metric Value"].replace(",", "")) * scale.get(r.get("Metric Unit", "byte"), 1)
+    return tot["dram__bytes_read.sum"], tot["dram__bytes_write.sum"]
 
 
 def main():
@@ -73,6 +73,7 @@ def main():
     if args.child:
         return child(args)
     rows = []
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
     for n in args.seqlens:
         for p in args.providers:
             cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--csv", "--metrics", METRICS,
@@ -84,20 +85,29 @@ def main():
             if res.returncode != 0:
                 print(res.stdout[-2000:], res.stderr[-2000:], file=sys.stderr)
                 raise SystemExit(f"ncu failed for {p} N={n}")
-            measured = dram_bytes(res.stdout)
+            rd, wr = dram_bytes(res.stdout)
             kw = dict(head_dim=args.head_dim, batch_heads=args.batch * args.heads, elem_bytes=2, causal=args.causal)
-            model = (io_model.standard_attention_bytes(n, **kw) if p == "eager"
-                     else io_model.flash_attention_bytes(n, **kw))
-            rows.append(dict(provider=p, seqlen=n, measured_bytes=measured, model_bytes=model,
-                             ratio=measured / model if model else float("nan")))
+            if p == "eager":
+                model = model_l2 = io_model.standard_attention_bytes(n, **kw)
+            else:
+                model = io_model.flash_attention_bytes(n, **kw)
+                model_l2 = io_model.flash_attention_bytes(n, **kw, l2_bytes=l2)
+            rows.append(dict(provider=p, seqlen=n, read_bytes=rd, write_bytes=wr, measured_bytes=rd + wr,
+                             model_bytes=model, model_l2_bytes=model_l2, ratio=(rd + wr) / model,
+                             ratio_l2=(rd + wr) / model_l2))
             print(rows[-1], flush=True)
-    print("\n| provider | N | measured MiB | model MiB | measured / model |\n|---|---|---|---|---|")
+    mib = 2 ** 20
+    print(f"\nL2 = {l2 / mib:.0f} MiB; B={args.batch} H={args.heads} D={args.head_dim} fp16 causal={args.causal}")
+    print("| provider | N | read MiB | written MiB | measured MiB | model MiB | model+L2 MiB | measured / model "
+          "| measured / model+L2 |\n|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['provider']} | {r['seqlen']} | {r['measured_bytes'] / 2**20:.1f} | "
-              f"{r['model_bytes'] / 2**20:.1f} | {r['ratio']:.2f} |")
+        print(f"| {r['provider']} | {r['seqlen']} | {r['read_bytes'] / mib:.1f} | {r['write_bytes'] / mib:.1f} | "
+              f"{r['measured_bytes'] / mib:.1f} | {r['model_bytes'] / mib:.1f} | {r['model_l2_bytes'] / mib:.1f} | "
+              f"{r['ratio']:.2f} | {r['ratio_l2']:.2f} |")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), f, indent=1)
+            json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, l2_bytes=l2, batch=args.batch,
+                           heads=args.heads, head_dim=args.head_dim, causal=args.causal, rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":
