@@ -168,3 +168,19 @@ def test_tileflash_io_runs(capsys):
 
     assert main(["io", "--seqlens", "256", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["standard_bytes"] == 917_504
+
+
+def test_measured_plot(tmp_path):
+    """The model-vs-Nsight plot from io_measure's JSON layout (values from the model itself, so
+    the test needs no GPU): a PNG is written."""
+    pytest.importorskip("matplotlib")
+    rows = []
+    for n in (1024, 4096):
+        std = standard_attention_bytes(n, 64, batch_heads=16)
+        fl = flash_attention_bytes(n, 64, batch_heads=16)
+        fl2 = flash_attention_bytes(n, 64, batch_heads=16, l2_bytes=60 << 20)
+        rows += [dict(provider="eager", seqlen=n, measured_bytes=std, model_bytes=std, model_l2_bytes=std),
+                 dict(provider="tileflash", seqlen=n, measured_bytes=fl2, model_bytes=fl, model_l2_bytes=fl2)]
+    path = tmp_path / "m.png"
+    io_model.write_measured_plot(dict(gpu="test", batch=1, heads=16, head_dim=64, rows=rows), str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

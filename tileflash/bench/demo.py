@@ -303,7 +303,10 @@ def environment(device: str) -> dict:
         name = torch.cuda.get_device_name()
     else:
         name = f"{_cpu_name()} ({torch.get_num_threads()} threads)"
-    status = _git("status", "--porcelain")
+    # TILEFLASH_GIT names the commit where git cannot tell, e.g. a copy of the tree whose .git
+    # is stale (the GPU machine's copy carried the session-start .git: rows read d4d5e21-dirty)
+    forced = os.environ.get("TILEFLASH_GIT")
+    status = None if forced else _git("status", "--porcelain")
     return {
         "device": device,
         "device_name": name,
@@ -312,7 +315,7 @@ def environment(device: str) -> dict:
         "cuda": torch.version.cuda if device == "cuda" else None,
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git": _git("rev-parse", "--short", "HEAD"),
+        "git": forced or _git("rev-parse", "--short", "HEAD"),
         "git_dirty": None if status is None else bool(status),
     }
 

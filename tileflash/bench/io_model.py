@@ -3,8 +3,8 @@
 Counts the bytes that cross between HBM and the chip (reads + writes), per the op sequence
 of the eager baseline tileflash benchmarks against and per tileflash's forward kernel
 (one program per Q block of BLOCK_M rows, K and V streamed once per Q block). This is a
-model, not a measurement: it has not yet been checked against Nsight Compute's DRAM byte
-counters. The derivation and assumptions are in docs/io-model.md.
+model; docs/io-model.md gives the derivation and its check against Nsight Compute's DRAM
+byte counters on an H200 (scripts/io_measure.py; plot with write_measured_plot).
 
 Examples:
   tileflash io                          # d=64 fp16, one head, tileflash's BLOCK_M
@@ -247,6 +247,36 @@ def write_plot(rows: List[Dict], path: str, title: str) -> None:
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=120)
+    plt.close(fig)
+
+
+def write_measured_plot(measured: Dict, path: str) -> None:
+    """Model against Nsight Compute measurement (the JSON written by scripts/io_measure.py):
+    measured DRAM bytes of eager and tileflash beside the plain and L2 model figures. PNG."""
+    plt = _import_pyplot()
+    if plt is None:
+        raise RuntimeError("plotting needs matplotlib: pip install matplotlib")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    styles = {"eager": ("o", "C0"), "tileflash": ("s", "C1")}
+    for prov, (marker, color) in styles.items():
+        rows = sorted((r for r in measured["rows"] if r["provider"] == prov), key=lambda r: r["seqlen"])
+        if not rows:
+            continue
+        ns = [r["seqlen"] for r in rows]
+        ax.loglog(ns, [r["measured_bytes"] for r in rows], marker, color=color, markersize=9,
+                  label=f"{prov}: measured (ncu DRAM read + write)")
+        ax.loglog(ns, [r["model_bytes"] for r in rows], "-", color=color, label=f"{prov}: model")
+        if prov == "tileflash":
+            ax.loglog(ns, [r["model_l2_bytes"] for r in rows], "--", color=color, label=f"{prov}: model, K/V via L2")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("sequence length N")
+    ax.set_ylabel("bytes")
+    ax.set_title(f"{measured.get('gpu', '?')}: B={measured.get('batch')} H={measured.get('heads')} "
+                 f"D={measured.get('head_dim')} fp16 forward", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=120)
     plt.close(fig)
