@@ -68,6 +68,14 @@ def _flex(q, k, v, causal):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     if "fn" not in _FLEX:
+        # one compiled graph per shape and mask: a sweep over N, causal on and off and fwd/bwd
+        # outgrows dynamo's default limit of 8 recompiles, after which flex_attention silently
+        # runs unfused (the first H200 bench run's flex rows at causal 8k/16k and in bwd: 7-31 TFLOP/s)
+        import torch._dynamo.config as dcfg
+
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(dcfg, name):
+                setattr(dcfg, name, max(getattr(dcfg, name), 256))
         _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
     mask = None
     if causal:
