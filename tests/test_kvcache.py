@@ -165,37 +165,46 @@ def test_bf16_on_cuda_or_interpreter(backend):
     ("cache_stride", ValueError, "unit stride on headdim"),
     ("dup_batch_idx", ValueError, "repeated entries"),
     ("shared_page", ValueError, "same page"),
+    ("small_cache", ValueError, "k_cache holds 2 sequences"),
+    ("short_rotary", ValueError, "rotary_cos has"),
 ])
-def test_bad_input_leaves_cache_untouched(bad, err, match):
+def test_bad_input_leaves_cache_untouched(backend, bad, err, match):
+    """On every device, CUDA included (where a read-only call skips value checks, an append never does)."""
+    dev = backend_device(backend)
+    dt = _dtype(dev)
     paged = bad in ("table_range", "shared_page")
-    kc, vc, table, g = _setup("cpu", 2, paged, 16, seed=5)
-    q = torch.randn(B, 2, H, D, generator=g)
-    k, v = torch.randn(B, 2, 2, D, generator=g), torch.randn(B, 2, 2, D, generator=g)
-    seqlens = torch.tensor([3, 4, 5], dtype=torch.int32)
+    kc, vc, table, g = _setup(dev, 2, paged, 16, seed=5)
+    q = torch.randn(B, 2, H, D, generator=g).to(dev, dt)
+    k, v = torch.randn(B, 2, 2, D, generator=g).to(dev, dt), torch.randn(B, 2, 2, D, generator=g).to(dev, dt)
+    seqlens = torch.tensor([3, 4, 5], dtype=torch.int32, device=dev)
     kw = dict(cache_seqlens=seqlens, block_table=table)
     if bad == "overflow":
-        kw["cache_seqlens"] = torch.tensor([3, CAP - 1, 5], dtype=torch.int32)
+        kw["cache_seqlens"] = torch.tensor([3, CAP - 1, 5], dtype=torch.int32, device=dev)
     elif bad == "table_range":
         table[1, 0] = kc.shape[0] + 7
     elif bad == "batch_idx_range":
-        kw["cache_batch_idx"] = torch.tensor([0, 1, 9], dtype=torch.int32)
+        kw["cache_batch_idx"] = torch.tensor([0, 1, 9], dtype=torch.int32, device=dev)
     elif bad == "seqlens_dtype":
         kw["cache_seqlens"] = seqlens.long()
     elif bad == "kv_heads":
-        k = torch.randn(B, 2, 4, D)
+        k = torch.randn(B, 2, 4, D).to(dev, dt)
     elif bad == "only_k":
         v = None
     elif bad == "leftpad":
-        kw["cache_leftpad"] = torch.zeros(B, dtype=torch.int32)
+        kw["cache_leftpad"] = torch.zeros(B, dtype=torch.int32, device=dev)
     elif bad == "dtype":
         k = k.double()
     elif bad == "cache_stride":
-        kc = torch.randn(B + 1, CAP, D, 2).transpose(-1, -2)
+        kc = torch.randn(B + 1, CAP, D, 2).to(dev, dt).transpose(-1, -2)
     elif bad == "dup_batch_idx":
-        kw["cache_batch_idx"] = torch.tensor([0, 1, 1], dtype=torch.int32)
+        kw["cache_batch_idx"] = torch.tensor([0, 1, 1], dtype=torch.int32, device=dev)
     elif bad == "shared_page":
-        kw["block_table"] = table = torch.zeros(B, CAP // 16, dtype=torch.int32)
+        kw["block_table"] = table = torch.zeros(B, CAP // 16, dtype=torch.int32, device=dev)
         kw["block_table"][:, 1:] = torch.arange(1, CAP // 16).int()
+    elif bad == "small_cache":
+        kc, vc = kc[:2].clone(), vc[:2].clone()
+    elif bad == "short_rotary":
+        kw["rotary_cos"], kw["rotary_sin"] = _rotary_tables(6, 16, dev)  # positions up to 6 needed
     kc0, vc0 = kc.clone(), vc.clone()
     with pytest.raises(err, match=match):
         tileflash.flash_attn_with_kvcache(q, kc, vc, k, v, **kw)
@@ -256,3 +265,65 @@ def test_kernel_clamps_unchecked_indices(backend):
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
     kb, vb = _rows(kc, 0, 30, table, None)[None], _rows(vc, 0, 30, table, None)[None]
     _assert_matches(out[:1], q[:1], kb, vb, 2e-5)
+
+
+def test_value_check_policy():
+    """When flash_attn_with_kvcache reads values on the host (a sync on CUDA)."""
+    from tileflash.interface import _kvcache_checks_values as checks
+
+    assert checks("cuda", 1, False, False) and checks("cuda", 1, False, True)   # appends: always
+    assert checks("cuda", 0, True, True)                                         # rotary: always
+    assert checks("cpu", 0, False, False) and not checks("cpu", 0, False, True)  # read-only CPU, not traced
+    assert not checks("cuda", 0, False, False)                                   # read-only CUDA: no sync
+
+
+def test_value_check_policy_env(monkeypatch):
+    from tileflash.interface import _kvcache_checks_values as checks
+
+    monkeypatch.setenv("TILEFLASH_CHECK_INPUTS", "1")
+    assert checks("cuda", 0, False, False) and not checks("cuda", 0, False, True)
+
+
+@pytest.mark.parametrize("bad", ["overflow", "table_range"])
+def test_compiled_append_is_checked(bad):
+    """Under torch.compile the value checks run as a graph break: a bad append still raises
+    ValueError and leaves the cache untouched (it must not write through a wrapped index)."""
+    kc, vc, table, g = _setup("cpu", 2, True, 16, seed=13)
+    q = torch.randn(B, 1, H, D, generator=g)
+    k, v = torch.randn(B, 1, 2, D, generator=g), torch.randn(B, 1, 2, D, generator=g)
+    seqlens = torch.tensor([3, 4, 5], dtype=torch.int32)
+    if bad == "overflow":
+        seqlens[1] = CAP
+    else:
+        table[1, 0] = -1
+    kc0, vc0 = kc.clone(), vc.clone()
+    torch._dynamo.reset()
+    fn = torch.compile(lambda *a: tileflash.flash_attn_with_kvcache(*a, cache_seqlens=seqlens, block_table=table),
+                       backend="eager")
+    with pytest.raises(ValueError, match="cache overflow" if bad == "overflow" else "block_table entries"):
+        fn(q, kc, vc, k, v)
+    assert torch.equal(kc, kc0) and torch.equal(vc, vc0)
+
+
+def test_kernel_clamps_contiguous(backend):
+    """Contiguous cache, called below the interface: cache_batch_idx out of range both ways and a
+    length past the capacity (50, not a multiple of any block size) are clamped: row 1 reads cache
+    row 3 (the last), row 2 reads cache row 0 over all 50 keys."""
+    if backend == "tiled":
+        pytest.skip("the clamping is in the Triton kernel")
+    from tileflash.ops.decode import decode_forward
+
+    dev = backend_device(backend)
+    dt = _dtype(dev)
+    g = torch.Generator().manual_seed(14)
+    cap = 50
+    kc = torch.randn(B + 1, cap, 2, D, generator=g).to(dev, dt)
+    vc = torch.randn(B + 1, cap, 2, D, generator=g).to(dev, dt)
+    q = torch.randn(B, 1, H, D, generator=g).to(dev, dt)
+    seqlens = torch.tensor([30, 20, 10 ** 6], dtype=torch.int32, device=dev)
+    idx = torch.tensor([0, 10 ** 6, -3], dtype=torch.int32, device=dev)
+    out, _ = decode_forward(q, kc, vc, seqlens, D ** -0.5, False, cache_batch_idx=idx)
+    assert torch.isfinite(out).all()
+    _assert_matches(out[:1], q[:1], kc[0:1, :30], vc[0:1, :30], 2e-5)
+    _assert_matches(out[1:2], q[1:2], kc[3:4, :20], vc[3:4, :20], 2e-5)
+    _assert_matches(out[2:3], q[2:3], kc[0:1, :cap], vc[0:1, :cap], 2e-5)

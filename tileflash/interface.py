@@ -491,6 +491,74 @@ def _int_tensor(name, t, shape, device):
     return t.contiguous()
 
 
+def _kvcache_checks_values(device_type: str, seqlen_new: int, rotary_append: bool, compiling: bool) -> bool:
+    """Whether flash_attn_with_kvcache reads cache_seqlens / block_table / cache_batch_idx to check
+    them, which costs a device sync on CUDA. Always when the call writes the cache (an append) or
+    applies rotary (its table must cover the positions), even under torch.compile (a graph break);
+    for a read-only call, on CPU tensors or with TILEFLASH_CHECK_INPUTS=1, and not while tracing.
+    A read-only CUDA call skips them: the kernel clamps lengths and indices into the cache."""
+    if seqlen_new > 0 or rotary_append:
+        return True
+    if compiling:
+        return False
+    return device_type != "cuda" or os.environ.get("TILEFLASH_CHECK_INPUTS", "0") == "1"
+
+
+def _check_kvcache_lengths(sl, seqlen_new, capacity):
+    """Lengths known on the host: non-negative, and the append fits the cache."""
+    if min(sl, default=0) < 0:
+        raise ValueError(f"cache_seqlens must be >= 0, got {sl}")
+    if max(sl, default=0) + seqlen_new > capacity:
+        b = max(range(len(sl)), key=lambda i: sl[i])
+        raise ValueError(f"cache overflow: batch {b} holds {sl[b]} tokens and appends {seqlen_new}, but the "
+                         f"cache has room for {capacity}; grow the cache (or its block_table) first")
+
+
+@torch.compiler.disable
+def _check_kvcache_values(sl, seqlens, seqlen_new, seqlen_q, capacity, num_cache, page_size, block_table,
+                          cache_batch_idx, rotary_cos):
+    """Value checks of flash_attn_with_kvcache, before any write; returns the lengths as a list.
+
+    Kept out of torch.compile graphs (a graph break), so a compiled append is checked too. Syncs:
+    one for tensor lengths, one for the block table (min, max and repeats computed on the device),
+    one for cache_batch_idx."""
+    if sl is None:
+        sl = seqlens.tolist()
+    batch = len(sl)
+    _check_kvcache_lengths(sl, seqlen_new, capacity)
+    if block_table is not None and batch and block_table.shape[1]:
+        # the pages each row uses (those holding its first sl[b] + seqlen_new keys); unused slots
+        # get distinct negative sentinels so that they neither repeat nor set the range
+        dev = block_table.device
+        need = torch.tensor([-(-(n + seqlen_new) // page_size) for n in sl], device=dev)
+        slots = torch.arange(block_table.shape[1], device=dev)
+        used = slots[None, :] < need[:, None]                                   # (batch, max_blocks)
+        bt = block_table.long()
+        big = 2 ** 62
+        sentinel = -1 - torch.arange(bt.numel(), device=dev).view_as(bt) - big
+        srt = torch.where(used, bt, sentinel).flatten().sort().values
+        lo_, hi_, rep, n_used = torch.stack((
+            torch.where(used, bt, big).min(), torch.where(used, bt, -big).max(),
+            (srt[1:] == srt[:-1]).any().long(), used.sum())).tolist()
+        if n_used and (lo_ < 0 or hi_ >= num_cache):
+            raise ValueError(f"block_table entries must be in [0, {num_cache}) (the number of pages); "
+                             f"got values from {lo_} to {hi_}")
+        if n_used and seqlen_new and rep:
+            raise ValueError("block_table maps two batch rows (or two positions) to the same page while "
+                             "appending; give every sequence its own pages")
+    if cache_batch_idx is not None:
+        idx = cache_batch_idx.tolist()
+        if min(idx) < 0 or max(idx) >= num_cache:
+            raise ValueError(f"cache_batch_idx entries must be in [0, {num_cache}), got {idx}")
+        if seqlen_new and len(set(idx)) != len(idx):
+            raise ValueError(f"cache_batch_idx has repeated entries {idx}: two batch rows would append to the same "
+                             f"cache entry")
+    if rotary_cos is not None and max(sl, default=0) + max(seqlen_new, seqlen_q) > rotary_cos.shape[0]:
+        raise ValueError(f"rotary_cos has {rotary_cos.shape[0]} positions but positions up to "
+                         f"{max(sl) + max(seqlen_new, seqlen_q) - 1} are needed")
+    return sl
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -527,12 +595,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
     Everything is validated before anything is written: an append past the cache's end, block
     table entries out of range, dtype/device/head mismatches raise and leave the cache untouched.
-    Checking values (cache_seqlens, block_table, cache_batch_idx) needs a device-to-host copy, a
-    sync: it is done when appending (k/v given), for CPU tensors, and with the environment
-    variable TILEFLASH_CHECK_INPUTS=1. A read-only call on CUDA skips it, so decode steps stay
-    asynchronous; the kernel then clamps lengths and indices into the cache, so bad values give
-    wrong outputs for that row but never read outside the cache. Passing cache_seqlens as a
-    Python int is checked for free.
+    Checking values (cache_seqlens, block_table, cache_batch_idx) reads them on the host, which
+    on CUDA costs up to three syncs. It is done whenever the call appends (k/v given) or applies
+    rotary, also inside torch.compile (as a graph break); for a read-only call, on CPU tensors or
+    with the environment variable TILEFLASH_CHECK_INPUTS=1 (not while tracing). A read-only call
+    on CUDA skips it, so decode steps stay asynchronous and can be captured in a CUDA graph; the
+    kernel then clamps lengths and indices into the cache, so bad values give wrong outputs for
+    that row but never read outside the cache. cache_seqlens given as a Python int is checked for
+    free. With tensor lengths that are not read, the KV splits are sized by the cache's capacity
+    rather than the longest sequence, so a cache allocated much longer than its contents splits
+    its work coarsely (fewer busy programs at small batch); passing cache_seqlens as an int, or a
+    cache sized to the contents, avoids that.
     """
     if cache_leftpad is not None:
         raise NotImplementedError("cache_leftpad is not supported by tileflash yet; pass None")
@@ -563,6 +636,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         capacity = block_table.shape[1] * k_cache.shape[1]
     else:
         capacity = k_cache.shape[1]
+        if cache_batch_idx is None and k_cache.shape[0] < batch:
+            raise ValueError(f"k_cache holds {k_cache.shape[0]} sequences but q has batch {batch}; without "
+                             f"cache_batch_idx, batch row b uses cache row b, so the cache needs at least {batch}")
     if cache_batch_idx is not None:
         cache_batch_idx = _int_tensor("cache_batch_idx", cache_batch_idx, (batch,), dev)
     if cache_seqlens is None:
@@ -597,57 +673,21 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     scale = _default_scale(softmax_scale, d)
 
     # -- value checks, all before any write --------------------------------------------------------
-    # The values of cache_seqlens / block_table / cache_batch_idx live on the device; reading them
-    # costs a sync. They are checked whenever the call writes the cache (an append), on CPU tensors,
-    # and with TILEFLASH_CHECK_INPUTS=1. A read-only decode step on CUDA is not synced: the kernel
-    # clamps lengths and page/batch indices into range, so bad values there give wrong numbers for
-    # that row, never an out-of-bounds access.
     if isinstance(cache_seqlens, numbers.Integral) or cache_seqlens is None:
         sl = [int(cache_seqlens) if cache_seqlens is not None else capacity] * batch  # known on the host
     else:
         sl = None
-    check_values = (seqlen_new > 0 or dev.type != "cuda" or os.environ.get("TILEFLASH_CHECK_INPUTS", "0") == "1") \
-        and not torch.compiler.is_compiling()
-    if sl is None and check_values:
-        sl = seqlens.tolist()
-    if sl is not None:
-        if min(sl, default=0) < 0:
-            raise ValueError(f"cache_seqlens must be >= 0, got {sl}")
-        if max(sl, default=0) + seqlen_new > capacity:
-            b = max(range(batch), key=lambda i: sl[i])
-            raise ValueError(f"cache overflow: batch {b} holds {sl[b]} tokens and appends {seqlen_new}, but the "
-                             f"cache has room for {capacity}; grow the cache (or its block_table) first")
-    if check_values and paged and batch:
-        # the pages each row uses (those holding its first sl[b] + seqlen_new keys), checked on the
-        # device and read back in one small copy: min, max, and whether a page repeats
-        ps = k_cache.shape[1]
-        need = torch.tensor([-(-(n + seqlen_new) // ps) for n in sl], device=dev)
-        used = block_table[torch.arange(block_table.shape[1], device=dev)[None, :] < need[:, None]]
-        if used.numel():
-            srt = used.sort().values
-            lo_, hi_, rep = torch.stack((srt[0], srt[-1], (srt[1:] == srt[:-1]).any().int())).tolist()
-            if lo_ < 0 or hi_ >= k_cache.shape[0]:
-                raise ValueError(f"block_table entries must be in [0, {k_cache.shape[0]}) (the number of pages); "
-                                 f"got values from {lo_} to {hi_}")
-            if seqlen_new and rep:
-                raise ValueError("block_table maps two batch rows (or two positions) to the same page while "
-                                 "appending; give every sequence its own pages")
-    if check_values and cache_batch_idx is not None:
-        idx = cache_batch_idx.tolist()
-        if min(idx) < 0 or max(idx) >= k_cache.shape[0]:
-            raise ValueError(f"cache_batch_idx entries must be in [0, {k_cache.shape[0]}), got {idx}")
-        if seqlen_new and len(set(idx)) != len(idx):
-            raise ValueError(f"cache_batch_idx has repeated entries {idx}: two batch rows would append to the same "
-                             f"cache entry")
-    if rotary_cos is not None and k is not None and sl is not None and \
-            max(sl, default=0) + max(seqlen_new, seqlen_q) > rotary_cos.shape[0]:
-        raise ValueError(f"rotary_cos has {rotary_cos.shape[0]} positions but positions up to "
-                         f"{max(sl) + max(seqlen_new, seqlen_q) - 1} are needed")
+    if _kvcache_checks_values(dev.type, seqlen_new, k is not None and rotary_cos is not None,
+                              torch.compiler.is_compiling()):
+        sl = _check_kvcache_values(sl, seqlens, seqlen_new, seqlen_q, capacity, k_cache.shape[0], k_cache.shape[1],
+                                   block_table, cache_batch_idx, rotary_cos if k is not None else None)
+    elif sl is not None:
+        _check_kvcache_lengths(sl, seqlen_new, capacity)  # host-known lengths: free to check, no sync
 
     # -- rotary and in-place append ----------------------------------------------------------------
     t_new = torch.arange(seqlen_new, device=dev)
     if rotary_cos is not None and k is not None:  # flash-attn: rotary only applies with an append
-        span = (max(sl, default=0) if sl is not None else capacity) + seqlen_new + seqlen_q
+        span = capacity  # flash-attn's rule: a window at least the cache's size is no window
         local = 0 <= feats["window_left"] < span or 0 <= feats["window_right"] < span
         t_q = torch.arange(seqlen_q, device=dev) if (causal or local) else \
             torch.zeros(seqlen_q, dtype=torch.long, device=dev)
