@@ -327,3 +327,16 @@ def test_kernel_clamps_contiguous(backend):
     _assert_matches(out[:1], q[:1], kc[0:1, :30], vc[0:1, :30], 2e-5)
     _assert_matches(out[1:2], q[1:2], kc[3:4, :20], vc[3:4, :20], 2e-5)
     _assert_matches(out[2:3], q[2:3], kc[0:1, :cap], vc[0:1, :cap], 2e-5)
+
+
+def test_compiled_read_only_fullgraph():
+    """A read-only decode step compiles without a graph break (no value read on the host; the op
+    tileflash::kvcache_fwd is opaque to the compiler) and matches the eager call."""
+    kc, vc, table, g = _setup("cpu", 2, True, 16, seed=15)
+    q = torch.randn(B, 1, H, D, generator=g)
+    seqlens = torch.tensor([3, 20, 40], dtype=torch.int32)
+    eager = tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, block_table=table)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda *a: tileflash.flash_attn_with_kvcache(*a, cache_seqlens=seqlens, block_table=table),
+                       backend="eager", fullgraph=True)
+    torch.testing.assert_close(fn(q, kc, vc), eager, rtol=0, atol=0)

@@ -10,7 +10,7 @@ import os
 import torch
 from torch import Tensor
 
-from tileflash.ops.attention import PackedAttention, attention_fwd, kvcache_fwd, use_triton
+from tileflash.ops.attention import PackedAttention, attention_fwd, kvcache_forward, kvcache_fwd, use_triton
 from tileflash.ops.decode import apply_rotary
 
 MAX_HEADDIM = 256
@@ -685,7 +685,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         _check_kvcache_lengths(sl, seqlen_new, capacity)  # host-known lengths: free to check, no sync
 
     # -- rotary and in-place append ----------------------------------------------------------------
-    t_new = torch.arange(seqlen_new, device=dev)
+    t_new = torch.arange(seqlen_new, device=dev) if k is not None else None
     if rotary_cos is not None and k is not None:  # flash-attn: rotary only applies with an append
         span = capacity  # flash-attn's rule: a window at least the cache's size is no window
         local = 0 <= feats["window_left"] < span or 0 <= feats["window_right"] < span
@@ -707,7 +707,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             v_cache[rows] = v
         seqlens = seqlens + seqlen_new
     q = _unit_last_stride(q)
-    out, lse = kvcache_fwd(q, k_cache, v_cache, seqlens.to(torch.int32).contiguous(), scale, causal,
+    if seqlens.dtype != torch.int32 or not seqlens.is_contiguous():
+        seqlens = seqlens.to(torch.int32).contiguous()
+    # forward-only: outside torch.compile the op's dispatch is pure host overhead, so call its body
+    fwd = kvcache_fwd if torch.compiler.is_compiling() else kvcache_forward
+    out, lse = fwd(q, k_cache, v_cache, seqlens, scale, causal,
                            feats["window_left"], feats["window_right"], feats["softcap"], feats["alibi_slopes"],
                            cache_batch_idx, block_table, num_splits,
                            max(sl, default=0) + seqlen_new if sl is not None else -1)
