@@ -71,8 +71,9 @@ def main():
                 cases = []
                 c = dict(F.default_config(d))
                 w, s = c.pop("num_warps"), c.pop("num_stages")
-                cases.append(("fwd", F._attn_fwd, dict(**flags, HEAD_DIM=d, BLOCK_D=bd,
-                                                       DOT_PRECISION="tf32", **c), w, s))
+                for tma in (False, True):  # the default path, and the opt-in tensor-descriptor (TMA) one
+                    cases.append(("fwd-tma" if tma else "fwd", F._attn_fwd,
+                                  dict(**flags, HEAD_DIM=d, BLOCK_D=bd, DOT_PRECISION="tf32", USE_TMA=tma, **c), w, s))
                 bc = B.default_bwd_config(d, causal)
                 for fam, fn in (("dkdv", B._bwd_dkdv), ("dq", B._bwd_dq)):
                     c = dict(bc[fam])
@@ -84,7 +85,7 @@ def main():
                     try:
                         k = compile_one(fn, dtype, const, w, s)
                         tag = "features" if feats["IS_VARLEN"] else "plain"
-                        print(f"ok   {dtype} {tag:<8} D={d:<3} causal={causal!s:<5} {name:<4} warps={w} stages={s} "
+                        print(f"ok   {dtype} {tag:<8} D={d:<3} causal={causal!s:<5} {name:<7} warps={w} stages={s} "
                               f"smem={k.metadata.shared}", flush=True)
                     except Exception as e:  # noqa: BLE001
                         failures += 1

@@ -35,9 +35,18 @@ def tileflash_autotuned(q, k, v, causal):
         os.environ["TILEFLASH_AUTOTUNE"] = "0"
 
 
+def tileflash_tma(q, k, v, causal):
+    os.environ["TILEFLASH_TMA"] = "1"
+    try:
+        return tileflash.flash_attn_func(q, k, v, causal=causal)
+    finally:
+        os.environ["TILEFLASH_TMA"] = "0"
+
+
 PROVIDERS = {
     "tileflash": lambda q, k, v, causal: tileflash.flash_attn_func(q, k, v, causal=causal),
     "tileflash_at": tileflash_autotuned,
+    "tileflash_tma": tileflash_tma,  # the opt-in tensor-descriptor forward (the backward is the same)
     "cudnn": sdpa_with(SDPBackend.CUDNN_ATTENTION),
     "sdpa_flash": sdpa_with(SDPBackend.FLASH_ATTENTION),
 }
@@ -51,6 +60,7 @@ def main():
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--modes", nargs="+", default=["fwd", "bwd"])
     ap.add_argument("--no-autotune-row", action="store_true")
+    ap.add_argument("--tma-row", action="store_true", help="also time the opt-in TMA forward (TILEFLASH_TMA=1)")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     try:
@@ -62,6 +72,8 @@ def main():
     print(meta, flush=True)
     if args.no_autotune_row:
         PROVIDERS.pop("tileflash_at")
+    if not args.tma_row:
+        PROVIDERS.pop("tileflash_tma")
     rows = []
     for mode in args.modes:
         rows += run_mode(mode, args, dtype)
@@ -137,8 +149,9 @@ def table(rows):
         by.setdefault(key(r), {})[r["provider"]] = r
     for kk, cell in by.items():
         t = lambda p: cell.get(p, {}).get("tflops", float("nan"))  # noqa: E731
-        print(f"| {kk[0]} | {kk[1]} | {kk[2]} | {kk[3]} | {t('tileflash'):.0f} | {t('cudnn'):.0f} | {t('sdpa_flash'):.0f} | "
-              f"{t('tileflash') / t('cudnn'):.2f} | {t('tileflash') / t('sdpa_flash'):.2f} | "
+        tma = f" (TMA {t('tileflash_tma'):.0f})" if "tileflash_tma" in cell else ""
+        print(f"| {kk[0]} | {kk[1]} | {kk[2]} | {kk[3]} | {t('tileflash'):.0f}{tma} | {t('cudnn'):.0f} | "
+              f"{t('sdpa_flash'):.0f} | {t('tileflash') / t('cudnn'):.2f} | {t('tileflash') / t('sdpa_flash'):.2f} | "
               f"{cell['tileflash'].get('max_err', float('nan')):.2g} | "
               f"{cell.get('cudnn', {}).get('max_err', float('nan')):.2g} | "
               f"{cell['tileflash'].get('extra_mib', float('nan')):.0f} | "

@@ -41,29 +41,38 @@ def _fwd_inner(
     qk_scale, softcap_scale, softcap2, slope2, seed, rng_base, rng_stride_m, dropout_p,
     MASK: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, PAD_D: tl.constexpr,
-    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr = False,
 ):
     """Fold the K/V blocks starting in [lo, hi) into (acc, l_i, m_i).
 
     MASK=False: blocks fully inside seqlen_k and fully visible: no mask math.
     MASK=True:  the window/causal-edge and ragged-tail blocks, masked per element.
+    USE_TMA: k_base/v_base are tensor descriptors of this (sequence, kv head) (seqlen_k, HEAD_DIM);
+    the copy engine zero-fills rows past seqlen_k and columns past HEAD_DIM, so no load masks.
     """
     o_nb = tl.arange(0, BLOCK_N)                                                      # [BLOCK_N]
     for start_n in range(lo, hi, BLOCK_N):
-        # lo/hi are int64, so start_n * stride cannot overflow past 2^31 elements.
-        p_kt = k_base + start_n * stride_kn + o_nb[None, :] * stride_kn + o_d[:, None]  # [BLOCK_D, BLOCK_N]
-        p_v = v_base + start_n * stride_vn + o_nb[:, None] * stride_vn + o_d[None, :]   # [BLOCK_N, BLOCK_D]
-        o_n = start_n + o_nb                                                          # [BLOCK_N]
-        if MASK:
-            m_n = o_n < seqlen_k                                                      # [BLOCK_N]
-            b_kt = tl.load(p_kt, mask=m_n[None, :] & m_d[:, None], other=0.0)         # [BLOCK_D, BLOCK_N]
-            b_v = tl.load(p_v, mask=m_n[:, None] & m_d[None, :], other=0.0)           # [BLOCK_N, BLOCK_D]
-        elif PAD_D:
-            b_kt = tl.load(p_kt, mask=m_d[:, None], other=0.0)
-            b_v = tl.load(p_v, mask=m_d[None, :], other=0.0)
+        if USE_TMA:
+            b_kt = tl.trans(k_base.load([tl.cast(start_n, tl.int32), 0]))                   # [BLOCK_D, BLOCK_N]
+            b_v = v_base.load([tl.cast(start_n, tl.int32), 0])                              # [BLOCK_N, BLOCK_D]
+            o_n = start_n + o_nb                                                      # [BLOCK_N]
+            if MASK:
+                m_n = o_n < seqlen_k                                                  # [BLOCK_N]
         else:
-            b_kt = tl.load(p_kt)
-            b_v = tl.load(p_v)
+            # lo/hi are int64, so start_n * stride cannot overflow past 2^31 elements.
+            p_kt = k_base + start_n * stride_kn + o_nb[None, :] * stride_kn + o_d[:, None]  # [BLOCK_D, BLOCK_N]
+            p_v = v_base + start_n * stride_vn + o_nb[:, None] * stride_vn + o_d[None, :]   # [BLOCK_N, BLOCK_D]
+            o_n = start_n + o_nb                                                      # [BLOCK_N]
+            if MASK:
+                m_n = o_n < seqlen_k                                                  # [BLOCK_N]
+                b_kt = tl.load(p_kt, mask=m_n[None, :] & m_d[:, None], other=0.0)     # [BLOCK_D, BLOCK_N]
+                b_v = tl.load(p_v, mask=m_n[:, None] & m_d[None, :], other=0.0)       # [BLOCK_N, BLOCK_D]
+            elif PAD_D:
+                b_kt = tl.load(p_kt, mask=m_d[:, None], other=0.0)
+                b_v = tl.load(p_v, mask=m_d[None, :], other=0.0)
+            else:
+                b_kt = tl.load(p_kt)
+                b_v = tl.load(p_v)
         rel = o_m[:, None] + shift - o_n[None, :]                                     # [BLOCK_M, BLOCK_N] i + shift - j
         b_s, b_t = score_mods(tl.dot(b_q, b_kt, input_precision=DOT_PRECISION), rel, qk_scale,
                               softcap_scale, softcap2, slope2, HAS_SOFTCAP, HAS_ALIBI)  # [BLOCK_M, BLOCK_N] base 2
@@ -100,9 +109,13 @@ def _attn_fwd(
     SQ_BUCKET, SK_BUCKET,  # autotune key only: bucketed lengths, so a new length reuses a tuned config
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr = False,
 ):
     """One program per (Q block, batch*head): FA2's sequence parallelism.
+
+    USE_TMA (opt-in, sm90+): Q, K, V and O move through tensor descriptors (the TMA copy engine)
+    built per program over this (sequence, head): out-of-range rows and padded columns are
+    zero-filled on load and dropped on store by the hardware.
 
     Dense: tensors are (batch, seqlen, nheads, headdim), LSE (batch, nheads, seqlen_q).
     Varlen (IS_VARLEN): tensors are (total, nheads, headdim) with batch stride 0, sequence b
@@ -135,8 +148,21 @@ def _attn_fwd(
     q_base = Q + off_b * stride_qb + off_h * stride_qh + row0 * stride_qm
     k_base = K + off_b * stride_kb + off_hk * stride_kh + k_start * stride_kn
     v_base = V + off_b * stride_vb + off_hk * stride_vh + k_start * stride_vn
-    p_q = q_base + o_mb[:, None] * stride_qm + o_d[None, :]                           # [BLOCK_M, BLOCK_D]
-    b_q = tl.load(p_q, mask=m_m[:, None] & m_d[None, :], other=0.0)                  # [BLOCK_M, BLOCK_D]
+    if USE_TMA:
+        # descriptors over this sequence's rows of head h (Q, O) / kv head hk (K, V)
+        q_rows = Q + off_b * stride_qb + off_h * stride_qh + q_start * stride_qm
+        q_desc = tl.make_tensor_descriptor(q_rows, shape=[seqlen_q, HEAD_DIM], strides=[stride_qm, 1],
+                                           block_shape=[BLOCK_M, BLOCK_D])
+        k_src = tl.make_tensor_descriptor(k_base, shape=[seqlen_k, HEAD_DIM], strides=[stride_kn, 1],
+                                          block_shape=[BLOCK_N, BLOCK_D])
+        v_src = tl.make_tensor_descriptor(v_base, shape=[seqlen_k, HEAD_DIM], strides=[stride_vn, 1],
+                                          block_shape=[BLOCK_N, BLOCK_D])
+        b_q = q_desc.load([start_m, 0])                                               # [BLOCK_M, BLOCK_D]
+    else:
+        k_src = k_base
+        v_src = v_base
+        p_q = q_base + o_mb[:, None] * stride_qm + o_d[None, :]                       # [BLOCK_M, BLOCK_D]
+        b_q = tl.load(p_q, mask=m_m[:, None] & m_d[None, :], other=0.0)              # [BLOCK_M, BLOCK_D]
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)                              # [BLOCK_M, BLOCK_D]
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                                       # [BLOCK_M]
@@ -147,31 +173,40 @@ def _attn_fwd(
                                   HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
     if HAS_LEFT:  # left window edge: masked (without a left bound lo = a = 0: not even compiled)
         acc, l_i, m_i = _fwd_inner(
-            acc, l_i, m_i, b_q, k_base, v_base, stride_kn, stride_vn, o_m, o_d, m_d, lo, a, seqlen_k, shift,
+            acc, l_i, m_i, b_q, k_src, v_src, stride_kn, stride_vn, o_m, o_d, m_d, lo, a, seqlen_k, shift,
             window_left, window_right, qk_scale, softcap_scale, softcap2, slope2, seed, rng_base, rng_stride_m,
             dropout_p, MASK=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP,
             HAS_ALIBI=HAS_ALIBI, HAS_DROPOUT=HAS_DROPOUT, PAD_D=True, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
+            USE_TMA=USE_TMA,
         )
     acc, l_i, m_i = _fwd_inner(  # fully visible, in-range blocks: no masks
-        acc, l_i, m_i, b_q, k_base, v_base, stride_kn, stride_vn, o_m, o_d, m_d, a, b, seqlen_k, shift,
+        acc, l_i, m_i, b_q, k_src, v_src, stride_kn, stride_vn, o_m, o_d, m_d, a, b, seqlen_k, shift,
         window_left, window_right, qk_scale, softcap_scale, softcap2, slope2, seed, rng_base, rng_stride_m,
         dropout_p, MASK=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP,
         HAS_ALIBI=HAS_ALIBI, HAS_DROPOUT=HAS_DROPOUT, PAD_D=PAD_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
+        USE_TMA=USE_TMA,
     )
     acc, l_i, m_i = _fwd_inner(  # causal/right edge and ragged tail: masked
-        acc, l_i, m_i, b_q, k_base, v_base, stride_kn, stride_vn, o_m, o_d, m_d, b, hi, seqlen_k, shift,
+        acc, l_i, m_i, b_q, k_src, v_src, stride_kn, stride_vn, o_m, o_d, m_d, b, hi, seqlen_k, shift,
         window_left, window_right, qk_scale, softcap_scale, softcap2, slope2, seed, rng_base, rng_stride_m,
         dropout_p, MASK=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP,
         HAS_ALIBI=HAS_ALIBI, HAS_DROPOUT=HAS_DROPOUT, PAD_D=True, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
+        USE_TMA=USE_TMA,
     )
 
     # Epilogue: normalise; a row with no visible key has l_i = 0 and acc = 0 -> out = 0.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)                                           # [BLOCK_M]
     b_o = acc / l_safe[:, None]                                                       # [BLOCK_M, BLOCK_D]
     lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)  # [BLOCK_M] natural log
-    p_o = O + off_b * stride_ob + off_h * stride_oh + row0 * stride_om \
-        + o_mb[:, None] * stride_om + o_d[None, :]                                    # [BLOCK_M, BLOCK_D]
-    tl.store(p_o, b_o.to(O.dtype.element_ty), mask=m_m[:, None] & m_d[None, :])
+    if USE_TMA:
+        o_rows = O + off_b * stride_ob + off_h * stride_oh + q_start * stride_om
+        o_desc = tl.make_tensor_descriptor(o_rows, shape=[seqlen_q, HEAD_DIM], strides=[stride_om, 1],
+                                           block_shape=[BLOCK_M, BLOCK_D])
+        o_desc.store([start_m, 0], b_o.to(O.dtype.element_ty))
+    else:
+        p_o = O + off_b * stride_ob + off_h * stride_oh + row0 * stride_om \
+            + o_mb[:, None] * stride_om + o_d[None, :]                                # [BLOCK_M, BLOCK_D]
+        tl.store(p_o, b_o.to(O.dtype.element_ty), mask=m_m[:, None] & m_d[None, :])
     p_lse = LSE + off_b * stride_lb + off_h * stride_lh + q_start + o_m               # [BLOCK_M]
     tl.store(p_lse, lse, mask=m_m)
 
@@ -234,8 +269,7 @@ def prune_fwd_configs(configs, named_args, **kwargs):
 _attn_fwd_tuned = triton.autotune(
     configs=FWD_CONFIGS,
     key=["SQ_BUCKET", "SK_BUCKET", "HEAD_DIM", "HAS_LEFT", "HAS_RIGHT", "HAS_SOFTCAP", "HAS_ALIBI", "HAS_DROPOUT",
-         "IS_VARLEN",
-         "DOT_PRECISION"],
+         "IS_VARLEN", "DOT_PRECISION", "USE_TMA"],
     prune_configs_by={"early_config_prune": prune_fwd_configs},
 )(_attn_fwd)
 
@@ -261,6 +295,38 @@ def interpreting() -> bool:
 
 def block_d_for(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
+
+
+def tma_requested(config) -> bool:
+    """The opt-in tensor-descriptor (TMA) forward: config["USE_TMA"], or TILEFLASH_TMA=1."""
+    if config is not None and "USE_TMA" in config:
+        return bool(config["USE_TMA"])
+    return os.environ.get("TILEFLASH_TMA", "0") == "1"
+
+
+def tma_supported(*tensors) -> bool:
+    """TMA needs sm90+, 16-byte aligned base addresses and 16-byte multiples for every stride but
+    the last (1). Always true in the interpreter, which emulates descriptors."""
+    if interpreting():
+        return True
+    if not all(t.is_cuda for t in tensors) or torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
+        return False
+    for t in tensors:
+        e = t.element_size()
+        if t.data_ptr() % 16 or t.stride(-1) != 1 or any((s * e) % 16 for s in t.stride()[:-1]):
+            return False
+    return True
+
+
+_TMA_ALLOCATOR_SET = False
+
+
+def _ensure_tma_allocator():
+    """Descriptors built inside a kernel need a little global scratch; triton asks for it here."""
+    global _TMA_ALLOCATOR_SET
+    if not _TMA_ALLOCATOR_SET:
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+        _TMA_ALLOCATOR_SET = True
 
 
 def strides3(t, varlen: bool):
@@ -324,7 +390,10 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift
     Query i sees key j iff ``-right <= i + shift - j <= left`` for ``window = (left, right)``
     (-1: unbounded; causal forces right = 0); dense shift = ``causal_shift`` (default
     seqlen_k - seqlen_q, flash-attn's bottom-right; 0 is torch's top-left), varlen: per sequence.
-    ``config`` pins BLOCK_M/BLOCK_N (and optionally num_warps/num_stages) instead of autotuning.
+    ``config`` pins BLOCK_M/BLOCK_N (and optionally num_warps/num_stages) instead of autotuning;
+    ``config["USE_TMA"]`` (or TILEFLASH_TMA=1) opts into the tensor-descriptor path where
+    :func:`tma_supported` allows it. That path is experimental: it is tested for correctness in
+    the interpreter and compiles for sm_90, but its speed on the H200 has not been measured.
     ``out``/``lse`` may be given preallocated (tests pass NaN-filled buffers to prove that the
     kernel writes every element).
     """
@@ -357,6 +426,13 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift
         # fp32 inputs: true fp32 products (tf32 would lose ~3 decimal digits)
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
+    # opt-in TMA path (falls back to pointers where descriptors are not possible)
+    use_tma = tma_requested(config) and tma_supported(q, k, v, out)
+    if use_tma and q.is_cuda:
+        _ensure_tma_allocator()
+    meta["USE_TMA"] = use_tma
+    if config is not None:
+        config = {key: val for key, val in config.items() if key != "USE_TMA"} or None
     if config is None and interpreting():
         config = INTERPRET_FWD_CONFIG
     if config is None and not autotune_enabled():
