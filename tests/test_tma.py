@@ -83,7 +83,7 @@ def test_tma_opt_in(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_tma_unsupported_layouts_fall_back():
     """Strides that are not 16-byte multiples cannot be described: the pointer path is used."""
-    q = torch.randn(1, 8, 2, 72, device="cuda", dtype=torch.float16)[..., :36]  # row stride 144 B, ok
+    q = torch.randn(1, 8, 2, 72, device="cuda", dtype=torch.float16)[..., :36]  # strides 2304/288/144 B: all 16-byte multiples
     assert tma_supported(q) == (torch.cuda.get_device_capability()[0] >= 9)
     odd = torch.randn(1, 8, 3, 12, device="cuda", dtype=torch.float16)[..., :4]  # head stride 24 B
     assert not tma_supported(odd)
