@@ -184,3 +184,25 @@ def test_measured_plot(tmp_path):
     path = tmp_path / "m.png"
     io_model.write_measured_plot(dict(gpu="test", batch=1, heads=16, head_dim=64, rows=rows), str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_io_measure_parses_ncu_csv():
+    """scripts/io_measure.py sums DRAM reads and writes over every profiled kernel, in any unit."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "io_measure.py"
+    spec = importlib.util.spec_from_file_location("io_measure", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    csv_text = (
+        "==PROF== Connected to process 1\n"
+        '"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"\n'
+        '"0","k1","dram__bytes_read.sum","Mbyte","2.50"\n'
+        '"0","k1","dram__bytes_write.sum","Kbyte","1,024.00"\n'
+        '"1","k2","dram__bytes_read.sum","byte","500"\n'
+        '"1","k2","dram__bytes_write.sum","Gbyte","0.001"\n'
+        '"1","k2","sm__cycles_elapsed.avg","cycle","123"\n'
+    )
+    rd, wr = mod.dram_bytes(csv_text)
+    assert rd == pytest.approx(2.5e6 + 500)
+    assert wr == pytest.approx(1.024e6 + 1e6)
