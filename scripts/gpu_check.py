@@ -36,11 +36,19 @@ def tileflash_autotuned(q, k, v, causal):
 
 
 def tileflash_tma(q, k, v, causal):
+    """The opt-in TMA forward (the backward is the same kernels as the plain row)."""
+    from tileflash.ops.forward import tma_supported
+
+    assert tma_supported(q, k, v), "this GPU/layout cannot use tensor descriptors: the TMA row would time pointers"
+    prev = os.environ.get("TILEFLASH_TMA")
     os.environ["TILEFLASH_TMA"] = "1"
     try:
         return tileflash.flash_attn_func(q, k, v, causal=causal)
     finally:
-        os.environ["TILEFLASH_TMA"] = "0"
+        if prev is None:
+            os.environ.pop("TILEFLASH_TMA")
+        else:
+            os.environ["TILEFLASH_TMA"] = prev
 
 
 PROVIDERS = {
@@ -60,7 +68,8 @@ def main():
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--modes", nargs="+", default=["fwd", "bwd"])
     ap.add_argument("--no-autotune-row", action="store_true")
-    ap.add_argument("--tma-row", action="store_true", help="also time the opt-in TMA forward (TILEFLASH_TMA=1)")
+    ap.add_argument("--tma-row", action="store_true", help="also time the opt-in TMA forward (TILEFLASH_TMA=1); use with --modes fwd (the "
+                         "backward is the same kernels)")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     try:
@@ -149,7 +158,8 @@ def table(rows):
         by.setdefault(key(r), {})[r["provider"]] = r
     for kk, cell in by.items():
         t = lambda p: cell.get(p, {}).get("tflops", float("nan"))  # noqa: E731
-        tma = f" (TMA {t('tileflash_tma'):.0f})" if "tileflash_tma" in cell else ""
+        tma = (f" (TMA {t('tileflash_tma'):.0f}, err {cell['tileflash_tma'].get('max_err', float('nan')):.2g})"
+               if "tileflash_tma" in cell else "")
         print(f"| {kk[0]} | {kk[1]} | {kk[2]} | {kk[3]} | {t('tileflash'):.0f}{tma} | {t('cudnn'):.0f} | "
               f"{t('sdpa_flash'):.0f} | {t('tileflash') / t('cudnn'):.2f} | {t('tileflash') / t('sdpa_flash'):.2f} | "
               f"{cell['tileflash'].get('max_err', float('nan')):.2g} | "

@@ -22,11 +22,15 @@ def _assert_same_path(out_t, lse_t, out_p, lse_p):
     torch.testing.assert_close(lse_t, lse_p, rtol=0, atol=2e-6 if out_p.dtype == torch.float32 else 1e-4)
 
 
-def _run(q, k, v, causal, use_tma, **kw):
+def _run(q, k, v, causal, use_tma, default_config=False, **kw):
+    """default_config: the head dim's real launch config (GPU), else small 32x16 tiles."""
     out = torch.full_like(q, float("nan"))
     lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if q.dim() == 4 else (q.shape[1], q.shape[0])
     lse = torch.full(lse_shape, float("nan"), device=q.device)
-    cfg = {"BLOCK_M": 32, "BLOCK_N": 16, "USE_TMA": use_tma}
+    cfg = {"USE_TMA": use_tma} if default_config else {"BLOCK_M": 32, "BLOCK_N": 16, "USE_TMA": use_tma}
+    expect_tma = kw.pop("expect_tma", True)
+    if use_tma and q.is_cuda and expect_tma:
+        assert tma_supported(q, k, v, out), "the test must exercise the TMA path, not the fallback"
     return flash_attn_forward(q, k, v, q.shape[-1] ** -0.5, causal, config=cfg, out=out, lse=lse, **kw)
 
 
@@ -87,3 +91,41 @@ def test_tma_unsupported_layouts_fall_back():
     assert tma_supported(q) == (torch.cuda.get_device_capability()[0] >= 9)
     odd = torch.randn(1, 8, 3, 12, device="cuda", dtype=torch.float16)[..., :4]  # head stride 24 B
     assert not tma_supported(odd)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_tma_default_configs_cuda(backend, dtype, d):
+    """The launch configs users get (e.g. 128x64 tiles, 8 warps, 3 stages at D=128), fp16 and bf16."""
+    if backend != "cuda" or torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("needs an sm90+ GPU (the interpreter runs bf16 as fp32 and small tiles)")
+    dt = getattr(torch, dtype)
+    for causal in (False, True):
+        q, k, v = make_qkv(2, 1000, 1100, 8, 2, d, dt, "cuda", seed=d)
+        out_t, lse_t = _run(q, k, v, causal, True, default_config=True)
+        out_p, lse_p = _run(q, k, v, causal, False, default_config=True)
+        check_out(out_t, q, k, v, causal)
+        _assert_same_path(out_t, lse_t, out_p, lse_p)
+
+
+def test_tma_dropout(gpu_or_interpreter):
+    """Dropout's mask depends only on (seed, b·h, i, j): the same on both paths."""
+    dev = backend_device(gpu_or_interpreter)
+    dt = torch.float16 if dev == "cuda" else torch.float32
+    q, k, v = make_qkv(2, 45, 70, 4, 2, 64, dt, dev, seed=21)
+    seed = torch.tensor([1234], dtype=torch.int64, device=dev)
+    out_t, lse_t = _run(q, k, v, True, True, dropout_p=0.3, seed=seed)
+    out_p, lse_p = _run(q, k, v, True, False, dropout_p=0.3, seed=seed)
+    _assert_same_path(out_t, lse_t, out_p, lse_p)
+
+
+def test_tma_unaligned_layout_falls_back(gpu_or_interpreter):
+    """Head dim 6 in fp32 (24-byte rows) cannot be described: USE_TMA falls back to pointers
+    (the interpreter enforces the same 16-byte rules as the hardware)."""
+    dev = backend_device(gpu_or_interpreter)
+    dt = torch.float16 if dev == "cuda" else torch.float32
+    d = 6 if dt == torch.float32 else 4  # 24 or 8 bytes per row: not a 16-byte multiple
+    q, k, v = make_qkv(1, 20, 30, 2, 2, d, dt, dev, seed=5)
+    assert not tma_supported(q, k, v)
+    out, lse = _run(q, k, v, False, True, expect_tma=False)
+    _, ref_lse = check_out(out, q, k, v, False)

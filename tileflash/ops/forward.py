@@ -306,10 +306,10 @@ def tma_requested(config) -> bool:
 
 def tma_supported(*tensors) -> bool:
     """TMA needs sm90+, 16-byte aligned base addresses and 16-byte multiples for every stride but
-    the last (1). Always true in the interpreter, which emulates descriptors."""
-    if interpreting():
-        return True
-    if not all(t.is_cuda for t in tensors) or torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
+    the last (1). The interpreter emulates descriptors on any device but checks the same layout
+    rules, so only the GPU-generation check is skipped there."""
+    if not interpreting() and (not all(t.is_cuda for t in tensors)
+                               or torch.cuda.get_device_capability(tensors[0].device)[0] < 9):
         return False
     for t in tensors:
         e = t.element_size()
@@ -318,15 +318,23 @@ def tma_supported(*tensors) -> bool:
     return True
 
 
-_TMA_ALLOCATOR_SET = False
+def _torch_scratch(size, alignment, stream):
+    return torch.empty(size, dtype=torch.int8, device=torch.cuda.current_device())
 
 
 def _ensure_tma_allocator():
-    """Descriptors built inside a kernel need a little global scratch; triton asks for it here."""
-    global _TMA_ALLOCATOR_SET
-    if not _TMA_ALLOCATOR_SET:
-        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-        _TMA_ALLOCATOR_SET = True
+    """Descriptors built inside a kernel need global scratch (128 B per descriptor per program),
+    which triton asks of the allocator set with triton.set_allocator. That setting is per thread
+    (a ContextVar), so it is checked on every call: a forward recomputed on autograd's worker
+    thread, or a server's request thread, gets one too. An allocator already set is kept."""
+    try:
+        from triton.runtime import _allocation
+
+        unset = isinstance(_allocation._allocator.get(), _allocation.NullAllocator)
+    except (ImportError, AttributeError):  # another triton layout: set it every time
+        unset = True
+    if unset:
+        triton.set_allocator(_torch_scratch)
 
 
 def strides3(t, varlen: bool):
