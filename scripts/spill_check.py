@@ -44,7 +44,8 @@ def compile_fn(fn, const, w, s):
 d, causal = int(sys.argv[1]), sys.argv[2] == "1"
 new = "HAS_RIGHT" in B._bwd_dkdv.arg_names
 for fam, fn in (("dkdv", B._bwd_dkdv), ("dq", B._bwd_dq)):
-    for cfg in [(32, 64, 4, 2), (32, 128, 4, 3), (32, 64, 4, 3), (64, 128, 8, 2), (64, 128, 8, 3), (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3)]:
+    for cfg in [(32, 64, 4, 2), (32, 128, 4, 3), (32, 64, 4, 3), (32, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 3),
+                (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3)]:
         bm, bn, w, s = cfg
         const = dict(HEAD_DIM=d, BLOCK_D=d, DOT_PRECISION="tf32", BLOCK_M=bm, BLOCK_N=bn)
         if new:
