@@ -13,10 +13,6 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from tileflash.ops import backward as B
-from tileflash.ops import decode as DEC
-from tileflash.ops import forward as F
-
 PTRS_FP32 = {"LSE", "DELTA", "ALIBI", "O_PART", "LSE_PART"}
 PTRS_I32 = {"CU_Q", "CU_K", "SEQLENS_K", "BATCH_IDX", "BLOCK_TABLE"}
 PTRS_I64 = {"SEED"}
@@ -62,6 +58,11 @@ def compile_one(fn, dtype, constexprs, num_warps, num_stages):
 
 
 def main():
+    # imported here, so that compile_one/signature also serve older trees (scripts/spill_check.py)
+    from tileflash.ops import backward as B
+    from tileflash.ops import decode as DEC
+    from tileflash.ops import forward as F
+
     failures = 0
     for dtype, feats in [("fp16", FEATURES[0]), ("bf16", FEATURES[0]), ("bf16", FEATURES[1])]:
         for d in (64, 128, 256, 40):

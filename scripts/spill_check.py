@@ -6,40 +6,32 @@ is how the spill growth behind the backward regression was found (docs/perf-note
 Usage: PYTHONPATH=<tree> python scripts/spill_check.py HEAD_DIM CAUSAL(0/1)
 (with triton 3.6, e.g. the venv /tmp/t36 described in docs/testing.md).
 """
-import os, re, subprocess, sys, tempfile
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+
+from compile_check import compile_one  # same directory: the kernel signature rules live there
+
 from tileflash.ops import backward as B
 
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas")
-FP32 = {"LSE", "DELTA", "ALIBI"}; I32 = {"CU_Q", "CU_K"}; I64 = {"SEED"}
-FLOATS = {"qk_scale", "sm_scale", "softcap_scale", "softcap2", "dropout_p"}
+
 
 def compile_fn(fn, const, w, s):
-    sig, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in const:
-            sig[name] = "constexpr"
-        elif name in ("ALIBI", "CU_Q", "CU_K", "SEED"):
-            sig[name] = "constexpr"; const[name] = None
-        elif name.isupper():
-            sig[name] = "*fp32" if name in FP32 else "*fp16"; attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name in FLOATS:
-            sig[name] = "fp32"
-        elif name.startswith("rng_stride"):
-            sig[name] = "i64"
-        else:
-            sig[name] = "i32"
-            if name.startswith("stride"): attrs[(i,)] = [["tt.divisibility", 16]]
-    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
-                       target=GPUTarget("cuda", 90, 128), options=dict(num_warps=w, num_stages=s))
+    """(registers, spill-store bytes) that ptxas reports for fn compiled for sm_90a."""
+    k = compile_one(fn, "fp16", const, w, s)
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(k.asm["ptx"])
-    out = subprocess.run([PTXAS, "-v", "--gpu-name=sm_90a", f.name, "-o", "/dev/null"], capture_output=True, text=True)
+    out = subprocess.run([PTXAS, "-v", "--gpu-name=sm_90a", f.name, "-o", "/dev/null"], capture_output=True,
+                         text=True)
+    os.unlink(f.name)
     txt = out.stderr + out.stdout
-    regs = re.findall(r"Used (\d+) registers", txt); spill = re.findall(r"(\d+) bytes spill stores", txt)
-    return regs, spill
+    return re.findall(r"Used (\d+) registers", txt), re.findall(r"(\d+) bytes spill stores", txt)
+
 
 d, causal = int(sys.argv[1]), sys.argv[2] == "1"
 new = "HAS_RIGHT" in B._bwd_dkdv.arg_names
@@ -49,11 +41,12 @@ for fam, fn in (("dkdv", B._bwd_dkdv), ("dq", B._bwd_dq)):
         bm, bn, w, s = cfg
         const = dict(HEAD_DIM=d, BLOCK_D=d, DOT_PRECISION="tf32", BLOCK_M=bm, BLOCK_N=bn)
         if new:
-            const.update(HAS_LEFT=False, HAS_RIGHT=causal, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_DROPOUT=False, IS_VARLEN=False)
+            const.update(HAS_LEFT=False, HAS_RIGHT=causal, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_DROPOUT=False,
+                         IS_VARLEN=False)
         else:
             const.update(IS_CAUSAL=causal)
         try:
             regs, spill = compile_fn(fn, const, w, s)
             print(f"{'new' if new else 'old'} D={d} causal={causal} {fam} {cfg}: regs {regs} spill-bytes {spill}")
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001
             print(f"{fam} {cfg}: FAIL {str(e)[:100]}")
