@@ -1,4 +1,4 @@
-"""The opt-in tensor-descriptor (TMA) forward path: same results as the pointer path.
+"""The tensor-descriptor (TMA) forward path (the default on sm90+ GPUs): same results as the pointer path.
 
 The interpreter emulates descriptors (zero fill past the bounds on load, clipping on store), so
 these run in CPU CI; on a GPU they run the real copy engine (sm90+). Outputs are NaN-poisoned so
@@ -22,12 +22,14 @@ def _assert_same_path(out_t, lse_t, out_p, lse_p):
     torch.testing.assert_close(lse_t, lse_p, rtol=0, atol=2e-6 if out_p.dtype == torch.float32 else 1e-4)
 
 
-def _run(q, k, v, causal, use_tma, default_config=False, **kw):
-    """default_config: the head dim's real launch config (GPU), else small 32x16 tiles."""
+def _run(q, k, v, causal, use_tma, default_config=False, tiles=None, **kw):
+    """default_config: the head dim's real launch config (GPU); tiles: these BLOCK_M/BLOCK_N/warps/
+    stages; else small 32x16 tiles."""
     out = torch.full_like(q, float("nan"))
     lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if q.dim() == 4 else (q.shape[1], q.shape[0])
     lse = torch.full(lse_shape, float("nan"), device=q.device)
-    cfg = {"USE_TMA": use_tma} if default_config else {"BLOCK_M": 32, "BLOCK_N": 16, "USE_TMA": use_tma}
+    cfg = {"USE_TMA": use_tma} if default_config else \
+        {**(tiles or {"BLOCK_M": 32, "BLOCK_N": 16}), "USE_TMA": use_tma}
     expect_tma = kw.pop("expect_tma", True)
     if use_tma and q.is_cuda and expect_tma:
         assert tma_supported(q, k, v, out), "the test must exercise the TMA path, not the fallback"
@@ -77,11 +79,27 @@ def test_tma_varlen_window_softcap_alibi(gpu_or_interpreter):
     _assert_same_path(out_t, lse_t, out_p, lse_p)
 
 
-def test_tma_opt_in(monkeypatch):
-    assert not tma_requested(None)
+def test_tma_request_policy(monkeypatch):
+    """On by default for compiled GPU kernels, off in the interpreter; config and env override."""
+    from tileflash.ops.forward import interpreting
+
+    monkeypatch.delenv("TILEFLASH_TMA", raising=False)
+    assert tma_requested(None) == (not interpreting())
     assert tma_requested({"USE_TMA": True}) and not tma_requested({"USE_TMA": False})
     monkeypatch.setenv("TILEFLASH_TMA", "1")
     assert tma_requested(None) and not tma_requested({"USE_TMA": False})
+    monkeypatch.setenv("TILEFLASH_TMA", "0")
+    assert not tma_requested(None) and tma_requested({"USE_TMA": True})
+
+
+def test_default_config_table():
+    """The TMA path has its own swept tiles; without TMA the pointer-path table is unchanged."""
+    from tileflash.ops.forward import default_config
+
+    assert default_config(128, causal=False, tma=True)["BLOCK_N"] == 128
+    assert default_config(128, causal=True, tma=True)["BLOCK_M"] == 64
+    assert default_config(128) == dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+    assert default_config(256, tma=True) == default_config(256)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -96,14 +114,17 @@ def test_tma_unsupported_layouts_fall_back():
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_tma_default_configs_cuda(backend, dtype, d):
-    """The launch configs users get (e.g. 128x64 tiles, 8 warps, 3 stages at D=128), fp16 and bf16."""
+    """The launch configs users get on the TMA path (e.g. 128x128 tiles, 8 warps, 3 stages at D=128
+    non-causal), fp16 and bf16: against the reference, and against pointers with the same tiles."""
+    from tileflash.ops.forward import default_config
+
     if backend != "cuda" or torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("needs an sm90+ GPU (the interpreter runs bf16 as fp32 and small tiles)")
     dt = getattr(torch, dtype)
     for causal in (False, True):
         q, k, v = make_qkv(2, 1000, 1100, 8, 2, d, dt, "cuda", seed=d)
         out_t, lse_t = _run(q, k, v, causal, True, default_config=True)
-        out_p, lse_p = _run(q, k, v, causal, False, default_config=True)
+        out_p, lse_p = _run(q, k, v, causal, False, tiles=default_config(d, causal, tma=True))
         check_out(out_t, q, k, v, causal)
         _assert_same_path(out_t, lse_t, out_p, lse_p)
 

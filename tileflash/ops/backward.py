@@ -79,8 +79,9 @@ def _bwd_dkdv_inner(
     for start_m in range(lo, hi, BLOCK_M):
         o_m = start_m + o_mb                                                          # [BLOCK_M]
         m_m = o_m < seqlen_q
-        p_qt = q_base + start_m * stride_qm + o_mb[None, :] * stride_qm + o_d[:, None]    # [BLOCK_D, BLOCK_M]
-        p_do = do_base + start_m * stride_dom + o_mb[:, None] * stride_dom + o_d[None, :]  # [BLOCK_M, BLOCK_D]
+        row = tl.cast(start_m, tl.int64)          # int64 row offset; the loop variable stays int32
+        p_qt = q_base + row * stride_qm + o_mb[None, :] * stride_qm + o_d[:, None]    # [BLOCK_D, BLOCK_M]
+        p_do = do_base + row * stride_dom + o_mb[:, None] * stride_dom + o_d[None, :]  # [BLOCK_M, BLOCK_D]
         b_qt = tl.load(p_qt, mask=m_m[None, :] & m_d[:, None], other=0.0)            # [BLOCK_D, BLOCK_M]
         b_do = tl.load(p_do, mask=m_m[:, None] & m_d[None, :], other=0.0)            # [BLOCK_M, BLOCK_D]
         lse2, delta = _load_lse2(LSE, DELTA, row_base, o_m, seqlen_q)                 # [BLOCK_M] x2
@@ -310,17 +311,16 @@ def _c(bm, bn, w, s):
 
 
 def default_bwd_config(head_dim: int, causal: bool = False) -> dict:
-    """Per-head-dim block configs, picked by ``scripts/bwd_sweep.py`` on an H200 (fp16, N=4k, re-swept
-    after the feature flags changed the kernels' register use; see docs/results.md). D=256 was not
-    swept: it uses small tiles that fit its registers."""
+    """Per-head-dim block configs, picked by ``scripts/bwd_pair_sweep.py`` on an H200 (fp16, N = 4k and
+    16k; re-swept after the dK/dV loop went int32, see docs/perf-notes.md). D=64 non-causal shares
+    the causal winner (not swept separately). D=256 was not swept: small tiles that fit its registers."""
     if head_dim <= 64:
-        if causal:  # joint sweep (scripts/bwd_pair_sweep.py 64 1 4096 16384): 221 / 242 TFLOP/s
-            return {"dkdv": _c(32, 64, 4, 3), "dq": _c(128, 32, 8, 3)}
+        # joint sweep after the int32 loop fix (scripts/bwd_pair_sweep.py 64 1 4096 16384): 246 / 270 TFLOP/s
         return {"dkdv": _c(32, 128, 4, 3), "dq": _c(128, 32, 8, 3)}
     if head_dim <= 128:
-        if causal:
-            return {"dkdv": _c(32, 128, 8, 3), "dq": _c(128, 64, 8, 3)}
-        return {"dkdv": _c(64, 128, 8, 2), "dq": _c(128, 64, 8, 3)}
+        if causal:  # pair sweep, 4k / 16k: 261 / 297
+            return {"dkdv": _c(64, 128, 8, 2), "dq": _c(64, 32, 4, 3)}
+        return {"dkdv": _c(64, 128, 8, 3), "dq": _c(128, 64, 8, 2)}  # 321 / 315
     return {"dkdv": _c(32, 64, 4, 2), "dq": _c(64, 32, 4, 2)}
 
 

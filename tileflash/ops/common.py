@@ -118,7 +118,7 @@ def q_block_range(start_n, seqlen_q, shift, window_left, window_right,
         full_hi = hi
     a = tl.minimum(tl.maximum(full_lo, lo), hi)
     b = tl.minimum(tl.maximum(full_hi, a), hi)
-    return lo.to(tl.int64), a.to(tl.int64), b.to(tl.int64), hi.to(tl.int64)
+    return lo, a, b, hi
 
 
 @triton.jit

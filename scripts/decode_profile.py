@@ -1,0 +1,73 @@
+"""Where a decode call's time goes, on the GPU: public call vs the kernels alone vs CUDA-graph replay,
+plus host time per call (no sync). bf16, Hq=32, Hkv=8, D=128.
+
+Usage: PYTHONPATH=. python3 scripts/decode_profile.py B:L [B:L ...]
+"""
+
+import sys
+import time
+
+import torch
+from triton.testing import do_bench
+
+import tileflash
+from tileflash.ops import decode as Dk
+
+
+def main():
+    for spec in sys.argv[1:] or ["16:8192", "1:8192", "1:131072"]:
+        b, n = (int(x) for x in spec.split(":"))
+        h, hk, d = 32, 8, 128
+        sets = int(min(16, max(1, -(-240e6 // (2 * b * n * hk * d * 2)))))
+        q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16)
+        caches = [(torch.randn(b, n, hk, d, device="cuda", dtype=torch.bfloat16),
+                   torch.randn(b, n, hk, d, device="cuda", dtype=torch.bfloat16)) for _ in range(sets)]
+        seqlens = torch.full((b,), n, dtype=torch.int32, device="cuda")
+        kv_bytes = 2 * b * n * hk * d * 2
+        it = [0]
+
+        def pick():
+            it[0] += 1
+            return caches[it[0] % sets]
+
+        def public():
+            k, v = pick()
+            return tileflash.flash_attn_with_kvcache(q, k, v, cache_seqlens=n)
+
+        def public_t():
+            k, v = pick()
+            return tileflash.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens)
+
+        def kernels():
+            k, v = pick()
+            return Dk.decode_forward(q, k, v, seqlens, d ** -0.5, False, max_seqlen_k=n)
+
+        res = {}
+        for name, fn in (("public(int)", public), ("public(tensor)", public_t), ("decode_forward", kernels)):
+            fn()
+            res[name] = do_bench(fn, warmup=25, rep=100)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(200):
+                fn()
+            host = (time.perf_counter() - t0) / 200 * 1e3
+            torch.cuda.synchronize()
+            res[name + " host"] = host
+        g = torch.cuda.CUDAGraph()
+        k0, v0 = caches[0]
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            tileflash.flash_attn_with_kvcache(q, k0, v0, cache_seqlens=seqlens)
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(g):
+            tileflash.flash_attn_with_kvcache(q, k0, v0, cache_seqlens=seqlens)
+        res["graph (1 cache)"] = do_bench(g.replay, warmup=25, rep=100)
+        splits = Dk.choose_num_splits(b, hk, n, q.device)
+        print(f"B={b} L={n} splits={splits} caches={sets}: " + ", ".join(
+            f"{k_} {v_ * 1e3:.0f} us" + ("" if "host" in k_ else f" ({kv_bytes / v_ * 1e-9:.2f} TB/s)")
+            for k_, v_ in res.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
