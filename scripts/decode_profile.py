@@ -69,5 +69,27 @@ def main():
             for k_, v_ in res.items()), flush=True)
 
 
+def cprofile(b=1, n=8192):
+    """Top host functions of the public call (read-only, int cache_seqlens)."""
+    import cProfile
+    import pstats
+
+    q = torch.randn(b, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, n, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(50):
+        tileflash.flash_attn_with_kvcache(q, k, v, cache_seqlens=n)
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(500):
+        tileflash.flash_attn_with_kvcache(q, k, v, cache_seqlens=n)
+    prof.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--cprofile"]:
+        cprofile()
+    else:
+        main()

@@ -69,8 +69,15 @@ def _check(name, got, ref, eager, dtype, factor, extra_atol):
 def test_features_dense(backend, case, sq, sk):
     dev = backend_device(backend)
     b, h, hk, d = 2, 4, 2, 32
-    q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.float32, dev, seed=sq + 3 * sk)
-    do = make_qkv(b, sq, sk, h, hk, d, torch.float32, dev, seed=5)[0]
+    # window (0, 0): every row sees exactly one key, so eager's fp32 P is exactly 1 and its dq/dk are
+    # exactly 0, while any LSE-based recomputation (FlashAttention's) carries one rounding of the
+    # base-2 score (~1 ulp of |s|): the 3x-eager rule is vacuous there in fp32 and its outcome
+    # depends on the CPU's BLAS rounding (it failed on an AMD EPYC host, passed on CI's). In fp16 the
+    # rule compares like with like (as the varlen test below does). The base-2 LSE that would make
+    # single-key rows exact is noted in docs/perf-notes.md, not built.
+    dt = torch.float16 if case == "window_zero" else torch.float32
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, dt, dev, seed=sq + 3 * sk)
+    do = make_qkv(b, sq, sk, h, hk, d, dt, dev, seed=5)[0]
     kw = _kwargs(case, b, h, dev)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     out, lse, _ = tileflash.flash_attn_func(*leaves, return_attn_probs=True, **kw)

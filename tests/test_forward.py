@@ -152,11 +152,15 @@ def test_noncontiguous_no_copy(backend, monkeypatch):
     check_out(out, qt.contiguous(), k.contiguous(), v.contiguous(), False)
 
 
-def test_softmax_scale(backend):
+@pytest.mark.parametrize("scale", [0.37, -0.37, 0.0], ids=["pos", "neg", "zero"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_softmax_scale(backend, scale, causal):
+    """A negative or zero scale takes the guarded max (the unmasked blocks' raw-max FMA shortcut
+    assumes scale > 0); 65 keys span unmasked and masked blocks on every backend's tiles."""
     dev = backend_device(backend)
-    q, k, v = make_qkv(1, 33, 47, 2, 2, 16, torch.float32, dev, seed=3)
-    out = tileflash.flash_attn_func(q, k, v, softmax_scale=0.37, causal=True)
-    check_out(out, q, k, v, True, scale=0.37)
+    q, k, v = make_qkv(1, 33, 65, 2, 2, 16, torch.float32, dev, seed=3)
+    out = tileflash.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal)
+    check_out(out, q, k, v, causal, scale=scale)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

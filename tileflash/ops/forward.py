@@ -42,6 +42,7 @@ def _fwd_inner(
     MASK: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, PAD_D: tl.constexpr,
     BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr = False,
+    RAW_MAX: tl.constexpr = False,
 ):
     """Fold the K/V blocks starting in [lo, hi) into (acc, l_i, m_i).
 
@@ -49,6 +50,8 @@ def _fwd_inner(
     MASK=True:  the window/causal-edge and ragged-tail blocks, masked per element.
     USE_TMA: k_base/v_base are tensor descriptors of this (sequence, kv head) (seqlen_k, HEAD_DIM);
     the copy engine zero-fills rows past seqlen_k and columns past HEAD_DIM, so no load masks.
+    RAW_MAX (scale > 0, no softcap/ALiBi): unmasked blocks take the row max of the raw products,
+    so that x·scale − m is one FMA per element and no -inf guard is needed (every score is finite).
     """
     o_nb = tl.arange(0, BLOCK_N)                                                      # [BLOCK_N]
     for start_n in range(lo, hi, BLOCK_N):
@@ -73,17 +76,24 @@ def _fwd_inner(
             else:
                 b_kt = tl.load(p_kt)
                 b_v = tl.load(p_v)
-        rel = o_m[:, None] + shift - o_n[None, :]                                     # [BLOCK_M, BLOCK_N] i + shift - j
-        b_s, b_t = score_mods(tl.dot(b_q, b_kt, input_precision=DOT_PRECISION), rel, qk_scale,
-                              softcap_scale, softcap2, slope2, HAS_SOFTCAP, HAS_ALIBI)  # [BLOCK_M, BLOCK_N] base 2
-        if MASK:
-            m_s = m_n[None, :] & visible(rel, window_left, window_right, HAS_LEFT, HAS_RIGHT)
-            b_s = tl.where(m_s, b_s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(b_s, 1))                                       # [BLOCK_M]
-        # keep the subtracted max finite so rows with no visible key stay 0, not NaN
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)                          # [BLOCK_M]
-        b_p = tl.math.exp2(b_s - m_use[:, None])                                      # [BLOCK_M, BLOCK_N]
-        alpha = tl.math.exp2(m_i - m_use)                                             # [BLOCK_M]
+        b_x = tl.dot(b_q, b_kt, input_precision=DOT_PRECISION)                       # [BLOCK_M, BLOCK_N] raw q·k
+        if RAW_MAX and not MASK:
+            # max(x)·scale = max(x·scale) for scale > 0; finite scores: no -inf guard
+            m_new = tl.maximum(m_i, tl.max(b_x, 1) * qk_scale)                       # [BLOCK_M]
+            b_p = tl.math.exp2(b_x * qk_scale - m_new[:, None])                      # [BLOCK_M, BLOCK_N] (FMA)
+            alpha = tl.math.exp2(m_i - m_new)                                         # [BLOCK_M]
+        else:
+            rel = o_m[:, None] + shift - o_n[None, :]                                 # [BLOCK_M, BLOCK_N] i + shift - j
+            b_s, b_t = score_mods(b_x, rel, qk_scale, softcap_scale, softcap2, slope2,
+                                  HAS_SOFTCAP, HAS_ALIBI)                             # [BLOCK_M, BLOCK_N] base 2
+            if MASK:
+                m_s = m_n[None, :] & visible(rel, window_left, window_right, HAS_LEFT, HAS_RIGHT)
+                b_s = tl.where(m_s, b_s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(b_s, 1))                                   # [BLOCK_M]
+            # keep the subtracted max finite so rows with no visible key stay 0, not NaN
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)                      # [BLOCK_M]
+            b_p = tl.math.exp2(b_s - m_use[:, None])                                  # [BLOCK_M, BLOCK_N]
+            alpha = tl.math.exp2(m_i - m_use)                                         # [BLOCK_M]
         l_i = l_i * alpha + tl.sum(b_p, 1)  # the softmax denominator ignores dropout
         acc = acc * alpha[:, None]
         if HAS_DROPOUT:
@@ -109,7 +119,7 @@ def _attn_fwd(
     SQ_BUCKET, SK_BUCKET,  # autotune key only: bucketed lengths, so a new length reuses a tuned config
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr = False,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr = False, RAW_MAX: tl.constexpr = False,
 ):
     """One program per (Q block, batch*head): FA2's sequence parallelism.
 
@@ -184,7 +194,7 @@ def _attn_fwd(
         window_left, window_right, qk_scale, softcap_scale, softcap2, slope2, seed, rng_base, rng_stride_m,
         dropout_p, MASK=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP,
         HAS_ALIBI=HAS_ALIBI, HAS_DROPOUT=HAS_DROPOUT, PAD_D=PAD_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
-        USE_TMA=USE_TMA,
+        USE_TMA=USE_TMA, RAW_MAX=RAW_MAX,
     )
     acc, l_i, m_i = _fwd_inner(  # causal/right edge and ragged tail: masked
         acc, l_i, m_i, b_q, k_src, v_src, stride_kn, stride_vn, o_m, o_d, m_d, b, hi, seqlen_k, shift,
@@ -279,7 +289,7 @@ def prune_fwd_configs(configs, named_args, **kwargs):
 _attn_fwd_tuned = triton.autotune(
     configs=FWD_CONFIGS,
     key=["SQ_BUCKET", "SK_BUCKET", "HEAD_DIM", "HAS_LEFT", "HAS_RIGHT", "HAS_SOFTCAP", "HAS_ALIBI", "HAS_DROPOUT",
-         "IS_VARLEN", "DOT_PRECISION", "USE_TMA"],
+         "IS_VARLEN", "DOT_PRECISION", "USE_TMA", "RAW_MAX"],
     prune_configs_by={"early_config_prune": prune_fwd_configs},
 )(_attn_fwd)
 
@@ -451,6 +461,7 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift
         **flags, IS_VARLEN=varlen, HEAD_DIM=head_dim, BLOCK_D=block_d_for(head_dim),
         # fp32 inputs: true fp32 products (tf32 would lose ~3 decimal digits)
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        RAW_MAX=softmax_scale > 0 and not flags["HAS_SOFTCAP"] and not flags["HAS_ALIBI"],
     )
     # opt-in TMA path (falls back to pointers where descriptors are not possible)
     use_tma = tma_requested(config) and tma_supported(q, k, v, out)
