@@ -16,6 +16,10 @@ from tileflash.ops import forward as F
 DKDV = [(32, 64, 4, 2), (32, 128, 4, 2), (32, 64, 4, 3), (64, 64, 4, 2), (32, 128, 8, 3), (64, 128, 8, 2),
         (64, 128, 8, 3), (32, 128, 4, 3)]
 DQ = [(64, 64, 4, 3), (64, 64, 4, 2), (128, 32, 8, 3), (64, 32, 4, 3), (128, 64, 8, 2)]
+# D > 128 (BLOCK_D 256): the fp32 dK/dV (or dQ) accumulators alone take most of the registers
+DKDV_WIDE = [(16, 64, 4, 2), (32, 64, 4, 2), (32, 64, 8, 2), (32, 32, 4, 2), (16, 32, 4, 2), (64, 64, 8, 2),
+             (32, 64, 8, 1)]
+DQ_WIDE = [(64, 32, 4, 2), (32, 64, 4, 2), (64, 32, 8, 2), (32, 32, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2)]
 
 
 def cfg(t):
@@ -31,7 +35,7 @@ def main():
         out, lse = F.flash_attn_forward(q, k, v, d ** -0.5, causal)
         flops = 4 * b * h * n * n * d * (0.5 if causal else 1) * 2.5
         ref = B.flash_attn_backward(do, q, k, v, out, lse, d ** -0.5, causal)
-        for a, c in itertools.product(DKDV, DQ):
+        for a, c in itertools.product(*((DKDV_WIDE, DQ_WIDE) if d > 128 else (DKDV, DQ))):
             conf = {"dkdv": cfg(a), "dq": cfg(c)}
             try:
                 g = B.flash_attn_backward(do, q, k, v, out, lse, d ** -0.5, causal, config=conf)

@@ -313,7 +313,7 @@ def _c(bm, bn, w, s):
 def default_bwd_config(head_dim: int, causal: bool = False) -> dict:
     """Per-head-dim block configs, picked by ``scripts/bwd_pair_sweep.py`` on an H200 (fp16, N = 4k and
     16k; re-swept after the dK/dV loop went int32, see docs/perf-notes.md). D=64 non-causal shares
-    the causal winner (not swept separately). D=256 was not swept: small tiles that fit its registers."""
+    the causal winner (not swept separately). D > 128: swept at D=256, N=4k."""
     if head_dim <= 64:
         # joint sweep after the int32 loop fix (scripts/bwd_pair_sweep.py 64 1 4096 16384): 246 / 270 TFLOP/s
         return {"dkdv": _c(32, 128, 4, 3), "dq": _c(128, 32, 8, 3)}
@@ -321,7 +321,9 @@ def default_bwd_config(head_dim: int, causal: bool = False) -> dict:
         if causal:  # pair sweep, 4k / 16k: 261 / 297
             return {"dkdv": _c(64, 128, 8, 2), "dq": _c(64, 32, 4, 3)}
         return {"dkdv": _c(64, 128, 8, 3), "dq": _c(128, 64, 8, 2)}  # 321 / 315
-    return {"dkdv": _c(32, 64, 4, 2), "dq": _c(64, 32, 4, 2)}
+    # D > 128: pair sweep at D=256, N=4k, non-causal (scripts/bwd_pair_sweep.py 256 0 4096): 193 TFLOP/s,
+    # against 87 for the previous (32,64,4,2)/(64,32,4,2)
+    return {"dkdv": _c(64, 64, 8, 2), "dq": _c(128, 32, 8, 2)}
 
 
 def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool,
