@@ -1,6 +1,7 @@
 """Joint (dK/dV, dQ) backward config sweep for one (head dim, causal), on the GPU.
 
-Usage: PYTHONPATH=. python3 scripts/bwd_pair_sweep.py D CAUSAL(0/1) N [N ...]
+Usage: PYTHONPATH=. python3 scripts/bwd_pair_sweep.py D CAUSAL(0/1) N [N ...] [--pairs BM,BN,W,S/BM,BN,W,S ...]
+(--pairs: time only these dK/dV / dQ pairs, e.g. 64,128,8,2/128,64,8,3)
 Prints the backward TFLOP/s (×2.5 convention) of each pair per N, and the best pair last.
 """
 
@@ -27,7 +28,13 @@ def cfg(t):
 
 
 def main():
-    d, causal, sizes = int(sys.argv[1]), bool(int(sys.argv[2])), [int(x) for x in sys.argv[3:]]
+    argv = sys.argv[1:]
+    pairs = None
+    if "--pairs" in argv:
+        i = argv.index("--pairs")
+        pairs = [tuple(tuple(int(x) for x in half.split(",")) for half in p.split("/")) for p in argv[i + 1:]]
+        argv = argv[:i]
+    d, causal, sizes = int(argv[0]), bool(int(argv[1])), [int(x) for x in argv[2:]]
     score = {}
     for n in sizes:
         b, h = 16384 // n, 2048 // d
@@ -35,7 +42,7 @@ def main():
         out, lse = F.flash_attn_forward(q, k, v, d ** -0.5, causal)
         flops = 4 * b * h * n * n * d * (0.5 if causal else 1) * 2.5
         ref = B.flash_attn_backward(do, q, k, v, out, lse, d ** -0.5, causal)
-        for a, c in itertools.product(*((DKDV_WIDE, DQ_WIDE) if d > 128 else (DKDV, DQ))):
+        for a, c in pairs or itertools.product(*((DKDV_WIDE, DQ_WIDE) if d > 128 else (DKDV, DQ))):
             conf = {"dkdv": cfg(a), "dq": cfg(c)}
             try:
                 g = B.flash_attn_backward(do, q, k, v, out, lse, d ** -0.5, causal, config=conf)

@@ -7,6 +7,7 @@ changes still need a GPU run. Usage (any triton version, no GPU needed):
     python scripts/compile_check.py            # head dims 64, 128, 256, 40; fp16 and bf16
 """
 
+import inspect
 import sys
 
 import triton
@@ -48,6 +49,12 @@ def signature(fn, dtype, constexprs):
 
 def compile_one(fn, dtype, constexprs, num_warps, num_stages):
     constexprs = dict(constexprs)
+    # constexpr parameters with a default (e.g. RAW_MAX, PAGE_TILE) take it when not given; else the
+    # upper-case name would be read as a pointer argument below
+    for p in fn.params:
+        default = p._param.default
+        if p.is_constexpr and p.name not in constexprs and default is not inspect.Parameter.empty:
+            constexprs[p.name] = default
     for ptr, flag in OPTIONAL_PTRS.items():
         if ptr in fn.arg_names and not constexprs.get(flag, False):
             constexprs[ptr] = None  # an unused optional pointer is passed as None (a constexpr)
@@ -70,11 +77,15 @@ def main():
                 flags = dict(feats, HAS_RIGHT=causal)
                 bd = F.block_d_for(d)
                 cases = []
-                c = dict(F.default_config(d))
-                w, s = c.pop("num_warps"), c.pop("num_stages")
-                for tma in (False, True):  # the default path, and the opt-in tensor-descriptor (TMA) one
+                # pointers (GPUs before sm90, TILEFLASH_TMA=0) and tensor descriptors (the default on
+                # Hopper), each with its own default tiles; RAW_MAX as the launcher sets it
+                raw_max = not (feats["HAS_SOFTCAP"] or feats["HAS_ALIBI"])
+                for tma in (False, True):
+                    c = dict(F.default_config(d, causal=causal, tma=tma))
+                    w, s = c.pop("num_warps"), c.pop("num_stages")
                     cases.append(("fwd-tma" if tma else "fwd", F._attn_fwd,
-                                  dict(**flags, HEAD_DIM=d, BLOCK_D=bd, DOT_PRECISION="tf32", USE_TMA=tma, **c), w, s))
+                                  dict(**flags, HEAD_DIM=d, BLOCK_D=bd, DOT_PRECISION="tf32", USE_TMA=tma,
+                                       RAW_MAX=raw_max, **c), w, s))
                 bc = B.default_bwd_config(d, causal)
                 for fam, fn in (("dkdv", B._bwd_dkdv), ("dq", B._bwd_dq)):
                     c = dict(bc[fam])
@@ -98,7 +109,9 @@ def main():
             for feats in (dict(HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False,
                                HAS_BATCH_IDX=False, PAGED=False),
                           dict(HAS_LEFT=True, HAS_RIGHT=True, HAS_SOFTCAP=True, HAS_ALIBI=True,
-                               HAS_BATCH_IDX=False, PAGED=True)):
+                               HAS_BATCH_IDX=False, PAGED=True),
+                          dict(HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False,
+                               HAS_BATCH_IDX=False, PAGED=True, PAGE_TILE=True)):
                 bd = F.block_d_for(d)
                 cfg = DEC.decode_config(bd)
                 cases = [("decode", DEC._decode_split, dict(KV_GROUP=4, **feats, HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=bm,
@@ -108,7 +121,8 @@ def main():
                 for name, fn, const, w, s_ in cases:
                     try:
                         compile_one(fn, dtype, const, w, s_)
-                        print(f"ok   {dtype} D={d} BLOCK_M={bm} {name} paged={feats['PAGED']}", flush=True)
+                        print(f"ok   {dtype} D={d} BLOCK_M={bm} {name} paged={feats['PAGED']} "
+                              f"page_tile={feats.get('PAGE_TILE', False)}", flush=True)
                     except Exception as e:  # noqa: BLE001
                         failures += 1
                         print(f"FAIL {dtype} D={d} {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)

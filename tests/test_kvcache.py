@@ -233,6 +233,47 @@ def test_long_cache_many_splits(backend, case):
         _assert_matches(outs[1][i:i + 1], q[i:i + 1], kc[i:i + 1, :n], vc[i:i + 1, :n], 3e-5, **rkw)
 
 
+def test_paged_tiling_rule():
+    """Which page sizes take one table lookup per tile (PAGE_TILE), for the GPU's 128-key tiles and
+    the interpreter's 16-key ones."""
+    from tileflash.ops.decode import paged_tiling
+
+    assert paged_tiling(0, 128) == (128, False)  # contiguous
+    assert paged_tiling(256, 128) == (128, True) and paged_tiling(128, 128) == (128, True)
+    assert paged_tiling(64, 128) == (64, True) and paged_tiling(192, 128) == (64, True)
+    assert paged_tiling(16, 128) == (128, False) and paged_tiling(6, 128) == (128, False)
+    assert paged_tiling(96, 128) == (128, False)
+    assert paged_tiling(16, 16) == (16, True) and paged_tiling(6, 16) == (16, False)
+
+
+@pytest.mark.parametrize("page", [6, 16, 64, 128, 256])
+def test_paged_page_sizes_match_contiguous(backend, page):
+    """Every page size against the same keys in a contiguous cache (see test_paged_tiling_rule for
+    which sizes take one table lookup per tile). Uneven lengths end mid-page and mid-tile; one
+    and three splits."""
+    dev = backend_device(backend)
+    g = torch.Generator().manual_seed(page)
+    b, hk, cap, dt = 2, 2, 768, _dtype(dev)  # 768 = 3 pages of 256, 128 pages of 6
+    kc = torch.randn(b, cap, hk, D, generator=g).to(dev, dt)
+    vc = torch.randn(b, cap, hk, D, generator=g).to(dev, dt)
+    q = torch.randn(b, 1, H, D, generator=g).to(dev, dt)
+    seqlens = torch.tensor([cap - 5, 200], dtype=torch.int32, device=dev)
+    nb = cap // page
+    perm = torch.randperm(b * nb + 3, generator=g)[: b * nb]
+    kp = torch.randn(b * nb + 3, page, hk, D, generator=g).to(dev, dt)
+    vp = torch.randn(b * nb + 3, page, hk, D, generator=g).to(dev, dt)
+    kp[perm.to(dev)] = kc.reshape(b * nb, page, hk, D)
+    vp[perm.to(dev)] = vc.reshape(b * nb, page, hk, D)
+    table = perm.view(b, nb).int().to(dev)
+    for ns in (1, 3):
+        got = tileflash.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=seqlens, block_table=table, num_splits=ns)
+        want = tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=ns)
+        _assert_same(got, want)
+        for i in range(b):
+            n = int(seqlens[i])
+            _assert_matches(got[i:i + 1], q[i:i + 1], kc[i:i + 1, :n], vc[i:i + 1, :n], 3e-5)
+
+
 def test_long_chunk_spans_several_row_blocks(backend):
     """A 40-token chunk with 2 query heads per kv head: 80 packed rows, two 64-row blocks."""
     dev = backend_device(backend)

@@ -80,16 +80,36 @@ def test_tma_varlen_window_softcap_alibi(gpu_or_interpreter):
 
 
 def test_tma_request_policy(monkeypatch):
-    """On by default for compiled GPU kernels, off in the interpreter; config and env override."""
+    """On by default for compiled kernels on Hopper only; off in the interpreter, without a device
+    and on CPU tensors; config and env override."""
     from tileflash.ops.forward import interpreting
 
     monkeypatch.delenv("TILEFLASH_TMA", raising=False)
-    assert tma_requested(None) == (not interpreting())
+    assert not tma_requested(None) and not tma_requested(None, torch.device("cpu"))
+    if torch.cuda.is_available():
+        dev = torch.device("cuda")
+        assert tma_requested(None, dev) == (not interpreting() and torch.cuda.get_device_capability(dev)[0] == 9)
     assert tma_requested({"USE_TMA": True}) and not tma_requested({"USE_TMA": False})
     monkeypatch.setenv("TILEFLASH_TMA", "1")
     assert tma_requested(None) and not tma_requested({"USE_TMA": False})
     monkeypatch.setenv("TILEFLASH_TMA", "0")
     assert not tma_requested(None) and tma_requested({"USE_TMA": True})
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_pointer_path_default_configs_cuda(backend, dtype, d, monkeypatch):
+    """TILEFLASH_TMA=0: the pointer path with its own default tiles (what GPUs before sm90 run),
+    through the public call, against the reference."""
+    import tileflash
+
+    if backend != "cuda":
+        pytest.skip("the interpreter runs the pointer path by default (every other test here)")
+    monkeypatch.setenv("TILEFLASH_TMA", "0")
+    dt = getattr(torch, dtype)
+    for causal in (False, True):
+        q, k, v = make_qkv(2, 1000, 1100, 8, 2, d, dt, "cuda", seed=d + 1)
+        check_out(tileflash.flash_attn_func(q, k, v, causal=causal), q, k, v, causal)
 
 
 def test_default_config_table():

@@ -12,7 +12,7 @@ program per (Q block, head) leaves most of the GPU idle at small batch. Here:
 * the cache is either contiguous ``(batch_cache, max_len, nheads_k, d)`` (with an optional
   ``cache_batch_idx`` indirection) or paged ``(num_blocks, page_size, nheads_k, d)`` with a
   ``block_table (batch, max_blocks)``: key j of batch b lives in page block_table[b, j // page_size],
-  row j % page_size. Any page size works (the page is looked up per key row).
+  row j % page_size. Any page size works: a tile inside one page looks the page up once, otherwise each key row does.
 
 Masks follow tileflash.ops.common: new token t sits at position seqlen_k_b − seqlen_q + t,
 i.e. rel = t + shift − j with shift = seqlen_k_b − seqlen_q (bottom-right causal).
@@ -52,8 +52,11 @@ def _decode_split(
     KV_GROUP: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, PAGED: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PAGE_TILE: tl.constexpr = False,
 ):
+    """PAGE_TILE (paged, page_size a multiple of BLOCK_N): a K/V tile never straddles two pages
+    (splits start at multiples of BLOCK_N), so one block-table entry per tile gives affine row
+    addresses, as in a contiguous cache; otherwise each key looks its page up."""
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // nheads_k).to(tl.int64)
@@ -95,7 +98,13 @@ def _decode_split(
     for start_n in range(lo, hi, BLOCK_N):
         o_n = start_n + o_nb                                                          # [BLOCK_N]
         m_n = o_n < hi
-        if PAGED:
+        if PAGED and PAGE_TILE:
+            page1 = tl.load(BLOCK_TABLE + off_b * stride_bt_b + start_n // page_size)      # scalar
+            page1 = tl.minimum(tl.maximum(page1, 0), num_cache - 1).to(tl.int64)
+            r0 = (start_n % page_size).to(tl.int64)
+            p_kt = K_base + page1 * stride_kb + (r0 + o_nb[None, :]) * stride_kn + o_d[:, None]  # [BLOCK_D, BLOCK_N]
+            p_v = V_base + page1 * stride_vb + (r0 + o_nb[:, None]) * stride_vn + o_d[None, :]   # [BLOCK_N, BLOCK_D]
+        elif PAGED:
             page = tl.load(BLOCK_TABLE + off_b * stride_bt_b + o_n // page_size, mask=m_n, other=0)
             page = tl.minimum(tl.maximum(page, 0), num_cache - 1).to(tl.int64)                 # [BLOCK_N]
             row = (o_n % page_size).to(tl.int64)
@@ -184,6 +193,25 @@ def choose_num_splits(batch: int, nheads_k: int, max_seqlen_k: int, device, wave
     return int(max(1, min(want, triton.cdiv(max_seqlen_k, 256), 128)))
 
 
+def paged_tiling(page_size: int, block_n: int):
+    """(BLOCK_N, PAGE_TILE) for a cache of `page_size`-token pages (0: contiguous).
+
+    A tile that lies inside one page needs one block-table lookup (PAGE_TILE); splits start at
+    multiples of BLOCK_N, so that holds when page_size is a multiple of BLOCK_N. Pages of 64 or
+    more that are smaller than the tile get tiles of one page (the largest power of two dividing
+    the page, down to 64), e.g. page 64 with the GPU's 128-key tiles; smaller or odd pages keep the
+    tile and look each key's page up."""
+    if page_size <= 0:
+        return block_n, False
+    if page_size % block_n:
+        tile = block_n
+        while tile > 64 and page_size % tile:
+            tile //= 2
+        if page_size % tile == 0 and tile >= 64:
+            block_n = tile
+    return block_n, page_size % block_n == 0
+
+
 def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, window=(-1, -1), softcap=0.0,
                    alibi_slopes=None, cache_batch_idx=None, block_table=None, num_splits=0, max_seqlen_k=-1,
                    config=None):
@@ -206,6 +234,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     if num_splits <= 0:
         num_splits = choose_num_splits(batch, nheads_k, max_k, q.device)
     block_n = 16 if interpreting() else cfg["block_n"]
+    block_n, page_tile = paged_tiling(k_cache.shape[1] if paged else 0, block_n)
     split_len = triton.cdiv(triton.cdiv(max_k, num_splits), block_n) * block_n
     num_splits = triton.cdiv(max_k, split_len)
     # the G query heads of a kv head x the new tokens, packed as rows; tiles of at most 64 rows
@@ -234,7 +263,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         softmax_scale * LOG2E, sc["softcap_scale"], sc["softcap2"],
         KV_GROUP=group, **flags, HAS_BATCH_IDX=cache_batch_idx is not None, PAGED=paged,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=precision,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        PAGE_TILE=page_tile, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     _combine[(batch * nheads_k, m_blocks)](
         o_part, lse_part, out, lse, out.stride(0), out.stride(1), out.stride(2),

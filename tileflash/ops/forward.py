@@ -123,7 +123,7 @@ def _attn_fwd(
 ):
     """One program per (Q block, batch*head): FA2's sequence parallelism.
 
-    USE_TMA (opt-in, sm90+): Q, K, V and O move through tensor descriptors (the TMA copy engine)
+    USE_TMA (sm90+; the default on Hopper): Q, K, V and O move through tensor descriptors (the TMA copy engine)
     built per program over this (sequence, head): out-of-range rows and padded columns are
     zero-filled on load and dropped on store by the hardware.
 
@@ -317,25 +317,31 @@ def block_d_for(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
-def tma_requested(config=None) -> bool:
+def tma_requested(config=None, device=None) -> bool:
     """Whether the forward asks for tensor descriptors (TMA); :func:`tma_supported` then decides
-    per call (sm90+, 16-byte aligned layouts), falling back to pointers otherwise.
+    per call (16-byte aligned layouts, sm90+, a triton with ``tl.make_tensor_descriptor``),
+    falling back to pointers otherwise.
 
     ``config["USE_TMA"]`` if given; else ``TILEFLASH_TMA=1`` (on) / ``TILEFLASH_TMA=0`` (off);
-    else on for compiled GPU kernels (measured 7-16% faster on the H200, docs/perf-notes.md) and
-    off in the CPU interpreter, so CI keeps covering the pointer path (the TMA tests opt in)."""
+    else on for compiled kernels on Hopper (sm90, where it measured faster: docs/perf-notes.md),
+    and off elsewhere: in the CPU interpreter, so CI keeps covering the pointer path (the TMA
+    tests opt in), and on other GPUs, where it was never measured."""
     if config is not None and "USE_TMA" in config:
         return bool(config["USE_TMA"])
     env = os.environ.get("TILEFLASH_TMA", "")
     if env in ("0", "1"):
         return env == "1"
-    return not interpreting()
+    if interpreting() or device is None or device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] == 9
 
 
 def tma_supported(*tensors) -> bool:
     """TMA needs sm90+, 16-byte aligned base addresses and 16-byte multiples for every stride but
     the last (1). The interpreter emulates descriptors on any device but checks the same layout
     rules, so only the GPU-generation check is skipped there."""
+    if not hasattr(tl, "make_tensor_descriptor"):
+        return False  # triton < 3.4
     if not interpreting() and (not all(t.is_cuda for t in tensors)
                                or torch.cuda.get_device_capability(tensors[0].device)[0] < 9):
         return False
@@ -428,7 +434,7 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift
     seqlen_k - seqlen_q, flash-attn's bottom-right; 0 is torch's top-left), varlen: per sequence.
     ``config`` pins BLOCK_M/BLOCK_N (and optionally num_warps/num_stages) instead of autotuning;
     Q/K/V/O move through tensor descriptors (TMA) where :func:`tma_supported` allows it (sm90+,
-    16-byte aligned layouts), by default on the GPU; ``config["USE_TMA"]`` or ``TILEFLASH_TMA=0/1``
+    16-byte aligned layouts), by default on Hopper (sm90); ``config["USE_TMA"]`` or ``TILEFLASH_TMA=0/1``
     overrides (:func:`tma_requested`).
     ``out``/``lse`` may be given preallocated (tests pass NaN-filled buffers to prove that the
     kernel writes every element).
@@ -463,8 +469,8 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         RAW_MAX=softmax_scale > 0 and not flags["HAS_SOFTCAP"] and not flags["HAS_ALIBI"],
     )
-    # opt-in TMA path (falls back to pointers where descriptors are not possible)
-    use_tma = tma_requested(config) and tma_supported(q, k, v, out)
+    # TMA path (falls back to pointers where descriptors are not possible)
+    use_tma = tma_requested(config, q.device) and tma_supported(q, k, v, out)
     if use_tma and q.is_cuda:
         _ensure_tma_allocator()
     meta["USE_TMA"] = use_tma
