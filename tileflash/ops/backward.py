@@ -318,9 +318,11 @@ def default_bwd_config(head_dim: int, causal: bool = False) -> dict:
         # joint sweep after the int32 loop fix (scripts/bwd_pair_sweep.py 64 1 4096 16384): 246 / 270 TFLOP/s
         return {"dkdv": _c(32, 128, 4, 3), "dq": _c(128, 32, 8, 3)}
     if head_dim <= 128:
-        if causal:  # pair sweep, 4k / 16k: 261 / 297
-            return {"dkdv": _c(64, 128, 8, 2), "dq": _c(64, 32, 4, 3)}
-        return {"dkdv": _c(64, 128, 8, 3), "dq": _c(128, 64, 8, 2)}  # 321 / 315
+        # pair sweeps, then the session-2 dQ tiles (128, 64, 8, 3) re-timed with the int32 loop
+        # (bwd_pair_sweep.py 128 0|1 4096 16384 --pairs ...), TFLOP/s at 4k / 16k:
+        if causal:  # 268 / 313, against 260 / 300 with dQ (64, 32, 4, 3)
+            return {"dkdv": _c(64, 128, 8, 2), "dq": _c(128, 64, 8, 3)}
+        return {"dkdv": _c(64, 128, 8, 3), "dq": _c(128, 64, 8, 3)}  # 334 / 347, against 320 / 324
     # D > 128: pair sweep at D=256, N=4k, non-causal (scripts/bwd_pair_sweep.py 256 0 4096): 193 TFLOP/s,
     # against 87 for the previous (32,64,4,2)/(64,32,4,2)
     return {"dkdv": _c(64, 64, 8, 2), "dq": _c(128, 32, 8, 2)}
