@@ -101,7 +101,8 @@ def resolve_blocks(head_dim: int, elem_bytes: int = 2, block_m: BlockM = None, b
     """The ``(block_m, block_n)`` the model uses.
 
     * ``block_m=None``: tileflash's untuned forward config,
-      ``tileflash.ops.forward.default_config(head_dim)`` (128 for d ≤ 128, 64 above);
+      ``tileflash.ops.forward.default_config(head_dim)`` (128 for d ≤ 128, 64 above; the
+      non-causal tiles, which the TMA path shares; its causal D=128 tiles have BLOCK_M 64);
       ``block_n`` defaults to that config's ``BLOCK_N``.
     * ``block_m="sram"``: :func:`sram_tile_sizes` (``block_m = B_c``, ``block_n`` defaults to ``B_r``).
     * an int: used as is (``block_n`` then defaults to tileflash's ``BLOCK_N``).
