@@ -96,3 +96,28 @@ def test_decode_bench_cpu(tmp_path, capsys):
         assert r["kv_tb_s"] == pytest.approx(kv_bytes / r["ms"] * 1e-9)
         assert r["max_err"] < 1e-5
     assert "KV TB/s" in capsys.readouterr().out
+
+
+def test_grid_report_on_the_committed_h200_grid():
+    """scripts/grid_report.py over the committed H200 grid: 40 cells per pass at D 64/128, and the
+    medians it prints equal ones computed here from results.json."""
+    import json
+    import statistics
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    dirs = [root / "docs" / "bench-h200-grid" / d for d in ("float16", "bfloat16")]
+    out = subprocess.run([sys.executable, str(root / "scripts" / "grid_report.py"), *map(str, dirs)],
+                         capture_output=True, text=True, check=True).stdout
+    cells = {}
+    for d in dirs:
+        for r in json.loads((d / "results.json").read_text())["results"]:
+            cells.setdefault((r["dtype"], r["mode"], r["head_dim"], r["causal"], r["seqlen_q"]), {})[r["provider"]] = r
+    for mode in ("fwd", "bwd"):
+        ratios = [c["tileflash"]["tflops"] / c["sdpa_cudnn"]["tflops"] for k, c in cells.items() if k[1] == mode]
+        assert len(ratios) == 40
+        line = next(ln for ln in out.splitlines() if ln.startswith(f"| {mode}, D in"))
+        assert line.split("|")[2].strip() == "40"
+        assert line.split("|")[3].strip() == f"{statistics.median(ratios):.2f}"
