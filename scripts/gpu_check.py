@@ -27,31 +27,26 @@ def sdpa_with(backend):
     return fn
 
 
-def tileflash_autotuned(q, k, v, causal):
-    os.environ["TILEFLASH_AUTOTUNE"] = "1"
-    try:
-        return tileflash.flash_attn_func(q, k, v, causal=causal)
-    finally:
-        os.environ["TILEFLASH_AUTOTUNE"] = "0"
-
-
-def tileflash_pointers(q, k, v, causal):
-    """The forward without tensor descriptors (TILEFLASH_TMA=0): the path GPUs before sm90 take."""
-    prev = os.environ.get("TILEFLASH_TMA")
-    os.environ["TILEFLASH_TMA"] = "0"
-    try:
-        return tileflash.flash_attn_func(q, k, v, causal=causal)
-    finally:
-        if prev is None:
-            os.environ.pop("TILEFLASH_TMA")
-        else:
-            os.environ["TILEFLASH_TMA"] = prev
+def tileflash_with_env(name, value):
+    """tileflash.flash_attn_func with one environment switch set for the call, then restored."""
+    def fn(q, k, v, causal):
+        prev = os.environ.get(name)
+        os.environ[name] = value
+        try:
+            return tileflash.flash_attn_func(q, k, v, causal=causal)
+        finally:
+            if prev is None:
+                os.environ.pop(name)
+            else:
+                os.environ[name] = prev
+    return fn
 
 
 PROVIDERS = {
     "tileflash": lambda q, k, v, causal: tileflash.flash_attn_func(q, k, v, causal=causal),
-    "tileflash_at": tileflash_autotuned,
-    "tileflash_ptr": tileflash_pointers,  # forced pointer-path forward (the backward is the same kernels)
+    "tileflash_at": tileflash_with_env("TILEFLASH_AUTOTUNE", "1"),
+    # the forward without tensor descriptors, the path GPUs before sm90 take (same backward kernels)
+    "tileflash_ptr": tileflash_with_env("TILEFLASH_TMA", "0"),
     "cudnn": sdpa_with(SDPBackend.CUDNN_ATTENTION),
     "sdpa_flash": sdpa_with(SDPBackend.FLASH_ATTENTION),
 }

@@ -22,6 +22,7 @@ seen through a transpose, so it needs no copy either.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -317,6 +318,12 @@ def block_d_for(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
+@functools.lru_cache(maxsize=None)
+def _cc_major(device_index) -> int:
+    """The compute capability's major version (9: Hopper), read once per device (hot path)."""
+    return torch.cuda.get_device_capability(device_index)[0]
+
+
 def tma_requested(config=None, device=None) -> bool:
     """Whether the forward asks for tensor descriptors (TMA); :func:`tma_supported` then decides
     per call (16-byte aligned layouts, sm90+, a triton with ``tl.make_tensor_descriptor``),
@@ -333,7 +340,7 @@ def tma_requested(config=None, device=None) -> bool:
         return env == "1"
     if interpreting() or device is None or device.type != "cuda":
         return False
-    return torch.cuda.get_device_capability(device)[0] == 9
+    return _cc_major(device.index if device.index is not None else torch.cuda.current_device()) == 9
 
 
 def tma_supported(*tensors) -> bool:
@@ -343,7 +350,7 @@ def tma_supported(*tensors) -> bool:
     if not hasattr(tl, "make_tensor_descriptor"):
         return False  # triton < 3.4
     if not interpreting() and (not all(t.is_cuda for t in tensors)
-                               or torch.cuda.get_device_capability(tensors[0].device)[0] < 9):
+                               or _cc_major(tensors[0].device.index) < 9):
         return False
     for t in tensors:
         e = t.element_size()
