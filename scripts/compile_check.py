@@ -15,7 +15,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 PTRS_FP32 = {"LSE", "DELTA", "ALIBI", "O_PART", "LSE_PART"}
-PTRS_I32 = {"CU_Q", "CU_K", "SEQLENS_K", "BATCH_IDX", "BLOCK_TABLE"}
+PTRS_I32 = {"CU_Q", "CU_K", "SEQLENS_K", "BATCH_IDX", "BLOCK_TABLE", "COUNTER"}
 PTRS_I64 = {"SEED"}
 FLOATS = {"qk_scale", "sm_scale", "softcap_scale", "softcap2", "dropout_p"}
 # feature sets compiled for every kernel: plain, and every optional feature switched on
@@ -24,7 +24,8 @@ FEATURES = [
     dict(HAS_LEFT=True, HAS_SOFTCAP=True, HAS_ALIBI=True, HAS_DROPOUT=True, IS_VARLEN=True),
 ]
 OPTIONAL_PTRS = {"ALIBI": "HAS_ALIBI", "CU_Q": "IS_VARLEN", "CU_K": "IS_VARLEN", "SEED": "HAS_DROPOUT",
-                 "BATCH_IDX": "HAS_BATCH_IDX", "BLOCK_TABLE": "PAGED"}
+                 "BATCH_IDX": "HAS_BATCH_IDX", "BLOCK_TABLE": "PAGED", "SEQLENS_K": "HAS_SEQLENS",
+                 "O_PART": "SPLIT", "LSE_PART": "SPLIT", "COUNTER": "SPLIT"}
 
 
 def signature(fn, dtype, constexprs):
@@ -103,7 +104,7 @@ def main():
                         failures += 1
                         print(f"FAIL {dtype} D={d} causal={causal} {name}: {type(e).__name__}: {str(e)[:300]}",
                               flush=True)
-    # decode (split-KV) and combine kernels: GQA group 4, one new token; plain and paged+features
+    # decode kernel, one split and split-KV with the in-kernel merge: GQA group 4, one new token; plain and paged+features
     for dtype, bm in (("fp16", 16), ("bf16", 16), ("bf16", 64)):
         for d in (40, 64, 128, 256):
             for feats in (dict(HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False,
@@ -114,10 +115,11 @@ def main():
                                HAS_BATCH_IDX=False, PAGED=True, PAGE_TILE=True)):
                 bd = F.block_d_for(d)
                 cfg = DEC.decode_config(bd)
-                cases = [("decode", DEC._decode_split, dict(KV_GROUP=4, **feats, HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=bm,
-                                                            BLOCK_N=cfg["block_n"], DOT_PRECISION="tf32"),
-                          cfg["num_warps"], cfg["num_stages"]),
-                         ("combine", DEC._combine, dict(KV_GROUP=4, HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=bm, BLOCK_S=128), 4, 1)]
+                base = dict(KV_GROUP=4, **feats, HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=bm, BLOCK_N=cfg["block_n"],
+                            DOT_PRECISION="tf32")
+                cases = [("decode", DEC._decode_split, dict(base, SPLIT=False), cfg["num_warps"], cfg["num_stages"]),
+                         ("split", DEC._decode_split, dict(base, SPLIT=True, BLOCK_S=128, HAS_SEQLENS=False),
+                          cfg["num_warps"], cfg["num_stages"])]
                 for name, fn, const, w, s_ in cases:
                     try:
                         compile_one(fn, dtype, const, w, s_)

@@ -1,14 +1,18 @@
 """Sweep the split-KV decode kernel's launch config on the GPU; print the best per shape last.
 
 Shapes: the issue's decode targets (bf16, Hq=32, Hkv=8, D=128): B=16 at L=8k and 64k, B=1 at 8k
-and 128k. Several caches are rotated so that their total exceeds twice the 60 MB L2. Times:
-`decode_forward` alone (the kernels), and the public `flash_attn_with_kvcache` with the lengths as
-a tensor (host work included), beside SDPA flash / cuDNN in the same run.
-Usage: PYTHONPATH=. python3 scripts/decode_sweep.py
+and 128k, contiguous and (with --pages) paged. Several caches are rotated so that their total
+exceeds twice the 60 MB L2. Every time is a CUDA-graph replay of one call per rotated cache
+(kernels only, as a serving loop that captures its decode step runs them); the public call is
+also timed from Python. SDPA flash / cuDNN are timed the same way in the same run.
+
+Usage: PYTHONPATH=. python3 scripts/decode_sweep.py [--defaults-only] [--pages 16 64 256]
+       [--shapes 16:8192 1:131072]
 """
 
 import argparse
 import itertools
+import time
 
 import torch
 import torch.nn.functional as F
@@ -16,96 +20,110 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 import tileflash
+from tileflash.bench.bench import _graph_of, _to_paged
 from tileflash.ops import decode as dec
 
 
-def graphed(fn, sets):
-    """One CUDA graph per cache set: replays cost no Python, so this times the kernels as a
-    serving loop that captures its decode step would run them."""
-    graphs = []
-    for i in range(sets):
-        fn(i)  # compile / warm up outside the capture
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn(i)
-        graphs.append(g)
-    it = [0]
-
-    def run():
-        graphs[it[0] % sets].replay()
-        it[0] += 1
-    return run
+def timed(calls, sets):
+    """Median ms per call of a CUDA graph replaying `calls` (one per cache)."""
+    return do_bench(_graph_of(calls), warmup=10, rep=40, return_mode="median") / sets
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--defaults-only", action="store_true", help="time only the default config (no sweep)")
+    ap.add_argument("--pages", type=int, nargs="*", default=[], help="also sweep paged caches of these page sizes")
+    ap.add_argument("--shapes", nargs="*", default=["16:8192", "16:65536", "1:8192", "1:131072"], help="B:L")
     args = ap.parse_args()
     dev, dt, h, hk, d = "cuda", torch.bfloat16, 32, 8, 128
-    configs = [dict(block_n=bn, num_warps=w, num_stages=s) for bn, w, s in itertools.product((64, 128), (4, 8), (2, 3, 4))]
-    waves_list = (2, 4, 8)
-    if args.defaults_only:
-        configs, waves_list = [dec.decode_config(d)], (dec.WAVES,)
+    contiguous = [dict(block_n=bn, num_warps=w, num_stages=s)
+                  for bn, w, s in ((128, 8, 3), (128, 4, 3), (128, 8, 4), (64, 4, 3), (64, 4, 4), (256, 8, 2))]
+    paged = {16: [(16, 4, 4), (16, 4, 6), (16, 2, 6), (32, 4, 4), (64, 4, 3), (128, 4, 3), (128, 8, 3)],
+             64: [(64, 8, 3), (64, 4, 3), (64, 4, 4), (64, 8, 4), (32, 4, 4)],
+             256: [(128, 8, 3), (128, 4, 3), (128, 8, 4), (64, 4, 3)]}
+    waves_list = (2, 4)
     lines = []
-    for b, n in ((16, 8192), (16, 65536), (1, 8192), (1, 131072)):
+    t_start = time.time()
+    for spec in args.shapes:
+        b, n = (int(x) for x in spec.split(":"))
         kv_bytes = 2 * b * n * hk * d * 2
         sets = int(min(16, max(1, -(-240e6 // kv_bytes))))
         g = torch.Generator(device=dev).manual_seed(0)
         q = torch.randn(b, 1, h, d, device=dev, generator=g).to(dt)
         caches = [(torch.randn(b, n, hk, d, device=dev, generator=g).to(dt),
                    torch.randn(b, n, hk, d, device=dev, generator=g).to(dt)) for _ in range(sets)]
-        seqlens = torch.full((b,), n, dtype=torch.int32, device=dev)
         ref = F.scaled_dot_product_attention(q.transpose(1, 2), caches[0][0].transpose(1, 2),
                                              caches[0][1].transpose(1, 2), enable_gqa=True).transpose(1, 2)
-        it = [0]
-
-        def rot(fn):
-            def run():
-                k, v = caches[it[0] % sets]
-                it[0] += 1
-                return fn(k, v)
-            return run
 
         def tbs(ms):
             return kv_bytes / ms * 1e-9
 
-        best = None
-        for waves in waves_list:
-            ns = dec.choose_num_splits(b, hk, n, q.device, waves=waves)
-            for cfg in configs:
+        for page in [0] + list(args.pages):
+            if page:
+                pc = [_to_paged(k_, v_, page, torch.Generator().manual_seed(page)) for k_, v_ in caches]
+                mem = [(kp, vp, dict(block_table=t)) for kp, vp, t in pc]
+                configs = [dict(block_n=bn, num_warps=w, num_stages=s) for bn, w, s in paged.get(page, [(128, 8, 3)])]
+            else:
+                mem = [(k_, v_, {}) for k_, v_ in caches]
+                configs = contiguous
+            if args.defaults_only:
+                configs, waves = [dec.decode_config(d)], (dec.WAVES,)
+            else:
+                waves = waves_list
+            best = None
+            for wv, cfg, hf in itertools.product(waves, configs, (False, True)):
+                ns = dec.choose_num_splits(b, hk, n, q.device, waves=wv)
+                cfg = dict(cfg, heads_first=hf)
+
+                def call(i, cfg=cfg, ns=ns):
+                    k_, v_, kw = mem[i]
+                    return dec.decode_forward(q, k_, v_, None, d ** -0.5, False, num_splits=ns, max_seqlen_k=n,
+                                              config=cfg, **kw)[0]
                 try:
-                    out, _ = dec.decode_forward(q, *caches[0], seqlens, d ** -0.5, False, num_splits=ns,
-                                                max_seqlen_k=n, config=cfg)
-                    err = (out.float() - ref.float()).abs().max().item()
-                    assert err < 2e-2, err
-                    ms = do_bench(rot(lambda k, v: dec.decode_forward(q, k, v, seqlens, d ** -0.5, False,
-                                                                       num_splits=ns, max_seqlen_k=n, config=cfg)),
-                                  warmup=10, rep=40, return_mode="median")
+                    err = (call(0).float() - ref.float()).abs().max().item()
+                    assert err < 2e-2, f"max error {err}"
+                    ms = timed([lambda i=i: call(i) for i in range(sets)], sets)
                 except Exception as e:  # noqa: BLE001
-                    print(f"B={b} L={n} waves={waves} {cfg}: failed {type(e).__name__}: {str(e)[:120]}")
+                    print(f"B={b} L={n} page={page} waves={wv} {cfg}: failed {type(e).__name__}: {str(e)[:160]}",
+                          flush=True)
                     continue
-                print(f"B={b} L={n} waves={waves} splits={ns} {cfg}: {ms * 1e3:.1f} us {tbs(ms):.2f} TB/s", flush=True)
+                print(f"B={b} L={n} page={page} waves={wv} splits={ns} {cfg}: {ms * 1e3:.1f} us "
+                      f"{tbs(ms):.2f} TB/s", flush=True)
                 if best is None or ms < best[0]:
-                    best = (ms, waves, ns, cfg)
-        pub = do_bench(rot(lambda k, v: tileflash.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens)),
-                       warmup=10, rep=60, return_mode="median")
-        pub_graph = do_bench(graphed(lambda i: tileflash.flash_attn_with_kvcache(q, *caches[i], cache_seqlens=seqlens),
-                                     sets), warmup=10, rep=60, return_mode="median")
-        sd = {}
-        for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-            with sdpa_kernel(be):
-                sd[name] = do_bench(rot(lambda k, v: F.scaled_dot_product_attention(
-                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True)),
-                    warmup=10, rep=60, return_mode="median")
-        lines.append(f"| {b} | {n} | {best[1]} ({best[2]} splits) {best[3]} | {tbs(best[0]):.2f} | {tbs(pub):.2f} | "
-                     f"{tbs(pub_graph):.2f} | {tbs(sd['flash']):.2f} | {tbs(sd['cudnn']):.2f} |")
+                    best = (ms, wv, ns, cfg)
+
+            def public(i):
+                k_, v_, kw = mem[i]
+                return tileflash.flash_attn_with_kvcache(q, k_, v_, cache_seqlens=n, **kw)
+            it = [0]
+
+            def public_eager():
+                it[0] += 1
+                return public(it[0] % sets)
+            pub_graph = timed([lambda i=i: public(i) for i in range(sets)], sets)
+            pub_eager = do_bench(public_eager, warmup=10, rep=60, return_mode="median")
+            sd = {}
+            if not page:
+                for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                    def sdpa(i, be=be):
+                        with sdpa_kernel(be):
+                            return F.scaled_dot_product_attention(q.transpose(1, 2), caches[i][0].transpose(1, 2),
+                                                                  caches[i][1].transpose(1, 2), enable_gqa=True)
+                    try:
+                        sd[name] = f"{tbs(timed([lambda i=i: sdpa(i) for i in range(sets)], sets)):.2f}"
+                    except Exception as e:  # noqa: BLE001
+                        sd[name] = f"failed ({type(e).__name__})"
+            lines.append(f"| {b} | {n} | {page or '-'} | {best[1]} ({best[2]} splits) {best[3]} | {tbs(best[0]):.2f} | "
+                         f"{tbs(pub_graph):.2f} | {tbs(pub_eager):.2f} | {sd.get('flash', '')} | {sd.get('cudnn', '')} |")
+            print(lines[-1], f"[{time.time() - t_start:.0f} s]", flush=True)
+            del mem
         del caches
         torch.cuda.empty_cache()
-    print(f"\n{torch.cuda.get_device_name()} torch {torch.__version__}; KV TB/s (K+V bytes read once / median time)")
-    print("| B | L | best waves, config | kernels TB/s | public call TB/s | public call in a CUDA graph | SDPA flash "
-          "| SDPA cuDNN |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"\n{torch.cuda.get_device_name()} torch {torch.__version__}; KV TB/s (K+V bytes read once / median time); "
+          f"defaults: {dec.decode_config(d)}, waves {dec.WAVES}, heads_first {dec.HEADS_FIRST}")
+    print("| B | L | page | best waves, config | best, graph | public call, graph | public call, eager "
+          "| SDPA flash, graph | SDPA cuDNN, graph |")
+    print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(lines))
 
 

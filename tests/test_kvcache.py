@@ -274,6 +274,69 @@ def test_paged_page_sizes_match_contiguous(backend, page):
             _assert_matches(got[i:i + 1], q[i:i + 1], kc[i:i + 1, :n], vc[i:i + 1, :n], 3e-5)
 
 
+@pytest.mark.parametrize("n", [0, 1, 29, CAP])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_int_cache_seqlens(backend, n, splits):
+    """An int cache_seqlens (one length for every row, handed to the kernel as a scalar, with no
+    length tensor) against the same length as a tensor and the reference. No keys: zeros, lse -inf.
+    The same call twice must agree bitwise (the merge's tickets are fresh per call)."""
+    dev = backend_device(backend)
+    kc, vc, _, g = _setup(dev, 2, False, 0, seed=11 + n)
+    q = torch.randn(B, 1, H, D, generator=g).to(dev, kc.dtype)
+    out, lse = tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, num_splits=splits,
+                                                 return_softmax_lse=True)
+    again, _ = tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=n, num_splits=splits,
+                                                 return_softmax_lse=True)
+    assert torch.equal(out, again)
+    lens = torch.full((B,), n, dtype=torch.int32, device=dev)
+    out_t, lse_t = tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, num_splits=splits,
+                                                     return_softmax_lse=True)
+    _assert_same(out, out_t)
+    assert torch.equal(torch.isinf(lse), torch.isinf(lse_t))
+    if n == 0:
+        assert torch.equal(out.cpu(), torch.zeros_like(out.cpu())) and bool((lse == float("-inf")).all())
+        return
+    torch.testing.assert_close(lse, lse_t, rtol=0, atol=1e-5)
+    for b in range(B):
+        _assert_matches(out[b:b + 1], q[b:b + 1], kc[b:b + 1, :n], vc[b:b + 1, :n], 2e-5)
+
+
+def test_int_cache_seqlens_append(backend):
+    """An append with an int cache_seqlens writes at that position in every row, as the tensor form."""
+    dev = backend_device(backend)
+    kc, vc, _, g = _setup(dev, 2, False, 0, seed=21)
+    q = torch.randn(B, 2, H, D, generator=g).to(dev, kc.dtype)
+    k = torch.randn(B, 2, 2, D, generator=g).to(dev, kc.dtype)
+    v = torch.randn(B, 2, 2, D, generator=g).to(dev, kc.dtype)
+    kc2, vc2 = kc.clone(), vc.clone()
+    out = tileflash.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=7, causal=True, num_splits=2)
+    lens = torch.full((B,), 7, dtype=torch.int32, device=dev)
+    want = tileflash.flash_attn_with_kvcache(q, kc2, vc2, k, v, cache_seqlens=lens, causal=True, num_splits=2)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    assert torch.equal(kc[:B, 7:9], k) and torch.equal(vc[:B, 7:9], v)
+    _assert_same(out, want)
+
+
+def test_split_merge_under_concurrency(backend):
+    """Many splits racing for the merge ticket on a GPU: every repeat equals the first bitwise, and
+    matches one split. (On CPU the programs run one after another, so there is no race to test.)"""
+    if backend != "cuda":
+        pytest.skip("the ticket race needs programs running concurrently (GPU)")
+    dev = backend_device(backend)
+    g = torch.Generator().manual_seed(5)
+    b, hk, cap = 4, 2, 8192
+    kc = torch.randn(b, cap, hk, D, generator=g).to(dev, torch.float16)
+    vc = torch.randn(b, cap, hk, D, generator=g).to(dev, torch.float16)
+    q = torch.randn(b, 1, H, D, generator=g).to(dev, torch.float16)
+    lens = torch.tensor([cap, 5000, 130, 0], dtype=torch.int32, device=dev)
+    one = tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, num_splits=1)
+    first = tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, num_splits=64)
+    for _ in range(20):
+        assert torch.equal(tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, num_splits=64), first)
+    _assert_same(first, one)
+    assert torch.equal(first[3].cpu(), torch.zeros_like(first[3].cpu()))
+
+
 def test_long_chunk_spans_several_row_blocks(backend):
     """A 40-token chunk with 2 query heads per kv head: 80 packed rows, two 64-row blocks."""
     dev = backend_device(backend)

@@ -641,10 +641,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                              f"cache_batch_idx, batch row b uses cache row b, so the cache needs at least {batch}")
     if cache_batch_idx is not None:
         cache_batch_idx = _int_tensor("cache_batch_idx", cache_batch_idx, (batch,), dev)
-    if cache_seqlens is None:
-        seqlens = torch.full((batch,), capacity, dtype=torch.int32, device=dev)
-    elif isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
-        seqlens = torch.full((batch,), int(cache_seqlens), dtype=torch.int32, device=dev)
+    uniform = cache_seqlens is None or (isinstance(cache_seqlens, numbers.Integral)
+                                        and not isinstance(cache_seqlens, bool))
+    if uniform:
+        seqlens = None  # one length known on the host: no tensor unless an append or rotary needs it
     else:
         seqlens = _int_tensor("cache_seqlens", cache_seqlens, (batch,), dev)
     if (k is None) != (v is None):
@@ -686,6 +686,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
     # -- rotary and in-place append ----------------------------------------------------------------
     t_new = torch.arange(seqlen_new, device=dev) if k is not None else None
+    if seqlens is None and k is not None:
+        seqlens = torch.full((batch,), sl[0] if sl else 0, dtype=torch.int32, device=dev)
     if rotary_cos is not None and k is not None:  # flash-attn: rotary only applies with an append
         span = capacity  # flash-attn's rule: a window at least the cache's size is no window
         local = 0 <= feats["window_left"] < span or 0 <= feats["window_right"] < span
@@ -707,7 +709,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             v_cache[rows] = v
         seqlens = seqlens + seqlen_new
     q = _unit_last_stride(q)
-    if seqlens.dtype != torch.int32 or not seqlens.is_contiguous():
+    if uniform:
+        seqlens = None  # every entry holds sl[0] + seqlen_new keys: the kernel takes that scalar
+    elif seqlens.dtype != torch.int32 or not seqlens.is_contiguous():
         seqlens = seqlens.to(torch.int32).contiguous()
     # forward-only: outside torch.compile the op's dispatch is pure host overhead, so call its body
     fwd = kvcache_fwd if torch.compiler.is_compiling() else kvcache_forward

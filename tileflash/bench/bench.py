@@ -37,7 +37,7 @@ MODES = ("fwd", "bwd", "fwd+bwd")
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 CSV_FIELDS = ["provider", "mode", "batch", "heads", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "causal",
-              "dtype", "status", "ms", "p20", "p80", "tflops", "kv_tb_s", "peak_mib", "max_err", "device_name", "torch",
+              "dtype", "status", "ms", "p20", "p80", "tflops", "kv_tb_s", "ms_eager", "kv_tb_s_eager", "timing", "peak_mib", "max_err", "device_name", "torch",
               "triton", "date", "git"]
 
 
@@ -64,7 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode", action="store_true",
                    help="decode benchmark: one query token against a KV cache of each --seqlens length; the "
                         "metric is K and V bytes read per second (defaults: batch 16, 32 heads, 8 kv heads, "
-                        "headdim 128, bf16 on CUDA)")
+                        "headdim 128, bf16 on CUDA). On CUDA every provider's call is timed twice: replayed "
+                        "from a CUDA graph (the kernels, as a serving loop that captures its decode step runs "
+                        "them; the headline) and called from Python (host launch cost included)")
     p.add_argument("--page-sizes", type=int, nargs="*", default=None,
                    help="with --decode: also time tileflash on a paged cache of each page size (rows "
                         "'tileflash_paged<P>'; default 16 64 256 on CUDA, none on CPU)")
@@ -267,6 +269,25 @@ def _decode_paged(q, cache, causal):
                                              block_table=table, causal=causal)
 
 
+def _graph_of(calls):
+    """A thunk replaying one CUDA graph of `calls` run in order (one call per rotated cache)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (compiles, allocator pools) outside the capture
+        for c in calls:
+            c()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        keep = [c() for c in calls]
+
+    def replay():
+        graph.replay()
+        return keep
+    return replay
+
+
 def measure_decode(name, shape, dtype, device, quick):
     """One decode row: q (B, 1, H, D) against K/V (B, L, Hk, D); KV bytes read per second."""
     b, h, hk, d, n = (shape[k_] for k_ in ("batch", "heads", "heads_kv", "head_dim", "seqlen"))
@@ -302,7 +323,18 @@ def measure_decode(name, shape, dtype, device, quick):
             it[0] += 1
             return call(c)
 
-        ms, p20, p80 = _time(run, device, quick)
+        ms_eager, p20, p80 = _time(run, device, quick)
+        row.update(ms_eager=ms_eager, kv_tb_s_eager=kv_bytes / ms_eager * 1e-9, timing="eager")
+        if device == "cuda":
+            try:
+                replay = _graph_of([lambda c=c: call(c) for c in caches])
+                ms, p20, p80 = (t / sets for t in _time(replay, device, quick))
+                row["timing"] = "cuda_graph"
+            except Exception as e:  # noqa: BLE001 -- a provider that cannot be captured keeps its eager time
+                ms = ms_eager
+                row["graph_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        else:
+            ms = ms_eager
         row.update(ms=ms, p20=p20, p80=p80, kv_tb_s=kv_bytes / ms * 1e-9, tflops=4 * b * h * n * d / ms * 1e-9,
                    peak_mib=_peak_mib(run, device), status="ok", caches_rotated=sets)
     except Exception as e:  # noqa: BLE001
@@ -334,13 +366,19 @@ def run_decode(args, device, meta):
                 prog.step(f"decode {name} B={shape['batch']} L={shape['seqlen']}")
                 rows.append({**measure_decode(name, shape, dtype, device, args.quick), **meta})
     prog.close()
-    print(f"{'provider':<19}{'B':>4}{'L':>8}{'ms':>10}{'KV TB/s':>9}{'max_err':>10}  status")
+    print(f"{'provider':<19}{'B':>4}{'L':>8}{'ms':>10}{'KV TB/s':>9}{'eager ms':>10}{'eager TB/s':>11}"
+          f"{'max_err':>10}  status")
     for r in rows:
         ok = r["status"] == "ok"
         print(f"{r['provider']:<19}{r['batch']:>4}{r['seqlen_k']:>8}"
-              + (f"{r['ms']:>10.4f}{r['kv_tb_s']:>9.3f}{r['max_err']:>10.2e}" if ok else " " * 29) + f"  {r['status']}")
-    print("KV TB/s = bytes of K and V in the cache (read once) / time; " + ", ".join(f"{k_} {v_}" for k_, v_ in
-                                                                                 meta.items()))
+              + (f"{r['ms']:>10.4f}{r['kv_tb_s']:>9.3f}{r['ms_eager']:>10.4f}{r['kv_tb_s_eager']:>11.3f}"
+                 f"{r['max_err']:>10.2e}" if ok else " " * 50)
+              + f"  {r['status']}" + (f" (timed eager: graph capture failed, {r['graph_error']})"
+                                      if r.get("graph_error") else ""))
+    timing = ("ms / KV TB/s: replayed from a CUDA graph (kernels only); eager: called from Python, host launch "
+              "cost included" if device == "cuda" else "timed eager (called from Python)")
+    print("KV TB/s = bytes of K and V in the cache (read once) / time; " + timing + "; "
+          + ", ".join(f"{k_} {v_}" for k_, v_ in meta.items()))
     if args.out:
         write_results(rows, Path(args.out), {})
         print(f"wrote {Path(args.out) / 'results.json'}, {Path(args.out) / 'results.csv'}")

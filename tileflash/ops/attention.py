@@ -279,13 +279,14 @@ attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def kvcache_forward(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Tensor, softmax_scale: float, causal: bool,
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Optional[Tensor], softmax_scale: float, causal: bool,
     window_left: int = -1, window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
     cache_batch_idx: Optional[Tensor] = None, block_table: Optional[Tensor] = None, num_splits: int = 0,
     max_seqlen_k: int = -1,
 ) -> tuple[Tensor, Tensor]:
     """Attention of q (batch, seqlen_q, nheads, d) over the first seqlens_k[b] keys of a
     contiguous or paged KV cache -> (out, lse (batch, nheads, seqlen_q)). Forward only.
+    seqlens_k=None: every batch entry holds max_seqlen_k keys.
 
     The body of the custom op ``tileflash::kvcache_fwd``. Eager callers may call it directly: a
     decode step is forward-only, so the op's dispatch (about 30 us of host time per call, measured
@@ -303,7 +304,8 @@ def kvcache_forward(
     # tiled CPU path: one batch entry at a time over its gathered cache rows
     out = torch.empty_like(q)
     lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-    for b, n in enumerate(seqlens_k.tolist()):
+    lengths = seqlens_k.tolist() if seqlens_k is not None else [max_seqlen_k] * q.shape[0]
+    for b, n in enumerate(lengths):
         kb = _dec.gather_cache(k_cache, b, n, cache_batch_idx, block_table)
         vb = _dec.gather_cache(v_cache, b, n, cache_batch_idx, block_table)
         slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
@@ -315,7 +317,7 @@ def kvcache_forward(
 
 @torch.library.custom_op("tileflash::kvcache_fwd", mutates_args=())
 def kvcache_fwd(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Tensor, softmax_scale: float, causal: bool,
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Optional[Tensor], softmax_scale: float, causal: bool,
     window_left: int = -1, window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
     cache_batch_idx: Optional[Tensor] = None, block_table: Optional[Tensor] = None, num_splits: int = 0,
     max_seqlen_k: int = -1,

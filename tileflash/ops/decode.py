@@ -7,8 +7,9 @@ program per (Q block, head) leaves most of the GPU idle at small batch. Here:
   the query heads of its GQA group and the new tokens, packed as rows (row r = g·seqlen_q + t for
   query head hk·G + g and new token t; one row block of up to 64 rows covers a whole group when
   decoding a token, so each K/V byte is read once);
-* each split writes an unnormalised partial (fp32 out, LSE); ``_combine`` merges the splits with
-  their LSEs: lse = log Σ_s exp(lse_s), out = Σ_s exp(lse_s − lse)·out_s;
+* each split writes its partial (fp32 out normalised within the split, LSE); the last split of a
+  (batch, kv head, row block) to finish (an atomic ticket) merges them with their LSEs in the same
+  launch: lse = log Σ_s exp(lse_s), out = Σ_s exp(lse_s − lse)·out_s; one split writes directly;
 * the cache is either contiguous ``(batch_cache, max_len, nheads_k, d)`` (with an optional
   ``cache_batch_idx`` indirection) or paged ``(num_blocks, page_size, nheads_k, d)`` with a
   ``block_table (batch, max_blocks)``: key j of batch b lives in page block_table[b, j // page_size],
@@ -31,6 +32,7 @@ from tileflash.ops.forward import LOG2E, block_d_for, feature_args, interpreting
 
 # GPU launch defaults of the split kernel (see docs/testing.md for the H200 sweep behind them)
 WAVES = 2          # target programs per SM when choosing num_splits
+HEADS_FIRST = False  # grid order: program_id(0) walks the splits (False) or batch x kv heads (True)
 DECODE_CONFIG = dict(block_n=128, num_warps=8, num_stages=3)   # BLOCK_D <= 128: 3 x 64 KiB of K/V tiles
 DECODE_CONFIG_WIDE = dict(block_n=64, num_warps=8, num_stages=2)  # BLOCK_D 256: 2 x 64 KiB
 
@@ -40,36 +42,88 @@ def decode_config(block_d: int) -> dict:
     return dict(DECODE_CONFIG if block_d <= 128 else DECODE_CONFIG_WIDE)
 
 
-@triton.jit(do_not_specialize=["seqlen_q", "split_len", "window_left", "window_right"])
+@triton.jit
+def _merge_splits(O_PART, LSE_PART, part0, part_step, o_r, m_r, o_d, m_d, num_splits,
+                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Merge the partials of one row block: lse = log2 Σ_s 2^lse_s, out = Σ_s 2^(lse_s − lse)·out_s.
+
+    Split s's partial rows start at row part0 + s·part_step of the partial buffers. Returns out
+    [BLOCK_M, BLOCK_D] and lse [BLOCK_M] (base 2; -inf where every split was empty). The splits
+    are summed in split order whichever program merges them, so the result is deterministic."""
+    o_s = tl.arange(0, BLOCK_S)
+    m_s = o_s < num_splits
+    p_lse = LSE_PART + part0 + o_s[:, None].to(tl.int64) * part_step + o_r[None, :]
+    lse_s = tl.load(p_lse, mask=m_s[:, None] & m_r[None, :], other=float("-inf"),
+                    cache_modifier=".cg")                                             # [BLOCK_S, BLOCK_M]
+    m = tl.max(lse_s, 0)                                                              # [BLOCK_M]
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.math.exp2(lse_s - m_use[None, :])                                          # [BLOCK_S, BLOCK_M]
+    total = tl.sum(w, 0)                                                              # [BLOCK_M]
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for s in range(0, num_splits):
+        ws = tl.sum(tl.where(o_s[:, None] == s, w, 0.0), 0)                           # [BLOCK_M]
+        base = (part0 + s * part_step + o_r) * BLOCK_D                                # [BLOCK_M]
+        o_part = tl.load(O_PART + base[:, None] + o_d[None, :],
+                         mask=m_r[:, None] & m_d[None, :] & (ws > 0)[:, None], other=0.0,
+                         cache_modifier=".cg")                                        # [BLOCK_M, BLOCK_D]
+        acc += ws[:, None] * o_part
+    t_safe = tl.where(total == 0.0, 1.0, total)
+    return acc / t_safe[:, None], tl.where(total == 0.0, float("-inf"), m_use + tl.math.log2(t_safe))
+
+
+@triton.jit(do_not_specialize=["seqlen_q", "seqlen_fixed", "split_len", "num_splits", "window_left", "window_right"])
 def _decode_split(
-    Q, K, V, O_PART, LSE_PART, SEQLENS_K, BATCH_IDX, BLOCK_TABLE, ALIBI,
+    Q, K, V, O, LSE, O_PART, LSE_PART, COUNTER, SEQLENS_K, BATCH_IDX, BLOCK_TABLE, ALIBI,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
+    stride_ob, stride_om, stride_oh,
     stride_bt_b, stride_ab, stride_ah,
-    nheads_k, seqlen_q, split_len, page_size, window_left, window_right, rows_total, capacity, num_cache,
+    nheads, nheads_k, seqlen_q, seqlen_fixed, split_len, num_splits, page_size, window_left, window_right,
+    rows_total, capacity, num_cache,
     qk_scale, softcap_scale, softcap2,
     KV_GROUP: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, PAGED: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PAGE_TILE: tl.constexpr = False,
+    DOT_PRECISION: tl.constexpr, PAGE_TILE: tl.constexpr = False, HAS_SEQLENS: tl.constexpr = True,
+    SPLIT: tl.constexpr = True, BLOCK_S: tl.constexpr = 2, HEADS_FIRST: tl.constexpr = False,
 ):
-    """PAGE_TILE (paged, page_size a multiple of BLOCK_N): a K/V tile never straddles two pages
+    """One (KV split, batch·kv head, row block) program: attention of the packed rows over keys
+    [pid_s·split_len, (pid_s+1)·split_len) of the cache.
+
+    SPLIT (num_splits > 1): each program writes its unnormalised partial (out_s, lse_s), then takes
+    a ticket from COUNTER (zeroed per call, one int32 per (batch·kv head, row block)); the program
+    that takes the last ticket merges every split's partial into O and LSE (so no second launch).
+    Otherwise the program writes O and LSE directly. HAS_SEQLENS: the per-batch lengths come from
+    SEQLENS_K, else every batch entry holds seqlen_fixed keys. HEADS_FIRST: program_id(0) walks
+    batch·kv heads and program_id(1) the splits (the launch order of the grid).
+    PAGE_TILE (paged, page_size a multiple of BLOCK_N): a K/V tile never straddles two pages
     (splits start at multiples of BLOCK_N), so one block-table entry per tile gives affine row
     addresses, as in a contiguous cache; otherwise each key looks its page up."""
-    pid_s = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    if HEADS_FIRST:
+        pid_bh = tl.program_id(0)
+        pid_s = tl.program_id(1)
+        n_bh = tl.num_programs(0)
+    else:
+        pid_s = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+        n_bh = tl.num_programs(1)
+    pid_m = tl.program_id(2)
     off_b = (pid_bh // nheads_k).to(tl.int64)
     off_hk = (pid_bh % nheads_k).to(tl.int64)
     # cache length after the append, this batch entry; clamped, as are page and batch indices below,
     # because a read-only call does not check the values on the host (no sync): bad values give
     # wrong numbers for that row, never an access outside the cache
-    seqlen_k = tl.minimum(tl.maximum(tl.load(SEQLENS_K + off_b), 0), capacity)
+    if HAS_SEQLENS:
+        seqlen_k = tl.load(SEQLENS_K + off_b)
+    else:
+        seqlen_k = seqlen_fixed
+    seqlen_k = tl.minimum(tl.maximum(seqlen_k, 0), capacity)
     shift = seqlen_k - seqlen_q
     lo = pid_s * split_len
     hi = tl.minimum(lo + split_len, seqlen_k)
 
-    o_r = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)                          # [BLOCK_M] packed rows
+    o_r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)                                     # [BLOCK_M] packed rows
     o_g = o_r // seqlen_q                                                             # query head within group
     o_t = o_r % seqlen_q                                                              # new token index
     m_r = o_r < KV_GROUP * seqlen_q
@@ -128,55 +182,30 @@ def _decode_split(
         acc = acc * alpha[:, None]
         acc = tl.dot(b_p.to(b_v.dtype), b_v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
-    # unnormalised partial: out_s = acc / l, lse_s (base 2) = m + log2 l; empty split -> lse -inf
+    # this split's result: out_s = acc / l, lse_s (base 2) = m + log2 l; an empty split -> 0, -inf
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    lse2 = tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_safe))
-    part = (pid_s * tl.num_programs(1) + pid_bh).to(tl.int64) * rows_total
-    tl.store(LSE_PART + part + o_r, lse2, mask=m_r)
-    tl.store(O_PART + (part + o_r[:, None]) * BLOCK_D + o_d[None, :], acc / l_safe[:, None],
-             mask=m_r[:, None] & m_d[None, :])
-
-
-@triton.jit
-def _combine(
-    O_PART, LSE_PART, O, LSE,
-    stride_ob, stride_om, stride_oh,
-    nheads, nheads_k, seqlen_q, num_splits, rows_total,
-    KV_GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-):
-    """Merge the splits of one (batch, kv head): lse = log Σ exp(lse_s), out = Σ exp(lse_s − lse)·out_s."""
-    pid_bh = tl.program_id(0)
-    off_b = (pid_bh // nheads_k).to(tl.int64)
-    off_hk = (pid_bh % nheads_k).to(tl.int64)
-    o_r = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)                          # [BLOCK_M] packed rows
-    m_r = o_r < KV_GROUP * seqlen_q
-    o_s = tl.arange(0, BLOCK_S)
-    m_s = o_s < num_splits
-    o_d = tl.arange(0, BLOCK_D)
-    m_d = o_d < HEAD_DIM
-    part = ((o_s[:, None] * tl.num_programs(0) + pid_bh).to(tl.int64) * rows_total + o_r[None, :])  # [BLOCK_S, BLOCK_M]
-    lse_s = tl.load(LSE_PART + part, mask=m_s[:, None] & m_r[None, :], other=float("-inf"))   # [BLOCK_S, BLOCK_M]
-    m = tl.max(lse_s, 0)                                                              # [BLOCK_M]
-    m_use = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.math.exp2(lse_s - m_use[None, :])                                          # [BLOCK_S, BLOCK_M]
-    total = tl.sum(w, 0)                                                              # [BLOCK_M]
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for s in range(0, num_splits):
-        ws = tl.sum(tl.where(o_s[:, None] == s, w, 0.0), 0)                           # [BLOCK_M]
-        base = ((s * tl.num_programs(0) + pid_bh).to(tl.int64) * rows_total + o_r) * BLOCK_D
-        o_part = tl.load(O_PART + base[:, None] + o_d[None, :], mask=m_r[:, None] & m_d[None, :] & (ws > 0)[:, None],
-                         other=0.0)
-        acc += ws[:, None] * o_part
-    t_safe = tl.where(total == 0.0, 1.0, total)
-    out = acc / t_safe[:, None]
-    lse = tl.where(total == 0.0, float("-inf"), (m_use + tl.math.log2(t_safe)) * 0.6931471805599453)
-    o_g = o_r // seqlen_q
-    o_t = o_r % seqlen_q
-    o_h = off_hk * KV_GROUP + o_g
+    out = acc / l_safe[:, None]                                                       # [BLOCK_M, BLOCK_D]
+    lse2 = tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_safe))            # [BLOCK_M]
     p_o = O + off_b * stride_ob + o_t[:, None].to(tl.int64) * stride_om + o_h[:, None] * stride_oh + o_d[None, :]
-    tl.store(p_o, out.to(O.dtype.element_ty), mask=m_r[:, None] & m_d[None, :])
-    tl.store(LSE + (off_b * nheads + o_h) * seqlen_q + o_t, lse, mask=m_r)
+    p_lse = LSE + (off_b * nheads + o_h) * seqlen_q + o_t
+    if SPLIT:
+        part0 = pid_bh.to(tl.int64) * rows_total                                      # split 0's rows
+        part_step = n_bh.to(tl.int64) * rows_total                                    # rows per split
+        part = part0 + pid_s * part_step
+        tl.store(LSE_PART + part + o_r, lse2, mask=m_r)
+        tl.store(O_PART + (part + o_r[:, None]) * BLOCK_D + o_d[None, :], out, mask=m_r[:, None] & m_d[None, :])
+        # every thread's partial stores precede the ticket (a barrier, then a gpu-scope acq_rel
+        # atomic), so the program holding the last ticket sees all the splits' partials
+        tl.debug_barrier()
+        ticket = tl.atomic_add(COUNTER + pid_bh * tl.num_programs(2) + pid_m, 1, sem="acq_rel", scope="gpu")
+        if ticket == num_splits - 1:
+            out, lse2 = _merge_splits(O_PART, LSE_PART, part0, part_step, o_r, m_r, o_d, m_d, num_splits,
+                                      BLOCK_M, BLOCK_D, BLOCK_S)
+            tl.store(p_o, out.to(O.dtype.element_ty), mask=m_r[:, None] & m_d[None, :])
+            tl.store(p_lse, lse2 * 0.6931471805599453, mask=m_r)
+    else:
+        tl.store(p_o, out.to(O.dtype.element_ty), mask=m_r[:, None] & m_d[None, :])
+        tl.store(p_lse, lse2 * 0.6931471805599453, mask=m_r)
 
 
 @functools.lru_cache(maxsize=None)
@@ -218,10 +247,14 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     """Attention of q (batch, seqlen_q, nheads, d) over the first seqlens_k[b] keys of the cache.
 
     Returns out (q's shape and dtype) and lse (batch, nheads, seqlen_q) fp32. Inputs validated by
-    ``tileflash.interface.flash_attn_with_kvcache``; seqlens_k is int32 (batch,); max_seqlen_k
-    (if >= 0) bounds seqlens_k and sizes the splits. config: dict(block_n, num_warps, num_stages)
-    overriding DECODE_CONFIG (for tuning scripts).
+    ``tileflash.interface.flash_attn_with_kvcache``. seqlens_k: int32 (batch,), or None when every
+    batch entry holds max_seqlen_k keys (no length tensor to build or read). max_seqlen_k (if >= 0)
+    bounds seqlens_k and sizes the splits. One launch: the split programs merge their own partials
+    (see ``_decode_split``). config: dict(block_n, num_warps, num_stages, heads_first) overriding
+    DECODE_CONFIG / HEADS_FIRST (for tuning scripts).
     """
+    if seqlens_k is None and max_seqlen_k < 0:
+        raise ValueError("decode_forward: pass seqlens_k, or max_seqlen_k >= 0 as every entry's length")
     cfg = {**decode_config(block_d_for(q.shape[-1])), **(config or {})}
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
@@ -246,30 +279,37 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     lse = torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse
-    o_part = torch.empty((num_splits, batch * nheads_k, rows_total, block_d), dtype=torch.float32, device=q.device)
-    lse_part = torch.empty((num_splits, batch * nheads_k, rows_total), dtype=torch.float32, device=q.device)
+    split = num_splits > 1
+    n_bh = batch * nheads_k
+    if split:  # partial outs, then partial LSEs, in one fp32 buffer; tickets zeroed per call
+        buf = torch.empty(num_splits * n_bh * rows_total * (block_d + 1), dtype=torch.float32, device=q.device)
+        o_part, lse_part = buf[: num_splits * n_bh * rows_total * block_d], buf[num_splits * n_bh * rows_total * block_d:]
+        counter = torch.zeros(n_bh * m_blocks, dtype=torch.int32, device=q.device)
+    else:
+        o_part = lse_part = counter = None
     flags, sc, alibi_strides = feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch, 0.0,
                                             seqlen_q + max_k, seqlen_q + max_k)
     flags.pop("HAS_DROPOUT")
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    _decode_split[(num_splits, batch * nheads_k, m_blocks)](
-        q, k_cache, v_cache, o_part, lse_part, seqlens_k, cache_batch_idx, block_table, alibi_slopes,
+    heads_first = cfg.get("heads_first", HEADS_FIRST)
+    grid = (n_bh, num_splits, m_blocks) if heads_first else (num_splits, n_bh, m_blocks)
+    _decode_split[grid](
+        q, k_cache, v_cache, out, lse, o_part, lse_part, counter, seqlens_k, cache_batch_idx, block_table,
+        alibi_slopes,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
         block_table.stride(0) if paged else 0, *alibi_strides,
-        nheads_k, seqlen_q, split_len, k_cache.shape[1] if paged else 1, sc["window_left"], sc["window_right"],
+        nheads, nheads_k, seqlen_q, max_seqlen_k if seqlens_k is None else 0, split_len, num_splits,
+        k_cache.shape[1] if paged else 1, sc["window_left"], sc["window_right"],
         rows_total, (block_table.shape[1] * k_cache.shape[1]) if paged else k_cache.shape[1], k_cache.shape[0],
         softmax_scale * LOG2E, sc["softcap_scale"], sc["softcap2"],
         KV_GROUP=group, **flags, HAS_BATCH_IDX=cache_batch_idx is not None, PAGED=paged,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=precision,
-        PAGE_TILE=page_tile, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )
-    _combine[(batch * nheads_k, m_blocks)](
-        o_part, lse_part, out, lse, out.stride(0), out.stride(1), out.stride(2),
-        nheads, nheads_k, seqlen_q, num_splits, rows_total,
-        KV_GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m,
-        BLOCK_S=max(2, triton.next_power_of_2(num_splits)), num_warps=4,
+        PAGE_TILE=page_tile, HAS_SEQLENS=seqlens_k is not None, SPLIT=split,
+        BLOCK_S=max(2, triton.next_power_of_2(num_splits)), HEADS_FIRST=heads_first,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out, lse
 
