@@ -118,7 +118,7 @@ def main():
                 base = dict(KV_GROUP=4, **feats, HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=bm, BLOCK_N=cfg["block_n"],
                             DOT_PRECISION="tf32")
                 cases = [("decode", DEC._decode_split, dict(base, SPLIT=False), cfg["num_warps"], cfg["num_stages"]),
-                         ("split", DEC._decode_split, dict(base, SPLIT=True, BLOCK_S=128, HAS_SEQLENS=False),
+                         ("split", DEC._decode_split, dict(base, SPLIT=True, BLOCK_S=128, S_CHUNK=4096 // bd, HAS_SEQLENS=False),
                           cfg["num_warps"], cfg["num_stages"])]
                 for name, fn, const, w, s_ in cases:
                     try:

@@ -37,11 +37,11 @@ def main():
     args = ap.parse_args()
     dev, dt, h, hk, d = "cuda", torch.bfloat16, 32, 8, 128
     contiguous = [dict(block_n=bn, num_warps=w, num_stages=s)
-                  for bn, w, s in ((128, 8, 3), (128, 4, 3), (128, 8, 4), (64, 4, 3), (64, 4, 4), (256, 8, 2))]
-    paged = {16: [(16, 4, 4), (16, 4, 6), (16, 2, 6), (32, 4, 4), (64, 4, 3), (128, 4, 3), (128, 8, 3)],
-             64: [(64, 8, 3), (64, 4, 3), (64, 4, 4), (64, 8, 4), (32, 4, 4)],
-             256: [(128, 8, 3), (128, 4, 3), (128, 8, 4), (64, 4, 3)]}
-    waves_list = (2, 4)
+                  for bn, w, s in ((128, 8, 3), (128, 4, 3), (64, 4, 3), (64, 4, 4), (64, 8, 3))]
+    paged = {16: [(16, 2, 6), (16, 2, 8), (16, 4, 6), (32, 2, 6), (128, 4, 3)],
+             64: [(64, 4, 3), (64, 4, 4), (64, 2, 4), (32, 2, 6)],
+             256: [(128, 4, 3), (128, 8, 3), (64, 4, 3)]}
+    waves_list = (2, 4, 8)
     lines = []
     t_start = time.time()
     for spec in args.shapes:
@@ -71,9 +71,8 @@ def main():
             else:
                 waves = waves_list
             best = None
-            for wv, cfg, hf in itertools.product(waves, configs, (False, True)):
+            for wv, cfg in itertools.product(waves, configs):
                 ns = dec.choose_num_splits(b, hk, n, q.device, waves=wv)
-                cfg = dict(cfg, heads_first=hf)
 
                 def call(i, cfg=cfg, ns=ns):
                     k_, v_, kw = mem[i]
@@ -120,7 +119,7 @@ def main():
         del caches
         torch.cuda.empty_cache()
     print(f"\n{torch.cuda.get_device_name()} torch {torch.__version__}; KV TB/s (K+V bytes read once / median time); "
-          f"defaults: {dec.decode_config(d)}, waves {dec.WAVES}, heads_first {dec.HEADS_FIRST}")
+          f"defaults: {dec.decode_config(d)}, waves {dec.WAVES}")
     print("| B | L | page | best waves, config | best, graph | public call, graph | public call, eager "
           "| SDPA flash, graph | SDPA cuDNN, graph |")
     print("|---|---|---|---|---|---|---|---|---|")

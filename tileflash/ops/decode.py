@@ -32,7 +32,6 @@ from tileflash.ops.forward import LOG2E, block_d_for, feature_args, interpreting
 
 # GPU launch defaults of the split kernel (see docs/testing.md for the H200 sweep behind them)
 WAVES = 2          # target programs per SM when choosing num_splits
-HEADS_FIRST = False  # grid order: program_id(0) walks the splits (False) or batch x kv heads (True)
 DECODE_CONFIG = dict(block_n=128, num_warps=8, num_stages=3)   # BLOCK_D <= 128: 3 x 64 KiB of K/V tiles
 DECODE_CONFIG_WIDE = dict(block_n=64, num_warps=8, num_stages=2)  # BLOCK_D 256: 2 x 64 KiB
 
@@ -43,32 +42,43 @@ def decode_config(block_d: int) -> dict:
 
 
 @triton.jit
-def _merge_splits(O_PART, LSE_PART, part0, part_step, o_r, m_r, o_d, m_d, num_splits,
-                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Merge the partials of one row block: lse = log2 Σ_s 2^lse_s, out = Σ_s 2^(lse_s − lse)·out_s.
+def _merge_splits(O, LSE, O_PART, LSE_PART, part0, part_step, row0, n_rows, off_b, off_hk, nheads, seqlen_q,
+                  stride_ob, stride_om, stride_oh, num_splits,
+                  KV_GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+                  S_CHUNK: tl.constexpr):
+    """Merge packed rows [row0, row0 + n_rows) of one (batch, kv head) over the splits, and store
+    them: lse = log Σ_s exp(lse_s), out = Σ_s exp(lse_s − lse)·out_s (base 2 inside).
 
-    Split s's partial rows start at row part0 + s·part_step of the partial buffers. Returns out
-    [BLOCK_M, BLOCK_D] and lse [BLOCK_M] (base 2; -inf where every split was empty). The splits
-    are summed in split order whichever program merges them, so the result is deterministic."""
+    Split s's partial of row r is row part0 + s·part_step + r of the partial buffers. One row at a
+    time, all of its splits at once ([S_CHUNK, BLOCK_D] loads), so the merge costs a few dependent
+    loads per row, not one per split. A row with every split empty gets 0 and lse -inf. The sums
+    are in a fixed order whichever program merges, so the result is deterministic."""
     o_s = tl.arange(0, BLOCK_S)
-    m_s = o_s < num_splits
-    p_lse = LSE_PART + part0 + o_s[:, None].to(tl.int64) * part_step + o_r[None, :]
-    lse_s = tl.load(p_lse, mask=m_s[:, None] & m_r[None, :], other=float("-inf"),
-                    cache_modifier=".cg")                                             # [BLOCK_S, BLOCK_M]
-    m = tl.max(lse_s, 0)                                                              # [BLOCK_M]
-    m_use = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.math.exp2(lse_s - m_use[None, :])                                          # [BLOCK_S, BLOCK_M]
-    total = tl.sum(w, 0)                                                              # [BLOCK_M]
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for s in range(0, num_splits):
-        ws = tl.sum(tl.where(o_s[:, None] == s, w, 0.0), 0)                           # [BLOCK_M]
-        base = (part0 + s * part_step + o_r) * BLOCK_D                                # [BLOCK_M]
-        o_part = tl.load(O_PART + base[:, None] + o_d[None, :],
-                         mask=m_r[:, None] & m_d[None, :] & (ws > 0)[:, None], other=0.0,
-                         cache_modifier=".cg")                                        # [BLOCK_M, BLOCK_D]
-        acc += ws[:, None] * o_part
-    t_safe = tl.where(total == 0.0, 1.0, total)
-    return acc / t_safe[:, None], tl.where(total == 0.0, float("-inf"), m_use + tl.math.log2(t_safe))
+    o_c = tl.arange(0, S_CHUNK)
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < HEAD_DIM
+    for r in range(row0, row0 + n_rows):
+        lse_s = tl.load(LSE_PART + part0 + o_s.to(tl.int64) * part_step + r, mask=o_s < num_splits,
+                        other=float("-inf"), cache_modifier=".cg")                    # [BLOCK_S]
+        m = tl.max(lse_s, 0)
+        m_use = tl.where(m == float("-inf"), 0.0, m)
+        total = tl.sum(tl.math.exp2(lse_s - m_use), 0)
+        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+        for s0 in range(0, num_splits, S_CHUNK):
+            rows = part0 + (s0 + o_c).to(tl.int64) * part_step + r                    # [S_CHUNK]
+            m_c = s0 + o_c < num_splits
+            w = tl.math.exp2(tl.load(LSE_PART + rows, mask=m_c, other=float("-inf"), cache_modifier=".cg")
+                             - m_use)                                                 # [S_CHUNK]; 0 if empty
+            o_part = tl.load(O_PART + rows[:, None] * BLOCK_D + o_d[None, :], mask=(w > 0)[:, None] & m_d[None, :],
+                             other=0.0, cache_modifier=".cg")                         # [S_CHUNK, BLOCK_D]
+            acc += tl.sum(w[:, None] * o_part, 0)
+        t_safe = tl.where(total == 0.0, 1.0, total)
+        lse = tl.where(total == 0.0, float("-inf"), (m_use + tl.math.log2(t_safe)) * 0.6931471805599453)
+        h = off_hk * KV_GROUP + r // seqlen_q
+        t = r % seqlen_q
+        tl.store(O + off_b * stride_ob + t.to(tl.int64) * stride_om + h * stride_oh + o_d,
+                 (acc / t_safe).to(O.dtype.element_ty), mask=m_d)
+        tl.store(LSE + (off_b * nheads + h) * seqlen_q + t, lse)
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "seqlen_fixed", "split_len", "num_splits", "window_left", "window_right"])
@@ -86,7 +96,7 @@ def _decode_split(
     HAS_ALIBI: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, PAGED: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PAGE_TILE: tl.constexpr = False, HAS_SEQLENS: tl.constexpr = True,
-    SPLIT: tl.constexpr = True, BLOCK_S: tl.constexpr = 2, HEADS_FIRST: tl.constexpr = False,
+    SPLIT: tl.constexpr = True, BLOCK_S: tl.constexpr = 2, S_CHUNK: tl.constexpr = 2,
 ):
     """One (KV split, batch·kv head, row block) program: attention of the packed rows over keys
     [pid_s·split_len, (pid_s+1)·split_len) of the cache.
@@ -95,19 +105,13 @@ def _decode_split(
     a ticket from COUNTER (zeroed per call, one int32 per (batch·kv head, row block)); the program
     that takes the last ticket merges every split's partial into O and LSE (so no second launch).
     Otherwise the program writes O and LSE directly. HAS_SEQLENS: the per-batch lengths come from
-    SEQLENS_K, else every batch entry holds seqlen_fixed keys. HEADS_FIRST: program_id(0) walks
-    batch·kv heads and program_id(1) the splits (the launch order of the grid).
+    SEQLENS_K, else every batch entry holds seqlen_fixed keys.
     PAGE_TILE (paged, page_size a multiple of BLOCK_N): a K/V tile never straddles two pages
     (splits start at multiples of BLOCK_N), so one block-table entry per tile gives affine row
     addresses, as in a contiguous cache; otherwise each key looks its page up."""
-    if HEADS_FIRST:
-        pid_bh = tl.program_id(0)
-        pid_s = tl.program_id(1)
-        n_bh = tl.num_programs(0)
-    else:
-        pid_s = tl.program_id(0)
-        pid_bh = tl.program_id(1)
-        n_bh = tl.num_programs(1)
+    pid_s = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    n_bh = tl.num_programs(1)
     pid_m = tl.program_id(2)
     off_b = (pid_bh // nheads_k).to(tl.int64)
     off_hk = (pid_bh % nheads_k).to(tl.int64)
@@ -186,8 +190,6 @@ def _decode_split(
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]                                                       # [BLOCK_M, BLOCK_D]
     lse2 = tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_safe))            # [BLOCK_M]
-    p_o = O + off_b * stride_ob + o_t[:, None].to(tl.int64) * stride_om + o_h[:, None] * stride_oh + o_d[None, :]
-    p_lse = LSE + (off_b * nheads + o_h) * seqlen_q + o_t
     if SPLIT:
         part0 = pid_bh.to(tl.int64) * rows_total                                      # split 0's rows
         part_step = n_bh.to(tl.int64) * rows_total                                    # rows per split
@@ -199,13 +201,14 @@ def _decode_split(
         tl.debug_barrier()
         ticket = tl.atomic_add(COUNTER + pid_bh * tl.num_programs(2) + pid_m, 1, sem="acq_rel", scope="gpu")
         if ticket == num_splits - 1:
-            out, lse2 = _merge_splits(O_PART, LSE_PART, part0, part_step, o_r, m_r, o_d, m_d, num_splits,
-                                      BLOCK_M, BLOCK_D, BLOCK_S)
-            tl.store(p_o, out.to(O.dtype.element_ty), mask=m_r[:, None] & m_d[None, :])
-            tl.store(p_lse, lse2 * 0.6931471805599453, mask=m_r)
+            _merge_splits(O, LSE, O_PART, LSE_PART, part0, part_step, pid_m * BLOCK_M,
+                          tl.minimum(BLOCK_M, KV_GROUP * seqlen_q - pid_m * BLOCK_M), off_b, off_hk, nheads,
+                          seqlen_q, stride_ob, stride_om, stride_oh, num_splits,
+                          KV_GROUP, HEAD_DIM, BLOCK_D, BLOCK_S, S_CHUNK)
     else:
+        p_o = O + off_b * stride_ob + o_t[:, None].to(tl.int64) * stride_om + o_h[:, None] * stride_oh + o_d[None, :]
         tl.store(p_o, out.to(O.dtype.element_ty), mask=m_r[:, None] & m_d[None, :])
-        tl.store(p_lse, lse2 * 0.6931471805599453, mask=m_r)
+        tl.store(LSE + (off_b * nheads + o_h) * seqlen_q + o_t, lse2 * 0.6931471805599453, mask=m_r)
 
 
 @functools.lru_cache(maxsize=None)
@@ -250,8 +253,8 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     ``tileflash.interface.flash_attn_with_kvcache``. seqlens_k: int32 (batch,), or None when every
     batch entry holds max_seqlen_k keys (no length tensor to build or read). max_seqlen_k (if >= 0)
     bounds seqlens_k and sizes the splits. One launch: the split programs merge their own partials
-    (see ``_decode_split``). config: dict(block_n, num_warps, num_stages, heads_first) overriding
-    DECODE_CONFIG / HEADS_FIRST (for tuning scripts).
+    (see ``_decode_split``). config: dict(block_n, num_warps, num_stages) overriding DECODE_CONFIG
+    (for tuning scripts).
     """
     if seqlens_k is None and max_seqlen_k < 0:
         raise ValueError("decode_forward: pass seqlens_k, or max_seqlen_k >= 0 as every entry's length")
@@ -291,9 +294,8 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
                                             seqlen_q + max_k, seqlen_q + max_k)
     flags.pop("HAS_DROPOUT")
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    heads_first = cfg.get("heads_first", HEADS_FIRST)
-    grid = (n_bh, num_splits, m_blocks) if heads_first else (num_splits, n_bh, m_blocks)
-    _decode_split[grid](
+    block_s = max(2, triton.next_power_of_2(num_splits))
+    _decode_split[(num_splits, n_bh, m_blocks)](
         q, k_cache, v_cache, out, lse, o_part, lse_part, counter, seqlens_k, cache_batch_idx, block_table,
         alibi_slopes,
         q.stride(0), q.stride(1), q.stride(2),
@@ -308,7 +310,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         KV_GROUP=group, **flags, HAS_BATCH_IDX=cache_batch_idx is not None, PAGED=paged,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=precision,
         PAGE_TILE=page_tile, HAS_SEQLENS=seqlens_k is not None, SPLIT=split,
-        BLOCK_S=max(2, triton.next_power_of_2(num_splits)), HEADS_FIRST=heads_first,
+        BLOCK_S=block_s, S_CHUNK=min(block_s, 4096 // block_d),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out, lse
