@@ -114,12 +114,17 @@ def main():
                           dict(HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False,
                                HAS_BATCH_IDX=False, PAGED=True, PAGE_TILE=True)):
                 bd = F.block_d_for(d)
-                cfg = DEC.decode_config(bd)
-                base = dict(KV_GROUP=4, **feats, HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=bm, BLOCK_N=cfg["block_n"],
-                            DOT_PRECISION="tf32")
-                cases = [("decode", DEC._decode_split, dict(base, SPLIT=False), cfg["num_warps"], cfg["num_stages"]),
-                         ("split", DEC._decode_split, dict(base, SPLIT=True, BLOCK_S=128, S_CHUNK=4096 // bd, HAS_SEQLENS=False),
-                          cfg["num_warps"], cfg["num_stages"])]
+                cases = []
+                # every default launch config: contiguous, pages of 64 and 16, short splits
+                cfgs = [DEC.decode_config(bd, page) for page in (0, 64, 16)] + [DEC.DECODE_CONFIG_SHORT]
+                for cfg in [dict(c) for c in {tuple(sorted(c.items())) for c in cfgs}]:
+                    base = dict(KV_GROUP=4, **feats, HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=bm, BLOCK_N=cfg["block_n"],
+                                DOT_PRECISION="tf32")
+                    tile = f"{cfg['block_n']}/{cfg['num_warps']}/{cfg['num_stages']}"
+                    cases += [(f"decode {tile}", DEC._decode_split, dict(base, SPLIT=False), cfg["num_warps"],
+                               cfg["num_stages"]),
+                              (f"split {tile}", DEC._decode_split, dict(base, SPLIT=True, BLOCK_S=128, S_CHUNK=4096 // bd,
+                                                                HAS_SEQLENS=False), cfg["num_warps"], cfg["num_stages"])]
                 for name, fn, const, w, s_ in cases:
                     try:
                         compile_one(fn, dtype, const, w, s_)

@@ -67,7 +67,8 @@ def main():
                 mem = [(k_, v_, {}) for k_, v_ in caches]
                 configs = contiguous
             if args.defaults_only:
-                configs, waves = [dec.decode_config(d)], (dec.WAVES,)
+                configs = [dec.decode_config(d, page)]
+                waves = (configs[0].pop("waves"),)
             else:
                 waves = waves_list
             best = None
@@ -119,7 +120,8 @@ def main():
         del caches
         torch.cuda.empty_cache()
     print(f"\n{torch.cuda.get_device_name()} torch {torch.__version__}; KV TB/s (K+V bytes read once / median time); "
-          f"defaults: {dec.decode_config(d)}, waves {dec.WAVES}")
+          f"defaults: contiguous {dec.decode_config(d)}, " + ", ".join(
+              f"page {p}: {dec.decode_config(d, p)}" for p in args.pages))
     print("| B | L | page | best waves, config | best, graph | public call, graph | public call, eager "
           "| SDPA flash, graph | SDPA cuDNN, graph |")
     print("|---|---|---|---|---|---|---|---|---|")

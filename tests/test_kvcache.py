@@ -246,6 +246,19 @@ def test_paged_tiling_rule():
     assert paged_tiling(16, 16) == (16, True) and paged_tiling(6, 16) == (16, False)
 
 
+def test_decode_config_rule():
+    """The GPU launch config by page size (the H200 sweep's winners) and the tiles that follow."""
+    from tileflash.ops.decode import decode_config, paged_tiling
+
+    assert decode_config(128)["block_n"] == 128 and decode_config(128, 256) == decode_config(128)
+    assert decode_config(128, 64)["block_n"] == 64 and decode_config(128, 192)["block_n"] == 64
+    assert decode_config(128, 16)["block_n"] == 16 and decode_config(64, 6)["block_n"] == 16
+    assert decode_config(256, 16) == decode_config(256)  # BLOCK_D 256: one config (shared memory)
+    for page in (16, 32, 64, 128, 192, 256):  # these pages all get one table lookup per tile
+        assert paged_tiling(page, decode_config(128, page)["block_n"])[1], page
+    assert not paged_tiling(6, decode_config(128, 6)["block_n"])[1]
+
+
 @pytest.mark.parametrize("page", [6, 16, 64, 128, 256])
 def test_paged_page_sizes_match_contiguous(backend, page):
     """Every page size against the same keys in a contiguous cache (see test_paged_tiling_rule for

@@ -30,15 +30,25 @@ import triton.language as tl
 from tileflash.ops.common import score_mods, visible
 from tileflash.ops.forward import LOG2E, block_d_for, feature_args, interpreting
 
-# GPU launch defaults of the split kernel (see docs/testing.md for the H200 sweep behind them)
-WAVES = 2          # target programs per SM when choosing num_splits
-DECODE_CONFIG = dict(block_n=128, num_warps=8, num_stages=3)   # BLOCK_D <= 128: 3 x 64 KiB of K/V tiles
-DECODE_CONFIG_WIDE = dict(block_n=64, num_warps=8, num_stages=2)  # BLOCK_D 256: 2 x 64 KiB
+# GPU launch defaults of the split kernel, from the H200 sweeps of scripts/decode_sweep.py (bf16,
+# Hq 32, Hkv 8, D 128; docs/testing.md, fourth session). waves: target programs per SM when choosing
+# num_splits. The K/V tiles of all stages must fit the SM's shared memory.
+WAVES = 2
+DECODE_CONFIG = dict(block_n=128, num_warps=4, num_stages=3, waves=2)        # contiguous; pages of 128·k
+DECODE_CONFIG_SHORT = dict(block_n=64, num_warps=4, num_stages=3, waves=2)   # the same, for splits of <= 512 keys
+DECODE_CONFIG_PAGE64 = dict(block_n=64, num_warps=2, num_stages=4, waves=4)  # pages of 64·k (not 128·k)
+DECODE_CONFIG_SMALL_PAGE = dict(block_n=16, num_warps=2, num_stages=8, waves=4)  # other pages (16, 32, odd)
+DECODE_CONFIG_WIDE = dict(block_n=64, num_warps=8, num_stages=2, waves=2)    # BLOCK_D 256: 2 x 64 KiB
 
 
-def decode_config(block_d: int) -> dict:
-    """Launch config of the split kernel; the K/V tiles of all stages must fit the SM's shared memory."""
-    return dict(DECODE_CONFIG if block_d <= 128 else DECODE_CONFIG_WIDE)
+def decode_config(block_d: int, page_size: int = 0) -> dict:
+    """Launch config of the split kernel for a head dim padded to block_d and a cache of
+    `page_size`-token pages (0: contiguous). See DECODE_CONFIG_SHORT for short splits."""
+    if block_d > 128:
+        return dict(DECODE_CONFIG_WIDE)
+    if page_size <= 0 or page_size % 128 == 0:
+        return dict(DECODE_CONFIG)
+    return dict(DECODE_CONFIG_PAGE64 if page_size % 64 == 0 else DECODE_CONFIG_SMALL_PAGE)
 
 
 @triton.jit
@@ -69,7 +79,8 @@ def _merge_splits(O, LSE, O_PART, LSE_PART, part0, part_step, row0, n_rows, off_
             m_c = s0 + o_c < num_splits
             w = tl.math.exp2(tl.load(LSE_PART + rows, mask=m_c, other=float("-inf"), cache_modifier=".cg")
                              - m_use)                                                 # [S_CHUNK]; 0 if empty
-            o_part = tl.load(O_PART + rows[:, None] * BLOCK_D + o_d[None, :], mask=(w > 0)[:, None] & m_d[None, :],
+            # every split stored its rows (0 where it saw no key), so this load need not wait for w
+            o_part = tl.load(O_PART + rows[:, None] * BLOCK_D + o_d[None, :], mask=m_c[:, None] & m_d[None, :],
                              other=0.0, cache_modifier=".cg")                         # [S_CHUNK, BLOCK_D]
             acc += tl.sum(w[:, None] * o_part, 0)
         t_safe = tl.where(total == 0.0, 1.0, total)
@@ -253,22 +264,24 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     ``tileflash.interface.flash_attn_with_kvcache``. seqlens_k: int32 (batch,), or None when every
     batch entry holds max_seqlen_k keys (no length tensor to build or read). max_seqlen_k (if >= 0)
     bounds seqlens_k and sizes the splits. One launch: the split programs merge their own partials
-    (see ``_decode_split``). config: dict(block_n, num_warps, num_stages) overriding DECODE_CONFIG
-    (for tuning scripts).
+    (see ``_decode_split``). config: dict(block_n, num_warps, num_stages[, waves]) overriding
+    ``decode_config`` (for tuning scripts).
     """
     if seqlens_k is None and max_seqlen_k < 0:
         raise ValueError("decode_forward: pass seqlens_k, or max_seqlen_k >= 0 as every entry's length")
-    cfg = {**decode_config(block_d_for(q.shape[-1])), **(config or {})}
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
     group = nheads // nheads_k
     paged = block_table is not None
+    cfg = {**decode_config(block_d_for(head_dim), k_cache.shape[1] if paged else 0), **(config or {})}
     max_k = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
     if max_seqlen_k >= 0:
         max_k = min(max_k, max_seqlen_k)  # split the keys that exist, not the cache's capacity
     max_k = max(max_k, 1)
     if num_splits <= 0:
-        num_splits = choose_num_splits(batch, nheads_k, max_k, q.device)
+        num_splits = choose_num_splits(batch, nheads_k, max_k, q.device, waves=cfg.get("waves", WAVES))
+    if config is None and cfg["block_n"] == 128 and triton.cdiv(max_k, num_splits) <= 512:
+        cfg = dict(DECODE_CONFIG_SHORT)  # a few tiles per split: 64-key tiles keep more loads in flight
     block_n = 16 if interpreting() else cfg["block_n"]
     block_n, page_tile = paged_tiling(k_cache.shape[1] if paged else 0, block_n)
     split_len = triton.cdiv(triton.cdiv(max_k, num_splits), block_n) * block_n
