@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tileflash.ops.common import (dropout_keep, head_scalars, kv_block_range, q_block_range, score_mods, seq_bounds,
+from tileflash.ops.common import (cdiv, dropout_keep, head_scalars, kv_block_range, q_block_range, score_mods, seq_bounds,
                                    visible)
 from tileflash.ops.forward import LOG2E, block_d_for, feature_args, interpreting, problem_dims, rng_strides, strides3
 
@@ -363,7 +363,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
     o4, do4 = (out[None], dout[None]) if varlen else (out, dout)
     pre_b, pre_s = o4.shape[0], o4.shape[1]
     pre_m = 64 if not interpreting() else 32
-    _bwd_preprocess[(triton.cdiv(pre_s, pre_m), pre_b * nheads)](
+    _bwd_preprocess[(cdiv(pre_s, pre_m), pre_b * nheads)](
         o4, do4, delta,
         o4.stride(0), o4.stride(1), o4.stride(2),
         do4.stride(0), do4.stride(1), do4.stride(2),
@@ -374,14 +374,14 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
             softmax_scale * LOG2E, softmax_scale, sc["softcap_scale"], sc["softcap2"], float(dropout_p),
             *rng_strides(seqlen_q, seqlen_k))
     c = config["dkdv"]
-    _bwd_dkdv[(triton.cdiv(seqlen_k, c["BLOCK_N"]), batch * nheads_k)](
+    _bwd_dkdv[(cdiv(seqlen_k, c["BLOCK_N"]), batch * nheads_k)](
         q, k, v, dout, lse, delta, dk, dv, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seed,
         *strides3(q, varlen), *strides3(k, varlen), *strides3(v, varlen), *strides3(dout, varlen),
         *strides3(dk, varlen), *strides3(dv, varlen), *lse_strides, *alibi_strides,
         nheads, nheads_k, seqlen_q, seqlen_k, causal_shift, *tail, **common, **c,
     )
     c = config["dq"]
-    _bwd_dq[(triton.cdiv(seqlen_q, c["BLOCK_M"]), batch * nheads)](
+    _bwd_dq[(cdiv(seqlen_q, c["BLOCK_M"]), batch * nheads)](
         q, k, v, dout, lse, delta, dq, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seed,
         *strides3(q, varlen), *strides3(k, varlen), *strides3(v, varlen), *strides3(dout, varlen),
         *strides3(dq, varlen), *lse_strides, *alibi_strides,

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tileflash.ops.common import score_mods, visible
+from tileflash.ops.common import cdiv, next_pow2, score_mods, visible
 from tileflash.ops.forward import LOG2E, block_d_for, feature_args, interpreting
 
 # GPU launch defaults of the split kernel, from the H200 sweeps of scripts/decode_sweep.py (bf16,
@@ -233,7 +233,7 @@ def choose_num_splits(batch: int, nheads_k: int, max_seqlen_k: int, device, wave
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else 8
     want = max(1, (waves * sms) // max(1, batch * nheads_k))
-    return int(max(1, min(want, triton.cdiv(max_seqlen_k, 256), 128)))
+    return int(max(1, min(want, cdiv(max_seqlen_k, 256), 128)))
 
 
 def paged_tiling(page_size: int, block_n: int):
@@ -280,15 +280,15 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     max_k = max(max_k, 1)
     if num_splits <= 0:
         num_splits = choose_num_splits(batch, nheads_k, max_k, q.device, waves=cfg.get("waves", WAVES))
-    if config is None and cfg["block_n"] == 128 and triton.cdiv(max_k, num_splits) <= 512:
+    if config is None and cfg["block_n"] == 128 and cdiv(max_k, num_splits) <= 512:
         cfg = dict(DECODE_CONFIG_SHORT)  # a few tiles per split: 64-key tiles keep more loads in flight
     block_n = 16 if interpreting() else cfg["block_n"]
     block_n, page_tile = paged_tiling(k_cache.shape[1] if paged else 0, block_n)
-    split_len = triton.cdiv(triton.cdiv(max_k, num_splits), block_n) * block_n
-    num_splits = triton.cdiv(max_k, split_len)
+    split_len = cdiv(cdiv(max_k, num_splits), block_n) * block_n
+    num_splits = cdiv(max_k, split_len)
     # the G query heads of a kv head x the new tokens, packed as rows; tiles of at most 64 rows
-    block_m = min(64, max(16, triton.next_power_of_2(group * seqlen_q)))
-    m_blocks = triton.cdiv(group * seqlen_q, block_m)
+    block_m = min(64, max(16, next_pow2(group * seqlen_q)))
+    m_blocks = cdiv(group * seqlen_q, block_m)
     rows_total = m_blocks * block_m
     block_d = block_d_for(head_dim)
     out = torch.empty_like(q)
@@ -307,7 +307,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
                                             seqlen_q + max_k, seqlen_q + max_k)
     flags.pop("HAS_DROPOUT")
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    block_s = max(2, triton.next_power_of_2(num_splits))
+    block_s = max(2, next_pow2(num_splits))
     _decode_split[(num_splits, n_bh, m_blocks)](
         q, k_cache, v_cache, out, lse, o_part, lse_part, counter, seqlens_k, cache_batch_idx, block_table,
         alibi_slopes,
@@ -355,5 +355,5 @@ def gather_cache(cache, b, n, cache_batch_idx=None, block_table=None):
         cb = int(cache_batch_idx[b]) if cache_batch_idx is not None else b
         return cache[cb: cb + 1, :n]
     ps = cache.shape[1]
-    pages = block_table[b, : triton.cdiv(n, ps)].long()
+    pages = block_table[b, : cdiv(n, ps)].long()
     return cache[pages].reshape(-1, *cache.shape[2:])[:n][None]

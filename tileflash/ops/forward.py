@@ -29,7 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tileflash.ops.common import dropout_keep, head_scalars, kv_block_range, score_mods, seq_bounds, visible
+from tileflash.ops.common import (cdiv, dropout_keep, head_scalars, kv_block_range, next_pow2, score_mods, seq_bounds,
+                                  visible)
 
 LOG2E = 1.4426950408889634
 
@@ -315,7 +316,7 @@ def interpreting() -> bool:
 
 
 def block_d_for(head_dim: int) -> int:
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, next_pow2(head_dim))
 
 
 @functools.lru_cache(maxsize=None)
@@ -468,7 +469,7 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift
         *lse_strides, *alibi_strides,
         nheads, seqlen_q, seqlen_k, causal_shift, sc["window_left"], sc["window_right"], nheads // nheads_k,
         softmax_scale * LOG2E, sc["softcap_scale"], sc["softcap2"], float(dropout_p), *rng_strides(seqlen_q, seqlen_k),
-        triton.next_power_of_2(seqlen_q), triton.next_power_of_2(seqlen_k),
+        next_pow2(seqlen_q), next_pow2(seqlen_k),
     )
     meta = dict(
         **flags, IS_VARLEN=varlen, HEAD_DIM=head_dim, BLOCK_D=block_d_for(head_dim),
@@ -488,9 +489,9 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift
     if config is None and not autotune_enabled():
         config = default_config(head_dim, causal=flags["HAS_RIGHT"], tma=use_tma)
     if config is None:
-        grid = lambda META: (triton.cdiv(seqlen_q, META["BLOCK_M"]), batch * nheads)  # noqa: E731
+        grid = lambda META: (cdiv(seqlen_q, META["BLOCK_M"]), batch * nheads)  # noqa: E731
         _attn_fwd_tuned[grid](*args, **meta)
     else:
-        grid = (triton.cdiv(seqlen_q, config["BLOCK_M"]), batch * nheads)
+        grid = (cdiv(seqlen_q, config["BLOCK_M"]), batch * nheads)
         _attn_fwd[grid](*args, **meta, **config)
     return out, lse
