@@ -34,6 +34,8 @@ def main():
     ap.add_argument("--defaults-only", action="store_true", help="time only the default config (no sweep)")
     ap.add_argument("--pages", type=int, nargs="*", default=[], help="also sweep paged caches of these page sizes")
     ap.add_argument("--shapes", nargs="*", default=["16:8192", "16:65536", "1:8192", "1:131072"], help="B:L")
+    ap.add_argument("--waves", type=int, nargs="*", default=[2, 4, 8], help="target programs per SM (split counts)")
+    ap.add_argument("--configs", nargs="*", default=None, help="contiguous configs as BLOCK_N/WARPS/STAGES")
     args = ap.parse_args()
     dev, dt, h, hk, d = "cuda", torch.bfloat16, 32, 8, 128
     contiguous = [dict(block_n=bn, num_warps=w, num_stages=s)
@@ -41,7 +43,9 @@ def main():
     paged = {16: [(16, 2, 6), (16, 2, 8), (16, 4, 6), (32, 2, 6), (128, 4, 3)],
              64: [(64, 4, 3), (64, 4, 4), (64, 2, 4), (32, 2, 6)],
              256: [(128, 4, 3), (128, 8, 3), (64, 4, 3)]}
-    waves_list = (2, 4, 8)
+    waves_list = tuple(args.waves)
+    if args.configs:
+        contiguous = [dict(zip(("block_n", "num_warps", "num_stages"), map(int, c.split("/")))) for c in args.configs]
     lines = []
     t_start = time.time()
     for spec in args.shapes:
