@@ -71,13 +71,12 @@ def main():
                 mem = [(k_, v_, {}) for k_, v_ in caches]
                 configs = contiguous
             if args.defaults_only:
-                configs = [dec.decode_config(d, page)]
-                waves = (configs[0].pop("waves"),)
+                configs, waves = [None], (None,)  # decode_forward's own choice of config and splits
             else:
                 waves = waves_list
             best = None
             for wv, cfg in itertools.product(waves, configs):
-                ns = dec.choose_num_splits(b, hk, n, q.device, waves=wv)
+                ns = 0 if wv is None else dec.choose_num_splits(b, hk, n, q.device, waves=wv)
 
                 def call(i, cfg=cfg, ns=ns):
                     k_, v_, kw = mem[i]

@@ -259,6 +259,19 @@ def test_decode_config_rule():
     assert not paged_tiling(6, decode_config(128, 6)["block_n"])[1]
 
 
+def test_choose_num_splits_rule():
+    """Splits fill `waves` programs per SM (8 stand-in SMs off CUDA), at least 256 keys each; with
+    full_unsplit, a batch whose (batch, kv head) programs already fill the SMs is not split."""
+    from tileflash.ops.decode import choose_num_splits
+
+    cpu = torch.device("cpu")
+    assert choose_num_splits(1, 2, 8192, cpu, waves=2) == 8       # 16 programs / 2 kv heads
+    assert choose_num_splits(1, 2, 1000, cpu, waves=2) == 4       # capped at 256 keys per split
+    assert choose_num_splits(1, 8, 8192, cpu, waves=2) == 2
+    assert choose_num_splits(1, 8, 8192, cpu, waves=2, full_unsplit=0.9) == 1   # 8 programs fill 8 SMs
+    assert choose_num_splits(1, 4, 8192, cpu, waves=2, full_unsplit=0.9) == 4   # 4 do not
+
+
 @pytest.mark.parametrize("page", [6, 16, 64, 128, 256])
 def test_paged_page_sizes_match_contiguous(backend, page):
     """Every page size against the same keys in a contiguous cache (see test_paged_tiling_rule for

@@ -32,9 +32,11 @@ from tileflash.ops.forward import LOG2E, block_d_for, feature_args, interpreting
 
 # GPU launch defaults of the split kernel, from the H200 sweeps of scripts/decode_sweep.py (bf16,
 # Hq 32, Hkv 8, D 128; docs/testing.md, fourth session). waves: target programs per SM when choosing
-# num_splits. The K/V tiles of all stages must fit the SM's shared memory.
+# num_splits; full_unsplit: see choose_num_splits. The K/V tiles of all stages must fit the SM's
+# shared memory.
 WAVES = 2
-DECODE_CONFIG = dict(block_n=128, num_warps=4, num_stages=3, waves=2)        # contiguous; pages of 128·k
+DECODE_CONFIG = dict(block_n=128, num_warps=4, num_stages=3, waves=2,        # contiguous; pages of 128·k
+                     full_unsplit=0.9)
 DECODE_CONFIG_SHORT = dict(block_n=64, num_warps=4, num_stages=3, waves=2)   # the same, for splits of <= 512 keys
 DECODE_CONFIG_PAGE64 = dict(block_n=64, num_warps=2, num_stages=4, waves=4)  # pages of 64·k (not 128·k)
 DECODE_CONFIG_SMALL_PAGE = dict(block_n=16, num_warps=2, num_stages=8, waves=4)  # other pages (16, 32, odd)
@@ -227,11 +229,19 @@ def _sm_count(device_index) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def choose_num_splits(batch: int, nheads_k: int, max_seqlen_k: int, device, waves: int = WAVES) -> int:
+def choose_num_splits(batch: int, nheads_k: int, max_seqlen_k: int, device, waves: int = WAVES,
+                      full_unsplit: float = 0.0) -> int:
     """Enough (batch, kv head, split) programs for `waves` programs per SM, and at least 256 keys
-    per split (fewer makes the merge cost more than the parallelism gains)."""
+    per split (fewer makes the merge cost more than the parallelism gains).
+
+    full_unsplit > 0: one split when the batch x kv-head programs alone reach that fraction of the
+    SMs. For tiles that fill an SM's shared memory (one resident program per SM), a second split
+    only adds a second wave and the merge: on the H200 at B=16, Hkv=8 (128 programs, 132 SMs),
+    one split read 3.99 / 4.47 TB/s against 3.70 / 4.41 with two (L = 8k / 64k)."""
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else 8
+    if full_unsplit > 0 and batch * nheads_k >= full_unsplit * sms:
+        return 1
     want = max(1, (waves * sms) // max(1, batch * nheads_k))
     return int(max(1, min(want, cdiv(max_seqlen_k, 256), 128)))
 
@@ -279,7 +289,8 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         max_k = min(max_k, max_seqlen_k)  # split the keys that exist, not the cache's capacity
     max_k = max(max_k, 1)
     if num_splits <= 0:
-        num_splits = choose_num_splits(batch, nheads_k, max_k, q.device, waves=cfg.get("waves", WAVES))
+        num_splits = choose_num_splits(batch, nheads_k, max_k, q.device, waves=cfg.get("waves", WAVES),
+                                       full_unsplit=cfg.get("full_unsplit", 0.0))
     if config is None and cfg["block_n"] == 128 and cdiv(max_k, num_splits) <= 512:
         cfg = dict(DECODE_CONFIG_SHORT)  # a few tiles per split: 64-key tiles keep more loads in flight
     block_n = 16 if interpreting() else cfg["block_n"]
