@@ -8,6 +8,7 @@ changes still need a GPU run. Usage (any triton version, no GPU needed):
 """
 
 import inspect
+import itertools
 import sys
 
 import triton
@@ -88,11 +89,11 @@ def main():
                                   dict(**flags, HEAD_DIM=d, BLOCK_D=bd, DOT_PRECISION="tf32", USE_TMA=tma,
                                        RAW_MAX=raw_max, **c), w, s))
                 bc = B.default_bwd_config(d, causal)
-                for fam, fn in (("dkdv", B._bwd_dkdv), ("dq", B._bwd_dq)):
+                for (fam, fn), tma in itertools.product((("dkdv", B._bwd_dkdv), ("dq", B._bwd_dq)), (False, True)):
                     c = dict(bc[fam])
                     w, s = c.pop("num_warps"), c.pop("num_stages")
-                    cases.append((fam, fn, dict(**flags, HEAD_DIM=d, BLOCK_D=bd, DOT_PRECISION="tf32",
-                                                **c), w, s))
+                    cases.append((fam + ("-tma" if tma else ""), fn, dict(**flags, HEAD_DIM=d, BLOCK_D=bd,
+                                                                          DOT_PRECISION="tf32", USE_TMA=tma, **c), w, s))
                 cases.append(("pre", B._bwd_preprocess, dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=64), 4, 1))
                 for name, fn, const, w, s in cases:
                     try:

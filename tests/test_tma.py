@@ -170,3 +170,81 @@ def test_tma_unaligned_layout_falls_back(gpu_or_interpreter):
     assert not tma_supported(q, k, v)
     out, lse = _run(q, k, v, False, True, expect_tma=False)
     _, ref_lse = check_out(out, q, k, v, False)
+
+
+def _bwd(q, k, v, do, out, lse, causal, use_tma, **kw):
+    """The backward with NaN-poisoned gradient buffers, forcing the descriptor or the pointer path
+    (the head dim's real tiles on the GPU, the interpreter's small ones on CPU)."""
+    from tileflash.ops.backward import flash_attn_backward
+
+    bufs = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    if use_tma and q.is_cuda:
+        assert tma_supported(q, k, v, do), "the test must exercise the TMA path, not the fallback"
+    return flash_attn_backward(do, q, k, v, out, lse, q.shape[-1] ** -0.5, causal, config={"USE_TMA": use_tma},
+                               dq=bufs[0], dk=bufs[1], dv=bufs[2], **kw)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("sq,sk,d,hk", [(17, 63, 40, 1), (65, 113, 64, 4), (113, 65, 32, 2), (203, 203, 128, 4)],
+                         ids=lambda x: str(x))
+def test_tma_backward_matches_pointer_path_and_reference(gpu_or_interpreter, sq, sk, d, hk, causal):
+    """The backward's descriptor loads (Q/dO in dK/dV, K/V in dQ) against its pointer loads, on
+    ragged lengths, a head dim below its tile (40 -> 64), GQA and MQA; and against fp64 autograd
+    with flash-attn's rule (3x eager's error + rounding)."""
+    from test_backward import ref_grads
+
+    dev = backend_device(gpu_or_interpreter)
+    dt = torch.float16 if dev == "cuda" else torch.float32
+    q, k, v = make_qkv(2, sq, sk, 4, hk, d, dt, dev, seed=sq * 3 + sk)
+    do = torch.randn_like(q)
+    out, lse = flash_attn_forward(q, k, v, d ** -0.5, causal)
+    got = _bwd(q, k, v, do, out, lse, causal, True)
+    ptr = _bwd(q, k, v, do, out, lse, causal, False)
+    ref = ref_grads(q, k, v, do, causal, upcast=True)
+    eager = ref_grads(q, k, v, do, causal, upcast=False)
+    for name, g, p, r, e in zip("qkv", got, ptr, ref, eager):
+        assert not torch.isnan(g).any(), f"d{name}: an unwritten gradient row"
+        atol = 2e-6 if dt == torch.float32 else rounding_atol(p.double(), dt)
+        torch.testing.assert_close(g, p, rtol=0, atol=atol, msg=f"d{name}: TMA vs pointer path")
+        err = (g.cpu().double() - r).abs().max().item()
+        eager_err = (e.cpu().double() - r).abs().max().item()
+        assert err <= 3 * eager_err + rounding_atol(r, dt), f"d{name}: {err:.3g} vs eager {eager_err:.3g}"
+
+
+def test_tma_backward_varlen_features(gpu_or_interpreter):
+    """Varlen (descriptors per sequence: rows of the next sequence must read as zeros), a causal
+    sliding window, softcap and ALiBi, through the descriptor backward against the pointer one."""
+    dev = backend_device(gpu_or_interpreter)
+    dt = torch.float16 if dev == "cuda" else torch.float32
+    lens = [37, 64, 5]
+    cu = torch.tensor([0, 37, 101, 106], dtype=torch.int32, device=dev)
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(106, 4, 64, generator=g).to(dev, dt)
+    k = torch.randn(106, 2, 64, generator=g).to(dev, dt)
+    v = torch.randn(106, 2, 64, generator=g).to(dev, dt)
+    do = torch.randn(106, 4, 64, generator=g).to(dev, dt)
+    slopes = torch.rand(4, generator=g).to(dev)
+    kw = dict(window=(9, 0), softcap=5.0, alibi_slopes=slopes, cu_seqlens_q=cu, cu_seqlens_k=cu,
+              max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+    out, lse = flash_attn_forward(q, k, v, 0.125, True, **kw)
+    got = _bwd(q, k, v, do, out, lse, True, True, **kw)
+    ptr = _bwd(q, k, v, do, out, lse, True, False, **kw)
+    for name, a, b in zip("qkv", got, ptr):
+        assert not torch.isnan(a).any(), f"d{name}: an unwritten gradient row"
+        atol = 2e-6 if dt == torch.float32 else rounding_atol(b.double(), dt)
+        torch.testing.assert_close(a, b, rtol=0, atol=atol, msg=f"d{name}: TMA vs pointer path")
+
+
+def test_bwd_tma_request_policy(monkeypatch):
+    """The backward takes descriptors when its config or TILEFLASH_TMA asks; by default only if
+    BWD_TMA_DEFAULT (and where the forward would use them)."""
+    from tileflash.ops import backward as B
+
+    monkeypatch.delenv("TILEFLASH_TMA", raising=False)
+    assert B.bwd_tma_requested({"USE_TMA": True}) and not B.bwd_tma_requested({"USE_TMA": False})
+    monkeypatch.setenv("TILEFLASH_TMA", "1")
+    assert B.bwd_tma_requested(None, torch.device("cpu"))
+    monkeypatch.setenv("TILEFLASH_TMA", "0")
+    assert not B.bwd_tma_requested(None, torch.device("cpu"))
+    monkeypatch.delenv("TILEFLASH_TMA")
+    assert not B.bwd_tma_requested(None, torch.device("cpu"))  # CPU: the forward's rule says no

@@ -22,13 +22,16 @@ nothing to any stored gradient, so only the causal diagonal needs an element mas
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from tileflash.ops.common import (cdiv, dropout_keep, head_scalars, kv_block_range, q_block_range, score_mods, seq_bounds,
                                    visible)
-from tileflash.ops.forward import LOG2E, block_d_for, feature_args, interpreting, problem_dims, rng_strides, strides3
+from tileflash.ops.forward import (LOG2E, _ensure_tma_allocator, block_d_for, feature_args, interpreting, problem_dims,
+                                   rng_strides, strides3, tma_requested, tma_supported)
 
 
 @triton.jit(do_not_specialize=["seqlen_q"])
@@ -72,18 +75,25 @@ def _bwd_dkdv_inner(
     qk_scale, softcap_scale, softcap2, slope2, seed, rng_base, rng_stride_m, dropout_p,
     MASK: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr = False,
 ):
-    """Fold the Q blocks starting in [lo, hi) into dK, dV of one K/V block (transposed form)."""
+    """Fold the Q blocks starting in [lo, hi) into dK, dV of one K/V block (transposed form).
+
+    USE_TMA: q_base/do_base are tensor descriptors of this (sequence, head) (seqlen_q, HEAD_DIM);
+    the copy engine zero-fills rows past seqlen_q and columns past HEAD_DIM, as the masks do."""
     o_mb = tl.arange(0, BLOCK_M)                                                      # [BLOCK_M]
     for start_m in range(lo, hi, BLOCK_M):
         o_m = start_m + o_mb                                                          # [BLOCK_M]
-        m_m = o_m < seqlen_q
-        row = tl.cast(start_m, tl.int64)          # int64 row offset; the loop variable stays int32
-        p_qt = q_base + row * stride_qm + o_mb[None, :] * stride_qm + o_d[:, None]    # [BLOCK_D, BLOCK_M]
-        p_do = do_base + row * stride_dom + o_mb[:, None] * stride_dom + o_d[None, :]  # [BLOCK_M, BLOCK_D]
-        b_qt = tl.load(p_qt, mask=m_m[None, :] & m_d[:, None], other=0.0)            # [BLOCK_D, BLOCK_M]
-        b_do = tl.load(p_do, mask=m_m[:, None] & m_d[None, :], other=0.0)            # [BLOCK_M, BLOCK_D]
+        if USE_TMA:
+            b_qt = tl.trans(q_base.load([tl.cast(start_m, tl.int32), 0]))             # [BLOCK_D, BLOCK_M]
+            b_do = do_base.load([tl.cast(start_m, tl.int32), 0])                      # [BLOCK_M, BLOCK_D]
+        else:
+            m_m = o_m < seqlen_q
+            row = tl.cast(start_m, tl.int64)          # int64 row offset; the loop variable stays int32
+            p_qt = q_base + row * stride_qm + o_mb[None, :] * stride_qm + o_d[:, None]    # [BLOCK_D, BLOCK_M]
+            p_do = do_base + row * stride_dom + o_mb[:, None] * stride_dom + o_d[None, :]  # [BLOCK_M, BLOCK_D]
+            b_qt = tl.load(p_qt, mask=m_m[None, :] & m_d[:, None], other=0.0)            # [BLOCK_D, BLOCK_M]
+            b_do = tl.load(p_do, mask=m_m[:, None] & m_d[None, :], other=0.0)            # [BLOCK_M, BLOCK_D]
         lse2, delta = _load_lse2(LSE, DELTA, row_base, o_m, seqlen_q)                 # [BLOCK_M] x2
         rel = o_m[None, :] + shift - o_n[:, None]                                     # [BLOCK_N, BLOCK_M] i + shift - j
         b_st, b_tt = score_mods(tl.dot(b_k, b_qt, input_precision=DOT_PRECISION), rel, qk_scale,
@@ -122,8 +132,10 @@ def _bwd_dkdv(
     qk_scale, sm_scale, softcap_scale, softcap2, dropout_p, rng_stride_bh, rng_stride_m,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr = False,
 ):
+    """dK, dV of one K/V block of one (batch, kv head). USE_TMA (sm90+): the Q and dO blocks of the
+    inner loop move through tensor descriptors."""
     pid_n = tl.program_id(0)
     pid_bhk = tl.program_id(1)
     off_b = (pid_bhk // nheads_k).to(tl.int64)
@@ -157,6 +169,11 @@ def _bwd_dkdv(
         slope2, seed = head_scalars(ALIBI, SEED, off_b, off_h, stride_ab, stride_ah, HAS_ALIBI, HAS_DROPOUT)
         q_base = Q + off_b * stride_qb + off_h * stride_qh + q_start * stride_qm
         do_base = DO + off_b * stride_dob + off_h * stride_doh + q_start * stride_dom
+        if USE_TMA:  # this sequence's rows of query head h
+            q_base = tl.make_tensor_descriptor(q_base, shape=[seqlen_q, HEAD_DIM], strides=[stride_qm, 1],
+                                               block_shape=[BLOCK_M, BLOCK_D])
+            do_base = tl.make_tensor_descriptor(do_base, shape=[seqlen_q, HEAD_DIM], strides=[stride_dom, 1],
+                                                block_shape=[BLOCK_M, BLOCK_D])
         row_base = off_b * stride_lb + off_h * stride_lh + q_start
         if HAS_RIGHT:  # rows at the causal/right edge (lo = a = 0 without a right bound)
             dk, dv = _bwd_dkdv_inner(
@@ -164,14 +181,14 @@ def _bwd_dkdv(
                 o_n, o_d, m_d, lo, a, seqlen_q, shift, window_left, window_right,
                 qk_scale, softcap_scale, softcap2, slope2, seed, rng_base, rng_stride_m, dropout_p,
                 MASK=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-                HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION,
+                HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
             )
         dk, dv = _bwd_dkdv_inner(
             dk, dv, b_k, b_v, q_base, do_base, LSE, DELTA, row_base, stride_qm, stride_dom,
             o_n, o_d, m_d, a, b, seqlen_q, shift, window_left, window_right,
             qk_scale, softcap_scale, softcap2, slope2, seed, rng_base, rng_stride_m, dropout_p,
             MASK=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-            HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION,
+            HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
         )
         if HAS_LEFT:  # rows past the left window edge (b = hi without a left bound)
             dk, dv = _bwd_dkdv_inner(
@@ -179,7 +196,7 @@ def _bwd_dkdv(
                 o_n, o_d, m_d, b, hi, seqlen_q, shift, window_left, window_right,
                 qk_scale, softcap_scale, softcap2, slope2, seed, rng_base, rng_stride_m, dropout_p,
                 MASK=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
-                HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION,
+                HAS_DROPOUT=HAS_DROPOUT, BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
             )
     dk = dk * sm_scale
     p_dk = DK + off_b * stride_dkb + off_hk * stride_dkh + row_k * stride_dkn + o_nb[:, None] * stride_dkn + o_d[None, :]
@@ -196,17 +213,24 @@ def _bwd_dq_inner(
     qk_scale, softcap_scale, softcap2, slope2, seed, rng_base, rng_stride_m, dropout_p,
     MASK: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr = False,
 ):
-    """Fold the K/V blocks starting in [lo, hi) into dQ of one Q block."""
+    """Fold the K/V blocks starting in [lo, hi) into dQ of one Q block.
+
+    USE_TMA: k_base/v_base are tensor descriptors of this (sequence, kv head) (seqlen_k, HEAD_DIM),
+    zero-filled past seqlen_k and HEAD_DIM."""
     o_nb = tl.arange(0, BLOCK_N)                                                      # [BLOCK_N]
     for start_n in range(lo, hi, BLOCK_N):
         o_n = start_n + o_nb                                                          # [BLOCK_N]
         m_n = o_n < seqlen_k
-        p_kt = k_base + start_n * stride_kn + o_nb[None, :] * stride_kn + o_d[:, None]  # [BLOCK_D, BLOCK_N]
-        p_vt = v_base + start_n * stride_vn + o_nb[None, :] * stride_vn + o_d[:, None]  # [BLOCK_D, BLOCK_N]
-        b_kt = tl.load(p_kt, mask=m_n[None, :] & m_d[:, None], other=0.0)            # [BLOCK_D, BLOCK_N]
-        b_vt = tl.load(p_vt, mask=m_n[None, :] & m_d[:, None], other=0.0)            # [BLOCK_D, BLOCK_N]
+        if USE_TMA:
+            b_kt = tl.trans(k_base.load([tl.cast(start_n, tl.int32), 0]))             # [BLOCK_D, BLOCK_N]
+            b_vt = tl.trans(v_base.load([tl.cast(start_n, tl.int32), 0]))             # [BLOCK_D, BLOCK_N]
+        else:
+            p_kt = k_base + start_n * stride_kn + o_nb[None, :] * stride_kn + o_d[:, None]  # [BLOCK_D, BLOCK_N]
+            p_vt = v_base + start_n * stride_vn + o_nb[None, :] * stride_vn + o_d[:, None]  # [BLOCK_D, BLOCK_N]
+            b_kt = tl.load(p_kt, mask=m_n[None, :] & m_d[:, None], other=0.0)            # [BLOCK_D, BLOCK_N]
+            b_vt = tl.load(p_vt, mask=m_n[None, :] & m_d[:, None], other=0.0)            # [BLOCK_D, BLOCK_N]
         rel = o_m[:, None] + shift - o_n[None, :]                                     # [BLOCK_M, BLOCK_N]
         b_s, b_t = score_mods(tl.dot(b_q, b_kt, input_precision=DOT_PRECISION), rel, qk_scale,
                               softcap_scale, softcap2, slope2, HAS_SOFTCAP, HAS_ALIBI)  # [BLOCK_M, BLOCK_N]
@@ -240,8 +264,10 @@ def _bwd_dq(
     qk_scale, sm_scale, softcap_scale, softcap2, dropout_p, rng_stride_bh, rng_stride_m,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr = False,
 ):
+    """dQ of one Q block of one (batch, head). USE_TMA (sm90+): the K and V blocks of the inner
+    loop move through tensor descriptors."""
     pid_m = tl.program_id(0)
     if HAS_RIGHT:
         pid_m = tl.num_programs(0) - 1 - pid_m  # heaviest Q blocks first
@@ -271,6 +297,11 @@ def _bwd_dq(
 
     k_base = K + off_b * stride_kb + off_hk * stride_kh + k_start * stride_kn
     v_base = V + off_b * stride_vb + off_hk * stride_vh + k_start * stride_vn
+    if USE_TMA:  # this sequence's rows of kv head hk
+        k_base = tl.make_tensor_descriptor(k_base, shape=[seqlen_k, HEAD_DIM], strides=[stride_kn, 1],
+                                           block_shape=[BLOCK_N, BLOCK_D])
+        v_base = tl.make_tensor_descriptor(v_base, shape=[seqlen_k, HEAD_DIM], strides=[stride_vn, 1],
+                                           block_shape=[BLOCK_N, BLOCK_D])
     # same block split as the forward: masked left edge, unmasked middle, masked right edge/tail
     lo, a, b, hi = kv_block_range(start_m, seqlen_k, shift, window_left, window_right,
                                   HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
@@ -280,18 +311,21 @@ def _bwd_dq(
             shift, window_left, window_right, qk_scale, softcap_scale, softcap2, slope2, seed, rng_base,
             rng_stride_m, dropout_p, MASK=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP,
             HAS_ALIBI=HAS_ALIBI, HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
+            USE_TMA=USE_TMA,
         )
     dq = _bwd_dq_inner(
         dq, b_q, b_do, lse2, delta, k_base, v_base, stride_kn, stride_vn, o_m, o_d, m_d, a, b, seqlen_k,
         shift, window_left, window_right, qk_scale, softcap_scale, softcap2, slope2, seed, rng_base,
         rng_stride_m, dropout_p, MASK=False, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP,
         HAS_ALIBI=HAS_ALIBI, HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
+        USE_TMA=USE_TMA,
     )
     dq = _bwd_dq_inner(
         dq, b_q, b_do, lse2, delta, k_base, v_base, stride_kn, stride_vn, o_m, o_d, m_d, b, hi, seqlen_k,
         shift, window_left, window_right, qk_scale, softcap_scale, softcap2, slope2, seed, rng_base,
         rng_stride_m, dropout_p, MASK=True, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, HAS_SOFTCAP=HAS_SOFTCAP,
         HAS_ALIBI=HAS_ALIBI, HAS_DROPOUT=HAS_DROPOUT, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION,
+        USE_TMA=USE_TMA,
     )
     dq = dq * sm_scale
     p_dq = DQ + off_b * stride_dqb + off_h * stride_dqh + row0 * stride_dqm + o_mb[:, None] * stride_dqm + o_d[None, :]
@@ -328,6 +362,20 @@ def default_bwd_config(head_dim: int, causal: bool = False) -> dict:
     return {"dkdv": _c(64, 64, 8, 2), "dq": _c(128, 32, 8, 2)}
 
 
+BWD_TMA_DEFAULT = False  # the backward's default on Hopper (the forward's is on); see bwd_tma_requested
+
+
+def bwd_tma_requested(config=None, device=None) -> bool:
+    """Whether the backward asks for tensor descriptors: ``config["USE_TMA"]`` if given, else
+    ``TILEFLASH_TMA=0/1``, else, where the forward would use them (``forward.tma_requested``),
+    only if BWD_TMA_DEFAULT."""
+    if config is not None and "USE_TMA" in config:
+        return bool(config["USE_TMA"])
+    if os.environ.get("TILEFLASH_TMA", "") in ("0", "1"):
+        return os.environ["TILEFLASH_TMA"] == "1"
+    return BWD_TMA_DEFAULT and tma_requested(None, device)
+
+
 def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool,
                         causal_shift: int | None = None, *, window=(-1, -1), softcap: float = 0.0,
                         alibi_slopes=None, dropout_p: float = 0.0, seed=None, cu_seqlens_q=None, cu_seqlens_k=None,
@@ -336,6 +384,9 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
 
     Layouts and feature arguments as in ``flash_attn_forward``; ``lse`` is the forward's
     natural-log LSE. ``dq``/``dk``/``dv`` may be given preallocated (tests pass NaN-filled buffers).
+    ``config``: {"dkdv": tiles, "dq": tiles} and optionally "USE_TMA"; the inner loops' Q/dO and
+    K/V blocks move through tensor descriptors where the forward would use them
+    (``forward.tma_requested`` / ``tma_supported``: by default on Hopper).
     """
     varlen, batch, seqlen_q, seqlen_k, _, lse_strides = problem_dims(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
     nheads, head_dim, nheads_k = q.shape[-2], q.shape[-1], k.shape[-2]
@@ -354,7 +405,10 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
     flags, sc, alibi_strides = feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch, dropout_p,
                                             seqlen_q + abs(causal_shift), seqlen_k + abs(causal_shift))
     seed = seed if dropout_p > 0 else None
-    if config is None:
+    use_tma = bwd_tma_requested(config, q.device) and tma_supported(q, k, v, dout)
+    if use_tma and q.is_cuda:
+        _ensure_tma_allocator()
+    if config is None or "dkdv" not in config:
         config = INTERPRET_BWD_CONFIG if interpreting() else default_bwd_config(head_dim, flags["HAS_RIGHT"])
     block_d = block_d_for(head_dim)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
@@ -369,7 +423,8 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
         do4.stride(0), do4.stride(1), do4.stride(2),
         nheads, pre_s, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=pre_m,
     )
-    common = dict(**flags, IS_VARLEN=varlen, HEAD_DIM=head_dim, BLOCK_D=block_d, DOT_PRECISION=precision)
+    common = dict(**flags, IS_VARLEN=varlen, HEAD_DIM=head_dim, BLOCK_D=block_d, DOT_PRECISION=precision,
+                  USE_TMA=use_tma)
     tail = (sc["window_left"], sc["window_right"], nheads // nheads_k,
             softmax_scale * LOG2E, softmax_scale, sc["softcap_scale"], sc["softcap2"], float(dropout_p),
             *rng_strides(seqlen_q, seqlen_k))
