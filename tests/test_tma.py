@@ -236,8 +236,8 @@ def test_tma_backward_varlen_features(gpu_or_interpreter):
 
 
 def test_bwd_tma_request_policy(monkeypatch):
-    """The backward takes descriptors when its config or TILEFLASH_TMA asks; by default only if
-    BWD_TMA_DEFAULT (and where the forward would use them)."""
+    """The backward takes descriptors when its config or TILEFLASH_TMA asks; by default only for
+    BWD_TMA_HEAD_DIMS (64 < D <= 128, measured faster) and where the forward would use them."""
     from tileflash.ops import backward as B
 
     monkeypatch.delenv("TILEFLASH_TMA", raising=False)
@@ -248,3 +248,7 @@ def test_bwd_tma_request_policy(monkeypatch):
     assert not B.bwd_tma_requested(None, torch.device("cpu"))
     monkeypatch.delenv("TILEFLASH_TMA")
     assert not B.bwd_tma_requested(None, torch.device("cpu"))  # CPU: the forward's rule says no
+    assert 128 in B.BWD_TMA_HEAD_DIMS and 96 in B.BWD_TMA_HEAD_DIMS
+    assert 64 not in B.BWD_TMA_HEAD_DIMS and 256 not in B.BWD_TMA_HEAD_DIMS
+    monkeypatch.setattr(B, "tma_requested", lambda config, device: True)  # as on Hopper
+    assert B.bwd_tma_requested(None, None, 128) and not B.bwd_tma_requested(None, None, 64)

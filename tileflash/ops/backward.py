@@ -362,18 +362,22 @@ def default_bwd_config(head_dim: int, causal: bool = False) -> dict:
     return {"dkdv": _c(64, 64, 8, 2), "dq": _c(128, 32, 8, 2)}
 
 
-BWD_TMA_DEFAULT = False  # the backward's default on Hopper (the forward's is on); see bwd_tma_requested
+# Head dims whose backward takes tensor descriptors by default where the forward does (Hopper).
+# H200, fp16, N 4k / 16k, default tiles (scripts/bwd_pair_sweep.py --tma both): D=128 non-causal
+# 347/352 -> 352/362 TFLOP/s, causal 267/313 -> 282/333; D=64 causal 244/273 -> 231/260 (slower,
+# so off); D > 128 not measured (off).
+BWD_TMA_HEAD_DIMS = range(65, 129)
 
 
-def bwd_tma_requested(config=None, device=None) -> bool:
+def bwd_tma_requested(config=None, device=None, head_dim: int = 128) -> bool:
     """Whether the backward asks for tensor descriptors: ``config["USE_TMA"]`` if given, else
-    ``TILEFLASH_TMA=0/1``, else, where the forward would use them (``forward.tma_requested``),
-    only if BWD_TMA_DEFAULT."""
+    ``TILEFLASH_TMA=0/1``, else for head dims in BWD_TMA_HEAD_DIMS where the forward would use
+    them (``forward.tma_requested``: compiled kernels on Hopper)."""
     if config is not None and "USE_TMA" in config:
         return bool(config["USE_TMA"])
     if os.environ.get("TILEFLASH_TMA", "") in ("0", "1"):
         return os.environ["TILEFLASH_TMA"] == "1"
-    return BWD_TMA_DEFAULT and tma_requested(None, device)
+    return head_dim in BWD_TMA_HEAD_DIMS and tma_requested(None, device)
 
 
 def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool,
@@ -405,7 +409,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
     flags, sc, alibi_strides = feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch, dropout_p,
                                             seqlen_q + abs(causal_shift), seqlen_k + abs(causal_shift))
     seed = seed if dropout_p > 0 else None
-    use_tma = bwd_tma_requested(config, q.device) and tma_supported(q, k, v, dout)
+    use_tma = bwd_tma_requested(config, q.device, head_dim) and tma_supported(q, k, v, dout)
     if use_tma and q.is_cuda:
         _ensure_tma_allocator()
     if config is None or "dkdv" not in config:
