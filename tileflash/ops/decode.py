@@ -35,8 +35,11 @@ from tileflash.ops.forward import LOG2E, block_d_for, feature_args, interpreting
 # num_splits; full_unsplit: see choose_num_splits. The K/V tiles of all stages must fit the SM's
 # shared memory.
 WAVES = 2
-DECODE_CONFIG = dict(block_n=128, num_warps=4, num_stages=3, waves=2,        # contiguous; pages of 128·k
+DECODE_CONFIG = dict(block_n=128, num_warps=4, num_stages=3, waves=2,        # contiguous
                      full_unsplit=0.9)
+# pages of 128·k: the same tiles, but always split. Unsplit (run 9 of session 4), page 256 at B=16
+# fell to 2.75-2.89 TB/s against 4.52 split in two (run 3); not understood, not profiled.
+DECODE_CONFIG_PAGE128 = dict(block_n=128, num_warps=4, num_stages=3, waves=2)
 DECODE_CONFIG_SHORT = dict(block_n=64, num_warps=4, num_stages=3, waves=2)   # the same, for splits of <= 512 keys
 DECODE_CONFIG_PAGE64 = dict(block_n=64, num_warps=2, num_stages=4, waves=4)  # pages of 64·k (not 128·k)
 DECODE_CONFIG_SMALL_PAGE = dict(block_n=16, num_warps=2, num_stages=8, waves=4)  # other pages (16, 32, odd)
@@ -48,8 +51,10 @@ def decode_config(block_d: int, page_size: int = 0) -> dict:
     `page_size`-token pages (0: contiguous). See DECODE_CONFIG_SHORT for short splits."""
     if block_d > 128:
         return dict(DECODE_CONFIG_WIDE)
-    if page_size <= 0 or page_size % 128 == 0:
+    if page_size <= 0:
         return dict(DECODE_CONFIG)
+    if page_size % 128 == 0:
+        return dict(DECODE_CONFIG_PAGE128)
     return dict(DECODE_CONFIG_PAGE64 if page_size % 64 == 0 else DECODE_CONFIG_SMALL_PAGE)
 
 
