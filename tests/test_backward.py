@@ -282,3 +282,40 @@ def test_cuda_memory_linear():
         del q, k, v, do
     ratio = peaks[16384] / peaks[8192]
     assert 1.8 <= ratio <= 2.2, f"peak memory ratio 16k/8k = {ratio:.2f} ({peaks})"
+
+
+def test_eager_calls_skip_the_custom_op(backend, monkeypatch):
+    """In eager mode the public functions run the op's body through a plain autograd.Function (less
+    host time); outputs and gradients must equal those through the ``tileflash::fwd`` op itself, and
+    the op must not be called. torch.compile uses the op (test_torch_compile_fullgraph)."""
+    from tileflash.ops import attention as A
+
+    dev = backend_device(backend)
+    q, k, v = make_qkv(2, 33, 47, 4, 2, 32, torch.float32, dev, seed=8)
+    do = torch.randn_like(q)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out_op, lse_op = A.attention_fwd(*leaves, 32 ** -0.5, True, 47 - 33, window_left=9, softcap=4.0)
+    grads_op = torch.autograd.grad(out_op, leaves, do)
+
+    def no_op(*args, **kwargs):
+        raise AssertionError("eager call went through the custom op")
+    monkeypatch.setattr(A, "attention_fwd", no_op)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out, lse, _ = tileflash.flash_attn_func(*leaves, causal=True, window_size=(9, -1), softcap=4.0,
+                                            return_attn_probs=True)
+    assert out.grad_fn is not None and not lse.requires_grad
+    grads = torch.autograd.grad(out, leaves, do)
+    torch.testing.assert_close(out, out_op, rtol=0, atol=0)
+    torch.testing.assert_close(lse, lse_op, rtol=0, atol=0)
+    for g, g_op in zip(grads, grads_op):
+        torch.testing.assert_close(g, g_op, rtol=0, atol=0)
+    with torch.no_grad():  # no autograd node at all
+        assert tileflash.flash_attn_func(*leaves, causal=True).grad_fn is None
+
+
+def test_attention_entry_rejects_unknown_features():
+    from tileflash.ops.attention import attention
+
+    q = torch.randn(1, 4, 2, 8)
+    with pytest.raises(TypeError, match="unknown feature"):
+        attention(q, q, q, 0.3, False, 0, window=(1, 1))

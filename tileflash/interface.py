@@ -10,7 +10,7 @@ import os
 import torch
 from torch import Tensor
 
-from tileflash.ops.attention import PackedAttention, attention_fwd, kvcache_forward, kvcache_fwd, use_triton
+from tileflash.ops.attention import PackedAttention, attention, kvcache_forward, kvcache_fwd, use_triton
 from tileflash.ops.decode import apply_rotary
 
 MAX_HEADDIM = 256
@@ -223,7 +223,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                             batch=batch, nheads=q.shape[1])
     scale = _default_scale(softmax_scale, q.shape[-1])
     q, k, v = (_unit_last_stride(t) for t in (q, k, v))
-    out, lse = attention_fwd(q, k, v, scale, causal, 0, **feats, cu_seqlens_q=cu_seqlens_q,
+    out, lse = attention(q, k, v, scale, causal, 0, **feats, cu_seqlens_q=cu_seqlens_q,
                              cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     if return_attn_probs:
         return out, lse, None
@@ -324,7 +324,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     scale = _default_scale(softmax_scale, q.shape[-1])
     q, k, v = (_unit_last_stride(t) for t in (q, k, v))
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
-    out, lse = attention_fwd(q, k, v, scale, causal, seqlen_k - seqlen_q, **feats)
+    out, lse = attention(q, k, v, scale, causal, seqlen_k - seqlen_q, **feats)
     if return_attn_probs:
         return out, lse, None
     return out
@@ -380,7 +380,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     _check_qkv(q, k, v, names=("query", "key", "value"), layout="(batch, nheads, seqlen, headdim)")
     sc = _default_scale(scale, q.shape[-1])
     q, k, v = (_unit_last_stride(t) for t in (q, k, v))
-    out, _ = attention_fwd(q, k, v, sc, is_causal, 0)
+    out, _ = attention(q, k, v, sc, is_causal, 0)
     return out.transpose(1, 2)
 
 

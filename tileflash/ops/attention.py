@@ -120,8 +120,17 @@ def attention_fwd(
     q (total_q, h, d), k/v (total_k, hk, d), lse (h, total_q). Query i sees key j iff
     ``-right <= i + shift - j <= left`` (-1: unbounded; causal forces right = 0); the dense
     shift is ``causal_shift`` (``seqlen_k - seqlen_q``: flash-attn's bottom-right; 0: torch's
-    top-left), varlen uses each sequence's own lengths.
+    top-left), varlen uses each sequence's own lengths. The public functions call it through
+    :func:`attention` (the op under torch.compile, its body in eager).
     """
+    return _attention_fwd_body(q, k, v, softmax_scale, causal, causal_shift, window_left, window_right, softcap,
+                               alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, seed)
+
+
+def _attention_fwd_body(q, k, v, softmax_scale, causal, causal_shift, window_left=-1, window_right=-1, softcap=0.0,
+                        alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
+                        dropout_p=0.0, seed=None):
+    """The body of ``tileflash::fwd``: the Triton kernel (GPU or interpreter) or the tiled CPU path."""
     kw = _kw(window_left, window_right, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
              max_seqlen_k, dropout_p, seed)
     if use_triton(q):
@@ -217,7 +226,7 @@ class PackedAttention(torch.autograd.Function):
             q, k, v = q_or_qkv.unbind(dim)
         else:
             q, (k, v) = q_or_qkv, kv.unbind(dim)
-        out, lse = attention_fwd(q, k, v, softmax_scale, causal, causal_shift, **feats)
+        out, lse = attention(q, k, v, softmax_scale, causal, causal_shift, **feats)
         ctx.save_for_backward(q_or_qkv, kv, out, lse)
         ctx.args = (dim, softmax_scale, causal, causal_shift, feats)
         ctx.mark_non_differentiable(lse)
@@ -276,6 +285,45 @@ def _backward(ctx, dout, dlse):
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """Eager autograd of ``tileflash::fwd``: the op's body, context and backward, without the
+    dispatcher's custom-op layers (which cost ~75 us of host time per differentiable call,
+    measured on this repository's 2-core CPU machine). torch.compile sees the op instead."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        out, lse = _attention_fwd_body(*inputs)
+        _setup_context(ctx, inputs, (out, lse))
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return _backward(ctx, dout, dlse)
+
+
+_FEATURE_DEFAULTS = dict(window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, cu_seqlens_q=None,
+                         cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, dropout_p=0.0, seed=None)
+assert tuple(_FEATURE_DEFAULTS) == _FEATURES  # the op's positional order, which _setup_context relies on
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, causal_shift: int,
+              **features) -> tuple[Tensor, Tensor]:
+    """The one forward entry of the public functions: ``tileflash::fwd`` (arguments as there).
+
+    Under torch.compile it is the custom op (no graph break, its registered autograd). In eager
+    mode the same body runs through ``_EagerAttention`` when a gradient may be needed, and directly
+    otherwise: the results and the backward are the op's, with less host time per call."""
+    if torch.compiler.is_compiling():
+        return attention_fwd(q, k, v, softmax_scale, causal, causal_shift, **features)
+    if features.keys() - _FEATURE_DEFAULTS.keys():
+        raise TypeError(f"attention: unknown feature arguments {sorted(features.keys() - _FEATURE_DEFAULTS.keys())}")
+    args = (q, k, v, softmax_scale, causal, causal_shift, *(features.get(n, d) for n, d in _FEATURE_DEFAULTS.items()))
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _EagerAttention.apply(*args)
+    return _attention_fwd_body(*args)
 
 
 def kvcache_forward(
