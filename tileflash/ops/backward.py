@@ -365,8 +365,8 @@ def default_bwd_config(head_dim: int, causal: bool = False) -> dict:
 # Head dims whose backward takes tensor descriptors by default where the forward does (Hopper).
 # H200, fp16, N 4k / 16k, default tiles (scripts/bwd_pair_sweep.py --tma both): D=128 non-causal
 # 347/352 -> 352/362 TFLOP/s, causal 267/313 -> 282/333; D=64 causal 244/273 -> 231/260 (slower,
-# so off); D > 128 not measured (off).
-BWD_TMA_HEAD_DIMS = range(65, 129)
+# so off); other head dims (96, D > 128) not measured (off).
+BWD_TMA_HEAD_DIMS = frozenset({128})
 
 
 def bwd_tma_requested(config=None, device=None, head_dim: int = 128) -> bool:

@@ -294,8 +294,10 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         max_k = min(max_k, max_seqlen_k)  # split the keys that exist, not the cache's capacity
     max_k = max(max_k, 1)
     if num_splits <= 0:
+        # the no-split rule was measured with one length for every row (seqlens_k None); with a
+        # length tensor the rows may be uneven, and splitting keeps a long row from straggling
         num_splits = choose_num_splits(batch, nheads_k, max_k, q.device, waves=cfg.get("waves", WAVES),
-                                       full_unsplit=cfg.get("full_unsplit", 0.0))
+                                       full_unsplit=cfg.get("full_unsplit", 0.0) if seqlens_k is None else 0.0)
     if config is None and cfg["block_n"] == 128 and cdiv(max_k, num_splits) <= 512:
         cfg = dict(DECODE_CONFIG_SHORT)  # a few tiles per split: 64-key tiles keep more loads in flight
     block_n = 16 if interpreting() else cfg["block_n"]
