@@ -16,7 +16,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 PTRS_FP32 = {"LSE", "DELTA", "ALIBI", "O_PART", "LSE_PART"}
-PTRS_I32 = {"CU_Q", "CU_K", "SEQLENS_K", "BATCH_IDX", "BLOCK_TABLE", "COUNTER"}
+PTRS_I32 = {"CU_Q", "CU_K", "SEQLENS_K", "BATCH_IDX", "BLOCK_TABLE", "COUNTER", "LEFTPAD"}
 PTRS_I64 = {"SEED"}
 FLOATS = {"qk_scale", "sm_scale", "softcap_scale", "softcap2", "dropout_p"}
 # feature sets compiled for every kernel: plain, and every optional feature switched on
@@ -26,7 +26,7 @@ FEATURES = [
 ]
 OPTIONAL_PTRS = {"ALIBI": "HAS_ALIBI", "CU_Q": "IS_VARLEN", "CU_K": "IS_VARLEN", "SEED": "HAS_DROPOUT",
                  "BATCH_IDX": "HAS_BATCH_IDX", "BLOCK_TABLE": "PAGED", "SEQLENS_K": "HAS_SEQLENS",
-                 "O_PART": "SPLIT", "LSE_PART": "SPLIT", "COUNTER": "SPLIT"}
+                 "O_PART": "SPLIT", "LSE_PART": "SPLIT", "COUNTER": "SPLIT", "LEFTPAD": "HAS_LEFTPAD"}
 
 
 def signature(fn, dtype, constexprs):
@@ -111,7 +111,7 @@ def main():
             for feats in (dict(HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False,
                                HAS_BATCH_IDX=False, PAGED=False),
                           dict(HAS_LEFT=True, HAS_RIGHT=True, HAS_SOFTCAP=True, HAS_ALIBI=True,
-                               HAS_BATCH_IDX=False, PAGED=True),
+                               HAS_BATCH_IDX=False, PAGED=True, HAS_LEFTPAD=True),
                           dict(HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False,
                                HAS_BATCH_IDX=False, PAGED=True, PAGE_TILE=True)):
                 bd = F.block_d_for(d)

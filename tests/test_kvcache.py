@@ -126,6 +126,67 @@ def test_kvcache_matches_reference(backend, layout, rotary, new, causal, hk):
         assert (lse[b:b + 1].cpu().double()[fin] - ref_lse[fin]).abs().max().item() <= 1e-4 if fin.any() else True
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "batch_idx", "paged16", "paged6"])
+@pytest.mark.parametrize("new,causal,window", [(0, False, (-1, -1)), (2, True, (-1, -1)), (1, True, (6, -1)),
+                                               (2, False, (-1, -1))])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_kvcache_leftpad(backend, layout, new, causal, window, splits):
+    """cache_leftpad: keys before cache_leftpad[b] are ignored, every position stays absolute
+    (append at cache_seqlens[b], rotary at cache_seqlens[b] + t, causal aligned to the end), as in
+    flash-attn. Leftpads past the first splits leave those splits empty; one row has leftpad =
+    cache_seqlens (only the new keys, or none, are visible)."""
+    dev = backend_device(backend)
+    paged = layout.startswith("paged")
+    kc, vc, table, g = _setup(dev, 2, paged, int(layout[5:]) if paged else 0, seed=40 + new)
+    dt = _dtype(dev)
+    seqlen_q = max(new, 1)
+    q = torch.randn(B, seqlen_q, H, D, generator=g).to(dev, dt)
+    k = torch.randn(B, new, 2, D, generator=g).to(dev, dt) if new else None
+    v = torch.randn(B, new, 2, D, generator=g).to(dev, dt) if new else None
+    cache_seqlens = torch.tensor([40, 9, CAP - new - 3], dtype=torch.int32, device=dev)
+    leftpad = torch.tensor([35, 9 if new else 4, 20], dtype=torch.int32, device=dev)
+    batch_idx = torch.tensor([2, 0, 3], dtype=torch.int32, device=dev) if layout == "batch_idx" else None
+    cos, sin = _rotary_tables(CAP + 4, 16, dev)
+    rot = dict(rotary_cos=cos, rotary_sin=sin) if new else {}
+    kc0, vc0 = kc.clone(), vc.clone()
+    out, lse = tileflash.flash_attn_with_kvcache(
+        q, kc, vc, k, v, cache_seqlens=cache_seqlens, cache_batch_idx=batch_idx, cache_leftpad=leftpad,
+        block_table=table, causal=causal, window_size=window, num_splits=splits, return_softmax_lse=True, **rot)
+    sl, lp = cache_seqlens.long(), leftpad.tolist()
+    qr = q
+    if new:  # rotary at absolute positions, as without left padding
+        tq = torch.arange(seqlen_q, device=dev) if causal or window != (-1, -1) else \
+            torch.zeros(seqlen_q, dtype=torch.long, device=dev)
+        qr = apply_rotary(q, cos, sin, sl[:, None] + tq[None], True)
+        k = apply_rotary(k, cos, sin, sl[:, None] + torch.arange(new, device=dev)[None], True)
+    exp_k, exp_v = kc0.clone(), vc0.clone()
+    for b in range(B):
+        for t in range(new):
+            j = int(sl[b]) + t
+            if table is None:
+                cb = b if batch_idx is None else int(batch_idx[b])
+                exp_k[cb, j], exp_v[cb, j] = k[b, t], v[b, t]
+            else:
+                ps = kc.shape[1]
+                exp_k[int(table[b, j // ps]), j % ps], exp_v[int(table[b, j // ps]), j % ps] = k[b, t], v[b, t]
+    assert torch.equal(kc, exp_k) and torch.equal(vc, exp_v), "cache contents after the append"
+    for b in range(B):
+        n = int(sl[b]) + new
+        kb = _rows(exp_k, b, n, table, batch_idx)[lp[b]:][None]
+        vb = _rows(exp_v, b, n, table, batch_idx)[lp[b]:][None]
+        if kb.shape[1] == 0:  # nothing visible: zeros and lse -inf
+            assert torch.equal(out[b].cpu(), torch.zeros_like(out[b].cpu()))
+            assert bool((lse[b] == float("-inf")).all())
+            continue
+        _assert_matches(out[b:b + 1], qr[b:b + 1], kb, vb, 2e-5, causal=causal, window_size=window)
+        _, ref_lse = attention_ref(qr[b:b + 1].cpu().double(), kb.cpu().double(), vb.cpu().double(), causal=causal,
+                                   window_size=window)
+        fin = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isinf(lse[b:b + 1].cpu()), ~fin)
+        if fin.any():
+            assert (lse[b:b + 1].cpu().double()[fin] - ref_lse[fin]).abs().max().item() <= 1e-4
+
+
 @pytest.mark.parametrize("splits", [1, 2, 5, 0])
 def test_num_splits_agree(backend, splits):
     dev = backend_device(backend)
@@ -160,7 +221,8 @@ def test_bf16_on_cuda_or_interpreter(backend):
     ("seqlens_dtype", TypeError, "cache_seqlens must be int32"),
     ("kv_heads", ValueError, "k must be"),
     ("only_k", ValueError, "both k and v"),
-    ("leftpad", NotImplementedError, "cache_leftpad"),
+    ("leftpad", ValueError, "cache_leftpad must satisfy"),
+    ("leftpad_dtype", TypeError, "cache_leftpad must be int32"),
     ("dtype", TypeError, "cache's dtype"),
     ("cache_stride", ValueError, "unit stride on headdim"),
     ("dup_batch_idx", ValueError, "repeated entries"),
@@ -191,7 +253,9 @@ def test_bad_input_leaves_cache_untouched(backend, bad, err, match):
     elif bad == "only_k":
         v = None
     elif bad == "leftpad":
-        kw["cache_leftpad"] = torch.zeros(B, dtype=torch.int32, device=dev)
+        kw["cache_leftpad"] = torch.tensor([0, 5, 2], dtype=torch.int32, device=dev)  # row 1 holds only 4
+    elif bad == "leftpad_dtype":
+        kw["cache_leftpad"] = torch.zeros(B, dtype=torch.int64, device=dev)
     elif bad == "dtype":
         k = k.double()
     elif bad == "cache_stride":

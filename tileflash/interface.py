@@ -516,12 +516,12 @@ def _check_kvcache_lengths(sl, seqlen_new, capacity):
 
 @torch.compiler.disable
 def _check_kvcache_values(sl, seqlens, seqlen_new, seqlen_q, capacity, num_cache, page_size, block_table,
-                          cache_batch_idx, rotary_cos):
+                          cache_batch_idx, rotary_cos, cache_leftpad=None):
     """Value checks of flash_attn_with_kvcache, before any write; returns the lengths as a list.
 
     Kept out of torch.compile graphs (a graph break), so a compiled append is checked too. Syncs:
     one for tensor lengths, one for the block table (min, max and repeats computed on the device),
-    one for cache_batch_idx."""
+    one for cache_batch_idx, one for cache_leftpad."""
     if sl is None:
         sl = seqlens.tolist()
     batch = len(sl)
@@ -553,6 +553,12 @@ def _check_kvcache_values(sl, seqlens, seqlen_new, seqlen_q, capacity, num_cache
         if seqlen_new and len(set(idx)) != len(idx):
             raise ValueError(f"cache_batch_idx has repeated entries {idx}: two batch rows would append to the same "
                              f"cache entry")
+    if cache_leftpad is not None:
+        pad = cache_leftpad.tolist()
+        bad = [b for b in range(batch) if not 0 <= pad[b] <= sl[b]]
+        if bad:
+            raise ValueError(f"cache_leftpad must satisfy 0 <= cache_leftpad[b] <= cache_seqlens[b]; batch {bad[0]} "
+                             f"has cache_leftpad {pad[bad[0]]} and cache_seqlens {sl[bad[0]]}")
     if rotary_cos is not None and max(sl, default=0) + max(seqlen_new, seqlen_q) > rotary_cos.shape[0]:
         raise ValueError(f"rotary_cos has {rotary_cos.shape[0]} positions but positions up to "
                          f"{max(sl) + max(seqlen_new, seqlen_q) - 1} are needed")
@@ -585,7 +591,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         cache_seqlens: int, or (batch,) int32: tokens already in the cache. None: the cache is full.
         cache_batch_idx: (batch,) int32: which cache entry each batch element uses (contiguous
             caches only). None: entry b.
-        cache_leftpad: not supported (raises NotImplementedError).
+        cache_leftpad: (batch,) int32: the index where each sequence's cache starts; keys before it
+            are ignored (flash-attn's left padding). Positions stay absolute: appends go to
+            cache_seqlens[b] onward, rotary uses cache_seqlens[b] + t, and the causal alignment is
+            to the end. Must satisfy 0 <= cache_leftpad[b] <= cache_seqlens[b]. None: 0.
         block_table: (batch, max_blocks) int32 for a paged cache.
         softmax_scale, causal, window_size, softcap, alibi_slopes: as in flash_attn_func.
         rotary_interleaved: True for GPT-J style pairs (0,1),(2,3)...; False for GPT-NeoX halves.
@@ -595,8 +604,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
     Everything is validated before anything is written: an append past the cache's end, block
     table entries out of range, dtype/device/head mismatches raise and leave the cache untouched.
-    Checking values (cache_seqlens, block_table, cache_batch_idx) reads them on the host, which
-    on CUDA costs up to three syncs. It is done whenever the call appends (k/v given) or applies
+    Checking values (cache_seqlens, block_table, cache_batch_idx, cache_leftpad) reads them on
+    the host, which on CUDA costs up to four syncs. It is done whenever the call appends (k/v given) or applies
     rotary, also inside torch.compile (as a graph break); for a read-only call, on CPU tensors or
     with the environment variable TILEFLASH_CHECK_INPUTS=1 (not while tracing). A read-only call
     on CUDA skips it, so decode steps stay asynchronous and can be captured in a CUDA graph; the
@@ -607,8 +616,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     its work coarsely (fewer busy programs at small batch); passing cache_seqlens as an int, or a
     cache sized to the contents, avoids that.
     """
-    if cache_leftpad is not None:
-        raise NotImplementedError("cache_leftpad is not supported by tileflash yet; pass None")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -641,6 +648,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                              f"cache_batch_idx, batch row b uses cache row b, so the cache needs at least {batch}")
     if cache_batch_idx is not None:
         cache_batch_idx = _int_tensor("cache_batch_idx", cache_batch_idx, (batch,), dev)
+    if cache_leftpad is not None:
+        cache_leftpad = _int_tensor("cache_leftpad", cache_leftpad, (batch,), dev)
     uniform = cache_seqlens is None or (isinstance(cache_seqlens, numbers.Integral)
                                         and not isinstance(cache_seqlens, bool))
     if uniform:
@@ -680,7 +689,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if _kvcache_checks_values(dev.type, seqlen_new, k is not None and rotary_cos is not None,
                               torch.compiler.is_compiling()):
         sl = _check_kvcache_values(sl, seqlens, seqlen_new, seqlen_q, capacity, k_cache.shape[0], k_cache.shape[1],
-                                   block_table, cache_batch_idx, rotary_cos if k is not None else None)
+                                   block_table, cache_batch_idx, rotary_cos if k is not None else None,
+                                   cache_leftpad)
     elif sl is not None:
         _check_kvcache_lengths(sl, seqlen_new, capacity)  # host-known lengths: free to check, no sync
 
@@ -718,5 +728,5 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     out, lse = fwd(q, k_cache, v_cache, seqlens, scale, causal,
                            feats["window_left"], feats["window_right"], feats["softcap"], feats["alibi_slopes"],
                            cache_batch_idx, block_table, num_splits,
-                           max(sl, default=0) + seqlen_new if sl is not None else -1)
+                           max(sl, default=0) + seqlen_new if sl is not None else -1, cache_leftpad)
     return (out, lse) if return_softmax_lse else out

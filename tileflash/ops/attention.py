@@ -329,11 +329,12 @@ def kvcache_forward(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Optional[Tensor], softmax_scale: float, causal: bool,
     window_left: int = -1, window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
     cache_batch_idx: Optional[Tensor] = None, block_table: Optional[Tensor] = None, num_splits: int = 0,
-    max_seqlen_k: int = -1,
+    max_seqlen_k: int = -1, cache_leftpad: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
     """Attention of q (batch, seqlen_q, nheads, d) over the first seqlens_k[b] keys of a
     contiguous or paged KV cache -> (out, lse (batch, nheads, seqlen_q)). Forward only.
-    seqlens_k=None: every batch entry holds max_seqlen_k keys.
+    seqlens_k=None: every batch entry holds max_seqlen_k keys. cache_leftpad[b]: keys before it
+    are masked (positions stay absolute).
 
     The body of the custom op ``tileflash::kvcache_fwd``. Eager callers may call it directly: a
     decode step is forward-only, so the op's dispatch (about 30 us of host time per call, measured
@@ -346,15 +347,19 @@ def kvcache_forward(
         with ctx:
             out, lse = _dec.decode_forward(conv(q), conv(k_cache), conv(v_cache), seqlens_k, softmax_scale, causal,
                                            **feats, cache_batch_idx=cache_batch_idx, block_table=block_table,
-                                           num_splits=num_splits, max_seqlen_k=max_seqlen_k)
+                                           num_splits=num_splits, max_seqlen_k=max_seqlen_k,
+                                           cache_leftpad=cache_leftpad)
         return out.to(q.dtype), lse
     # tiled CPU path: one batch entry at a time over its gathered cache rows
     out = torch.empty_like(q)
     lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     lengths = seqlens_k.tolist() if seqlens_k is not None else [max_seqlen_k] * q.shape[0]
+    firsts = cache_leftpad.tolist() if cache_leftpad is not None else [0] * q.shape[0]
     for b, n in enumerate(lengths):
-        kb = _dec.gather_cache(k_cache, b, n, cache_batch_idx, block_table)
-        vb = _dec.gather_cache(v_cache, b, n, cache_batch_idx, block_table)
+        # keys [first, n): bottom-right alignment and relative distances only depend on the end
+        first = min(max(firsts[b], 0), n)
+        kb = _dec.gather_cache(k_cache, b, n, cache_batch_idx, block_table)[:, first:]
+        vb = _dec.gather_cache(v_cache, b, n, cache_batch_idx, block_table)[:, first:]
         slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
         o, l_ = cpu.attention_forward_cpu(q[b: b + 1], kb, vb, softmax_scale, causal, window_size=feats["window"],
                                           softcap=softcap, alibi_slopes=slopes)
@@ -367,11 +372,11 @@ def kvcache_fwd(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Optional[Tensor], softmax_scale: float, causal: bool,
     window_left: int = -1, window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
     cache_batch_idx: Optional[Tensor] = None, block_table: Optional[Tensor] = None, num_splits: int = 0,
-    max_seqlen_k: int = -1,
+    max_seqlen_k: int = -1, cache_leftpad: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
     """torch.compile-visible wrapper of :func:`kvcache_forward`."""
     return kvcache_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window_left, window_right, softcap,
-                           alibi_slopes, cache_batch_idx, block_table, num_splits, max_seqlen_k)
+                           alibi_slopes, cache_batch_idx, block_table, num_splits, max_seqlen_k, cache_leftpad)
 
 
 @kvcache_fwd.register_fake

@@ -101,7 +101,7 @@ def _merge_splits(O, LSE, O_PART, LSE_PART, part0, part_step, row0, n_rows, off_
 
 @triton.jit(do_not_specialize=["seqlen_q", "seqlen_fixed", "split_len", "num_splits", "window_left", "window_right"])
 def _decode_split(
-    Q, K, V, O, LSE, O_PART, LSE_PART, COUNTER, SEQLENS_K, BATCH_IDX, BLOCK_TABLE, ALIBI,
+    Q, K, V, O, LSE, O_PART, LSE_PART, COUNTER, SEQLENS_K, BATCH_IDX, BLOCK_TABLE, ALIBI, LEFTPAD,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -115,6 +115,7 @@ def _decode_split(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PAGE_TILE: tl.constexpr = False, HAS_SEQLENS: tl.constexpr = True,
     SPLIT: tl.constexpr = True, BLOCK_S: tl.constexpr = 2, S_CHUNK: tl.constexpr = 2,
+    HAS_LEFTPAD: tl.constexpr = False,
 ):
     """One (KV split, batch·kv head, row block) program: attention of the packed rows over keys
     [pid_s·split_len, (pid_s+1)·split_len) of the cache.
@@ -126,7 +127,9 @@ def _decode_split(
     SEQLENS_K, else every batch entry holds seqlen_fixed keys.
     PAGE_TILE (paged, page_size a multiple of BLOCK_N): a K/V tile never straddles two pages
     (splits start at multiples of BLOCK_N), so one block-table entry per tile gives affine row
-    addresses, as in a contiguous cache; otherwise each key looks its page up."""
+    addresses, as in a contiguous cache; otherwise each key looks its page up.
+    HAS_LEFTPAD: keys before LEFTPAD[b] are invisible (flash-attn's cache_leftpad); every position
+    stays absolute, so masks, ALiBi and the bottom-right alignment are unchanged."""
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
     n_bh = tl.num_programs(1)
@@ -144,6 +147,9 @@ def _decode_split(
     shift = seqlen_k - seqlen_q
     lo = pid_s * split_len
     hi = tl.minimum(lo + split_len, seqlen_k)
+    if HAS_LEFTPAD:
+        k_first = tl.minimum(tl.maximum(tl.load(LEFTPAD + off_b), 0), seqlen_k)     # first visible key
+        lo = tl.maximum(lo, (k_first // BLOCK_N) * BLOCK_N)  # skip whole tiles before it, keep alignment
 
     o_r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)                                     # [BLOCK_M] packed rows
     o_g = o_r // seqlen_q                                                             # query head within group
@@ -174,6 +180,8 @@ def _decode_split(
     for start_n in range(lo, hi, BLOCK_N):
         o_n = start_n + o_nb                                                          # [BLOCK_N]
         m_n = o_n < hi
+        if HAS_LEFTPAD:
+            m_n = m_n & (o_n >= k_first)
         if PAGED and PAGE_TILE:
             page1 = tl.load(BLOCK_TABLE + off_b * stride_bt_b + start_n // page_size)      # scalar
             page1 = tl.minimum(tl.maximum(page1, 0), num_cache - 1).to(tl.int64)
@@ -272,13 +280,14 @@ def paged_tiling(page_size: int, block_n: int):
 
 def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, window=(-1, -1), softcap=0.0,
                    alibi_slopes=None, cache_batch_idx=None, block_table=None, num_splits=0, max_seqlen_k=-1,
-                   config=None):
+                   cache_leftpad=None, config=None):
     """Attention of q (batch, seqlen_q, nheads, d) over the first seqlens_k[b] keys of the cache.
 
     Returns out (q's shape and dtype) and lse (batch, nheads, seqlen_q) fp32. Inputs validated by
     ``tileflash.interface.flash_attn_with_kvcache``. seqlens_k: int32 (batch,), or None when every
     batch entry holds max_seqlen_k keys (no length tensor to build or read). max_seqlen_k (if >= 0)
-    bounds seqlens_k and sizes the splits. One launch: the split programs merge their own partials
+    bounds seqlens_k and sizes the splits. cache_leftpad: int32 (batch,), keys before it are
+    masked (positions stay absolute). One launch: the split programs merge their own partials
     (see ``_decode_split``). config: dict(block_n, num_warps, num_stages[, waves]) overriding
     ``decode_config`` (for tuning scripts).
     """
@@ -328,7 +337,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     block_s = max(2, next_pow2(num_splits))
     _decode_split[(num_splits, n_bh, m_blocks)](
         q, k_cache, v_cache, out, lse, o_part, lse_part, counter, seqlens_k, cache_batch_idx, block_table,
-        alibi_slopes,
+        alibi_slopes, cache_leftpad,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -341,7 +350,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         KV_GROUP=group, **flags, HAS_BATCH_IDX=cache_batch_idx is not None, PAGED=paged,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=precision,
         PAGE_TILE=page_tile, HAS_SEQLENS=seqlens_k is not None, SPLIT=split,
-        BLOCK_S=block_s, S_CHUNK=min(block_s, 4096 // block_d),
+        BLOCK_S=block_s, S_CHUNK=min(block_s, 4096 // block_d), HAS_LEFTPAD=cache_leftpad is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out, lse
