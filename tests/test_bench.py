@@ -2,6 +2,7 @@
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -95,7 +96,23 @@ def test_decode_bench_cpu(tmp_path, capsys):
         kv_bytes = 2 * r["batch"] * r["seqlen_k"] * r["heads_kv"] * r["head_dim"] * 4
         assert r["kv_tb_s"] == pytest.approx(kv_bytes / r["ms"] * 1e-9)
         assert r["max_err"] < 1e-5
+        assert r["timing"] == "eager" and r["kv_tb_s_eager"] == r["kv_tb_s"]  # no CUDA graph on CPU
     assert "KV TB/s" in capsys.readouterr().out
+    assert (tmp_path / "decode.png").stat().st_size > 10_000
+    (tmp_path / "decode.png").unlink()
+    assert cli.main(["plot", str(tmp_path)]) == 0  # redrawn from results.json
+    assert (tmp_path / "decode.png").exists() and not (tmp_path / "tflops.png").exists()
+
+
+def test_decode_plot_of_the_committed_h200_run(tmp_path):
+    """decode.png from the committed H200 decode run (graph and eager timings side by side)."""
+    from tileflash.bench.plot import make_decode_plots
+
+    src = Path(__file__).parent.parent / "docs" / "decode-h200" / "session4" / "run3-results.json"
+    rows = json.loads(src.read_text())["results"]
+    assert {r["timing"] for r in rows} == {"cuda_graph"}
+    (path,) = make_decode_plots(rows, tmp_path)
+    assert path.stat().st_size > 10_000
 
 
 def test_grid_report_on_the_committed_h200_grid():

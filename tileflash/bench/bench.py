@@ -381,7 +381,12 @@ def run_decode(args, device, meta):
           + ", ".join(f"{k_} {v_}" for k_, v_ in meta.items()))
     if args.out:
         write_results(rows, Path(args.out), {})
-        print(f"wrote {Path(args.out) / 'results.json'}, {Path(args.out) / 'results.csv'}")
+        written = [Path(args.out) / "results.json", Path(args.out) / "results.csv"]
+        if not args.no_plots:
+            from tileflash.bench.plot import make_decode_plots
+
+            written += make_decode_plots(rows, Path(args.out))
+        print("wrote " + ", ".join(str(w) for w in written))
     return 0
 
 
