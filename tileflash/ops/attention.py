@@ -300,7 +300,13 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        return _backward(ctx, dout, dlse)
+        # _backward's work, calling the body of tileflash::bwd rather than the op (dlse is ignored)
+        q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seed = ctx.saved_tensors
+        f = ctx.features
+        kw = _kw(f["window_left"], f["window_right"], f["softcap"], alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                 f["max_seqlen_q"], f["max_seqlen_k"], f["dropout_p"], seed)
+        grads = _backward_impl(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.causal_shift, kw)
+        return tuple(grads) + (None,) * (3 + len(_FEATURES))
 
 
 _FEATURE_DEFAULTS = dict(window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, cu_seqlens_q=None,
