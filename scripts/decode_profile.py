@@ -5,12 +5,13 @@ Usage: PYTHONPATH=. python3 scripts/decode_profile.py B:L [B:L ...]
 """
 
 import sys
-import time
 
 import torch
 from triton.testing import do_bench
 
 import tileflash
+from host_profile import host_us  # scripts/ is on sys.path when run as a script
+from tileflash.bench.bench import _graph_of
 from tileflash.ops import decode as Dk
 
 
@@ -46,23 +47,10 @@ def main():
         for name, fn in (("public(int)", public), ("public(tensor)", public_t), ("decode_forward", kernels)):
             fn()
             res[name] = do_bench(fn, warmup=25, rep=100)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(200):
-                fn()
-            host = (time.perf_counter() - t0) / 200 * 1e3
-            torch.cuda.synchronize()
-            res[name + " host"] = host
-        g = torch.cuda.CUDAGraph()
+            res[name + " host"] = host_us(fn) * 1e-3
         k0, v0 = caches[0]
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            tileflash.flash_attn_with_kvcache(q, k0, v0, cache_seqlens=seqlens)
-        torch.cuda.current_stream().wait_stream(s)
-        with torch.cuda.graph(g):
-            tileflash.flash_attn_with_kvcache(q, k0, v0, cache_seqlens=seqlens)
-        res["graph (1 cache)"] = do_bench(g.replay, warmup=25, rep=100)
+        res["graph (1 cache)"] = do_bench(_graph_of([lambda: tileflash.flash_attn_with_kvcache(
+            q, k0, v0, cache_seqlens=seqlens)]), warmup=25, rep=100)
         splits = Dk.choose_num_splits(b, hk, n, q.device)
         print(f"B={b} L={n} splits={splits} caches={sets}: " + ", ".join(
             f"{k_} {v_ * 1e3:.0f} us" + ("" if "host" in k_ else f" ({kv_bytes / v_ * 1e-9:.2f} TB/s)")
@@ -80,12 +68,7 @@ def cprofile(b=1, n=8192):
                      ("decode_forward", lambda: Dk.decode_forward(q, k, v, None, 128 ** -0.5, False, max_seqlen_k=n))):
         for _ in range(50):
             fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(500):
-            fn()
-        host = (time.perf_counter() - t0) / 500 * 1e6
-        torch.cuda.synchronize()
+        host = host_us(fn, 500)
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(500):

@@ -17,23 +17,15 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 import tileflash
+from tileflash.bench.bench import _graph_of
 
 
 def graph_time(fn):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return do_bench(g.replay, warmup=25, rep=100, return_mode="median")
+    return do_bench(_graph_of([fn]), warmup=25, rep=100, return_mode="median")
 
 
 def host_us(fn, n=200):
+    """Host time per call in us (n calls, no sync inside)."""
     fn()
     torch.cuda.synchronize()
     t0 = time.perf_counter()

@@ -72,6 +72,22 @@ def _rows(cache, b, n, table, batch_idx):
     return torch.cat([cache[int(table[b, j // ps]), j % ps][None] for j in range(n)]) if n else cache[0, :0]
 
 
+def _expected_cache(kc0, vc0, k, v, sl, table, batch_idx):
+    """The caches kc0/vc0 after appending k/v (batch, new, hk, d) of row b at positions sl[b] + t,
+    through the page table or cache_batch_idx; nothing else touched."""
+    exp_k, exp_v = kc0.clone(), vc0.clone()
+    for b in range(k.shape[0] if k is not None else 0):
+        for t in range(k.shape[1]):
+            j = int(sl[b]) + t
+            if table is None:
+                cb = b if batch_idx is None else int(batch_idx[b])
+                exp_k[cb, j], exp_v[cb, j] = k[b, t], v[b, t]
+            else:
+                ps = kc0.shape[1]
+                exp_k[int(table[b, j // ps]), j % ps], exp_v[int(table[b, j // ps]), j % ps] = k[b, t], v[b, t]
+    return exp_k, exp_v
+
+
 @pytest.mark.parametrize("layout", ["contiguous", "batch_idx", "paged16", "paged6"])
 @pytest.mark.parametrize("rotary", [None, "interleaved", "neox"])
 @pytest.mark.parametrize("new,causal", [(1, True), (3, True), (3, False), (0, True)])
@@ -98,7 +114,6 @@ def test_kvcache_matches_reference(backend, layout, rotary, new, causal, hk):
         return_softmax_lse=True)
 
     # expected cache: the new (rotated) k/v written at cache_seqlens[b] + t, nothing else touched
-    exp_k, exp_v = kc0.clone(), vc0.clone()
     qr = q
     sl = cache_seqlens.long()
     if rotary and new:  # rotary applies only together with an append (flash-attn's rule)
@@ -106,15 +121,7 @@ def test_kvcache_matches_reference(backend, layout, rotary, new, causal, hk):
         tq = torch.arange(seqlen_q, device=dev) if causal else torch.zeros(seqlen_q, dtype=torch.long, device=dev)
         qr = apply_rotary(q, cos, sin, sl[:, None] + tq[None], interleaved)
         k = apply_rotary(k, cos, sin, sl[:, None] + torch.arange(new, device=dev)[None], interleaved)
-    for b in range(B):
-        for t in range(new):
-            j = int(sl[b]) + t
-            if table is None:
-                cb = b if batch_idx is None else int(batch_idx[b])
-                exp_k[cb, j], exp_v[cb, j] = k[b, t], v[b, t]
-            else:
-                ps = kc.shape[1]
-                exp_k[int(table[b, j // ps]), j % ps], exp_v[int(table[b, j // ps]), j % ps] = k[b, t], v[b, t]
+    exp_k, exp_v = _expected_cache(kc0, vc0, k, v, sl, table, batch_idx)
     assert torch.equal(kc, exp_k) and torch.equal(vc, exp_v), "cache contents after the append"
     for b in range(B):
         n = int(sl[b]) + new
@@ -159,16 +166,7 @@ def test_kvcache_leftpad(backend, layout, new, causal, window, splits):
             torch.zeros(seqlen_q, dtype=torch.long, device=dev)
         qr = apply_rotary(q, cos, sin, sl[:, None] + tq[None], True)
         k = apply_rotary(k, cos, sin, sl[:, None] + torch.arange(new, device=dev)[None], True)
-    exp_k, exp_v = kc0.clone(), vc0.clone()
-    for b in range(B):
-        for t in range(new):
-            j = int(sl[b]) + t
-            if table is None:
-                cb = b if batch_idx is None else int(batch_idx[b])
-                exp_k[cb, j], exp_v[cb, j] = k[b, t], v[b, t]
-            else:
-                ps = kc.shape[1]
-                exp_k[int(table[b, j // ps]), j % ps], exp_v[int(table[b, j // ps]), j % ps] = k[b, t], v[b, t]
+    exp_k, exp_v = _expected_cache(kc0, vc0, k, v, sl, table, batch_idx)
     assert torch.equal(kc, exp_k) and torch.equal(vc, exp_v), "cache contents after the append"
     for b in range(B):
         n = int(sl[b]) + new

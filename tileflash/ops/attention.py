@@ -14,6 +14,7 @@ Because these are ``torch.library.custom_op`` s with fake (meta) implementations
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from typing import Optional
 
@@ -309,8 +310,9 @@ class _EagerAttention(torch.autograd.Function):
         return tuple(grads) + (None,) * (3 + len(_FEATURES))
 
 
-_FEATURE_DEFAULTS = dict(window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, cu_seqlens_q=None,
-                         cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, dropout_p=0.0, seed=None)
+# the feature arguments' defaults, read off the op's body (one place to change them)
+_FEATURE_DEFAULTS = {name: prm.default for name, prm in inspect.signature(_attention_fwd_body).parameters.items()
+                     if name in _FEATURES}
 assert tuple(_FEATURE_DEFAULTS) == _FEATURES  # the op's positional order, which _setup_context relies on
 
 
