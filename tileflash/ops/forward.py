@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tileflash.ops import forward_sm90
 from tileflash.ops.common import (cdiv, dropout_keep, head_scalars, kv_block_range, next_pow2, score_mods, seq_bounds,
                                   visible)
 
@@ -477,6 +478,9 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         RAW_MAX=softmax_scale > 0 and not flags["HAS_SOFTCAP"] and not flags["HAS_ALIBI"],
     )
+    if forward_sm90.supported(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen, config):
+        # Hopper, plain dense call, aligned lengths: the Gluon kernel (asynchronous wgmma)
+        return forward_sm90.forward(q, k, v, out, lse, softmax_scale, causal)
     # TMA path (falls back to pointers where descriptors are not possible)
     use_tma = tma_requested(config, q.device) and tma_supported(q, k, v, out)
     if use_tma and q.is_cuda:

@@ -1,0 +1,65 @@
+"""The Hopper Gluon forward against the Triton kernel, cuDNN and SDPA-flash, in one run.
+
+Usage: PYTHONPATH=. python3 scripts/gluon_check.py [--dtype float16] [--sizes 1024 4096 16384] [--d 64 128]
+For each (D, causal, N): checks the Gluon output against the Triton kernel's (max difference) and
+times both, cuDNN SDPA and SDPA-flash with do_bench (median). Shapes follow gpu_check:
+B·N = 16k tokens, H = 2048 / D. The table is printed last.
+"""
+
+import argparse
+
+import torch
+import torch.nn.functional as Fn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+from tileflash.ops import forward as F
+from tileflash.ops import forward_sm90 as G
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384])
+    ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
+    args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
+    rows = []
+    for d in args.d:
+        for causal in (False, True):
+            for n in args.sizes:
+                b, h = 16384 // n, 2048 // d
+                q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=dtype) for _ in range(3))
+                flops = 4 * b * h * n * n * d * (0.5 if causal else 1)
+                scale = d ** -0.5
+                tri_cfg = F.default_config(d, causal, tma=True)
+                out_t, lse_t = F.flash_attn_forward(q, k, v, scale, causal, config=tri_cfg)
+                out_g, lse_g = torch.full_like(q, float("nan")), torch.full_like(lse_t, float("nan"))
+                flags = dict(HAS_LEFT=False, HAS_RIGHT=causal, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_DROPOUT=False)
+                assert G.supported(q, k, v, out_g, lse_g, scale, causal, 0, flags, False, None)
+                G.forward(q, k, v, out_g, lse_g, scale, causal)
+                diff = (out_g.float() - out_t.float()).abs().max().item()
+                ldiff = (lse_g - lse_t).abs().max().item()
+                t = {}
+                t["gluon"] = do_bench(lambda: G.forward(q, k, v, out_g, lse_g, scale, causal), warmup=25, rep=100)
+                t["triton"] = do_bench(lambda: F.flash_attn_forward(q, k, v, scale, causal, config=tri_cfg),
+                                       warmup=25, rep=100)
+                qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+                for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+                    with sdpa_kernel(be):
+                        t[name] = do_bench(lambda: Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=causal),
+                                           warmup=25, rep=100)
+                tf = {key: flops / ms * 1e-9 for key, ms in t.items()}
+                row = (d, int(causal), n, tf["gluon"], tf["triton"], tf["cudnn"], tf["flash"], diff, ldiff)
+                rows.append(row)
+                print("D={} causal={} N={}: gluon {:.0f} triton {:.0f} cudnn {:.0f} flash {:.0f} TFLOP/s; "
+                      "max|gluon-triton| out {:.3g} lse {:.3g}".format(*row), flush=True)
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}; TFLOP/s (do_bench median)")
+    print("| D | causal | N | gluon | triton | cuDNN | SDPA-flash | gluon/cuDNN | gluon/triton | max diff |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for d, c, n, g, tr, cu, fl, diff, _ in rows:
+        print(f"| {d} | {c} | {n} | {g:.0f} | {tr:.0f} | {cu:.0f} | {fl:.0f} | {g / cu:.2f} | {g / tr:.2f} | {diff:.2g} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""The Hopper Gluon forward (tileflash.ops.forward_sm90): routing rules on any machine, numerics
+on an sm90 GPU.
+
+The kernel cannot run in the CPU interpreter, so its numerics tests need a Hopper GPU; every one
+of them first asserts that the call really took the Gluon kernel (a counting wrapper), so a
+routing change cannot turn them into tests of the Triton kernel. The routing tests run anywhere.
+"""
+
+import pytest
+import torch
+
+import tileflash
+from tileflash.ops import forward as fwd_mod
+from tileflash.ops import forward_sm90 as g90
+from tileflash.reference import attention_ref
+
+from conftest import HAS_CUDA
+from test_forward import make_qkv, rounding_atol
+
+IS_SM90 = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
+needs_sm90 = pytest.mark.skipif(not (IS_SM90 and g90.HAVE_GLUON), reason="needs a Hopper GPU and triton's Gluon")
+
+
+@pytest.fixture
+def gluon_calls(monkeypatch):
+    """Counts launches of the Gluon kernel."""
+    calls = []
+    real = g90.forward
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(g90, "forward", counting)
+    return calls
+
+
+def _flags(**over):
+    f = dict(HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_DROPOUT=False)
+    f.update(over)
+    return f
+
+
+def test_view_params_cover_both_layouts():
+    # (B, S, H, D) memory: heads side by side in a row of H·D elements
+    t = torch.empty(2, 256, 4, 64)
+    assert g90._view_params(t, 256, 4) == (2 * 256, 4 * 64, 256, 0, 64)
+    # SDPA (B, H, S, D) memory seen as (B, S, H, D): every (b, h) is a block of S rows of D
+    t = torch.empty(2, 4, 256, 64).transpose(1, 2)
+    assert g90._view_params(t, 256, 4) == (2 * 4 * 256, 64, 4 * 256, 256, 0)
+    # a head-dim slice of a wider row does not overlap other heads: still a view
+    t = torch.empty(2, 256, 4, 128)[..., :64]
+    assert g90._view_params(t, 256, 4) == (2 * 256, 4 * 128, 256, 0, 128)
+    # rows of a batch that do not start on a row boundary: no 2-D view
+    t = torch.as_strided(torch.empty(10_000_000), (2, 256, 4, 64), (256 * 4 * 64 + 32, 4 * 64, 64, 1))
+    assert g90._view_params(t, 256, 4) is None
+
+
+def test_routing_rules_on_cpu_tensors():
+    q, k, v = (torch.empty(1, 256, 2, 64, dtype=torch.float16) for _ in range(3))
+    out, lse = torch.empty_like(q), torch.empty(1, 2, 256)
+    # CPU tensors never take the Gluon kernel
+    assert not g90.supported(q, k, v, out, lse, 0.125, False, 0, _flags(), False, None)
+
+
+@needs_sm90
+def test_routing_rules_on_gpu():
+    def ok(sq=256, sk=256, d=128, dtype=torch.float16, causal=False, scale=0.1, flags=None, config=None,
+           shift=None):
+        q, k, v = make_qkv(1, sq, sk, 2, 2, d, dtype, "cuda")
+        out, lse = torch.empty_like(q), torch.empty(1, 2, sq, device="cuda")
+        flags = flags or _flags(HAS_RIGHT=causal)
+        shift = sk - sq if shift is None else shift
+        return g90.supported(q, k, v, out, lse, scale, causal, shift, flags, False, config)
+
+    assert ok() and ok(d=64) and ok(causal=True, sk=384) and ok(dtype=torch.bfloat16)
+    assert not ok(sq=200)                       # not a whole number of 128-row blocks
+    assert not ok(sk=200)
+    assert not ok(d=96) and not ok(d=256)
+    assert not ok(causal=True, sq=384, sk=256)  # rows with no visible key: the Triton kernel
+    assert not ok(causal=True, shift=0, sk=384)  # top-left causal alignment
+    assert not ok(scale=-0.1)
+    assert not ok(flags=_flags(HAS_SOFTCAP=True)) and not ok(flags=_flags(HAS_LEFT=True))
+    assert not ok(flags=_flags(HAS_RIGHT=True))  # a right window that is not causal
+    assert not ok(config=dict(BLOCK_M=64, BLOCK_N=64))
+
+
+CASES = [  # (batch, seqlen_q, seqlen_k, nheads, nheads_k)
+    (2, 256, 384, 4, 2),     # GQA, Sq < Sk
+    (1, 1024, 1024, 8, 8),
+    (2, 128, 512, 3, 1),     # MQA, one Q block
+    (1, 2048, 2048, 2, 1),
+]
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_gluon_forward_matches_reference(case, d, causal, dtype, layout, gluon_calls):
+    b, sq, sk, h, hk = case
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype, "cuda", seed=sq + d + hk)
+    if layout == "bhsd":  # the SDPA memory layout, seen through a transpose: no copy
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+        out = torch.full((b, h, sq, d), float("nan"), dtype=dtype, device="cuda").transpose(1, 2)
+    else:
+        out = torch.full((b, sq, h, d), float("nan"), dtype=dtype, device="cuda")
+    lse = torch.full((b, h, sq), float("nan"), device="cuda")
+    fwd_mod.flash_attn_forward(q, k, v, d ** -0.5, causal, out=out, lse=lse)
+    assert len(gluon_calls) == 1, "the call did not take the Gluon kernel"
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any(), "unwritten output (NaN poison)"
+    ref, ref_lse = attention_ref(q, k, v, causal=causal, upcast=True)
+    eager, _ = attention_ref(q, k, v, causal=causal, upcast=False)
+    err = (out.float() - ref).abs().max().item()
+    eager_err = (eager.float() - ref).abs().max().item()
+    atol = rounding_atol(ref, dtype)
+    assert err <= 2 * eager_err + atol, f"err {err:.3g} > 2 * eager {eager_err:.3g} + {atol:.3g}"
+    assert (lse - ref_lse.float()).abs().max().item() <= 2e-3
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gluon_forward_agrees_with_triton_kernel(causal, gluon_calls):
+    """The two kernels compute the same sums in a different order: they agree to rounding."""
+    q, k, v = make_qkv(2, 1024, 1536, 4, 2, 128, torch.bfloat16, "cuda", seed=11)
+    out_g, lse_g = fwd_mod.flash_attn_forward(q, k, v, 0.0883, causal)
+    assert len(gluon_calls) == 1
+    out_t, lse_t = fwd_mod.flash_attn_forward(q, k, v, 0.0883, causal,
+                                              config=fwd_mod.default_config(128, causal, tma=True))
+    assert len(gluon_calls) == 1, "a pinned config must keep the Triton kernel"
+    assert (out_g.float() - out_t.float()).abs().max().item() <= 2e-2
+    assert (lse_g - lse_t).abs().max().item() <= 1e-4
+
+
+@needs_sm90
+def test_gluon_forward_under_autograd_and_public_api(gluon_calls):
+    """flash_attn_func and SDPA route the forward of a training step through it; the gradients
+    (Triton backward from its LSE) match fp32 autograd to the usual tolerance."""
+    q, k, v = make_qkv(2, 512, 512, 4, 4, 64, torch.float16, "cuda", seed=5)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = tileflash.flash_attn_func(q, k, v, causal=True)
+    assert len(gluon_calls) == 1
+    do = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref, _ = attention_ref(qf, kf, vf, causal=True, upcast=True)
+    ref_grads = torch.autograd.grad(ref, (qf, kf, vf), do.float())
+    qh, kh, vh = (t.detach().requires_grad_() for t in (q, k, v))
+    eager, _ = attention_ref(qh, kh, vh, causal=True, upcast=False)
+    eager_grads = torch.autograd.grad(eager, (qh, kh, vh), do)
+    for g, r, e in zip(grads, ref_grads, eager_grads):
+        err = (g.float() - r).abs().max().item()
+        assert err <= 2 * (e.float() - r).abs().max().item() + 1e-3

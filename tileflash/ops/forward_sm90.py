@@ -1,0 +1,289 @@
+"""Hopper (sm90) forward in Gluon: asynchronous wgmma, so the softmax overlaps the tensor cores.
+
+Why a second forward kernel. In ``tileflash.ops.forward`` (plain Triton) every ``tl.dot`` on
+Hopper ends in ``wgmma.wait_group 0``: the compiler keeps a wgmma in flight only when its result
+feeds nothing but its own next accumulation, which is never true of attention's two matmuls. So
+each step runs Q·Kᵀ, then the softmax on the MUFU/ALU units, then P·V, one after the other, and
+triton 3.6's warp specialization compiles to nothing on sm90 for this kernel (docs/perf-notes.md
+§14). Gluon, triton's lower-level dialect, exposes the asynchronous wgmma and its wait, and this
+file uses them for FA3's intra-warpgroup schedule:
+
+    issue S_j = Q·K_jᵀ            (async)
+    issue O += P_{j-1}·V_{j-1}    (async)
+    wait until only the newest group is in flight  -> S_j is ready, P_{j-1}·V_{j-1} still runs
+    softmax(S_j) -> P_j, alpha_j  (overlaps the tensor cores' P_{j-1}·V_{j-1})
+    wait for everything; O *= alpha_j; refill the freed K/V stage with TMA
+
+Scope: the hot path only (dense, fp16/bf16, head dim 64 or 128, no window/softcap/ALiBi/dropout,
+positive scale, causal or not, Sq % BLOCK_M == 0, Sk % BLOCK_N == 0, Sq <= Sk when causal).
+:func:`supported` decides; everything else runs the Triton kernel, which stays the reference
+implementation (it runs in the CPU interpreter; this one cannot). The numerics follow
+``tileflash.ops.forward``: base-2 scores with the scale folded in, fp32 accumulation, P cast to
+V's dtype for the second matmul, natural-log LSE stored.
+
+Tensors are seen as 2-D ``(rows, row_stride)`` views for the TMA descriptors: the (batch, head)
+tile of Q starts at row ``b·rb + h·rh + m`` and column ``h·ch`` (see :func:`_view_params`), which
+covers the (B, S, H, D) and the SDPA (B, H, S, D) memory layouts without a copy.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:  # Gluon ships with triton >= 3.5; without it (or on other GPUs) the Triton kernel runs
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                   warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - depends on the installed triton
+    HAVE_GLUON = False
+
+LOG2E = 1.4426950408889634
+
+if HAVE_GLUON:
+    @gluon.jit
+    def _softmax_step(s, m_i, l_i, start_n, offs_m, offs_n, shift, qk_scale, MASK: gl.constexpr):
+        """Online-softmax update for one [BLOCK_M, BLOCK_N] block of raw scores s (q·k, fp32).
+
+        Returns (p, alpha, m_new, l_new): p = exp2(s·scale − m_new) (0 where masked), alpha =
+        exp2(m_i − m_new) rescales what was accumulated before. scale > 0, so max(s)·scale =
+        max(s·scale) and s·scale − m is one FMA. Every row sees key 0 (Sq <= Sk when causal), so
+        m_new is finite from the first block on."""
+        if MASK:  # causal diagonal, bottom-right aligned: key j visible to row i iff j <= i + shift
+            vis = gl.expand_dims(start_n + offs_n, 0) <= gl.expand_dims(offs_m + shift, 1)  # [BLOCK_M, BLOCK_N]
+            s = gl.where(vis, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)                                 # [BLOCK_M]
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))                              # [BLOCK_M, BLOCK_N]
+        alpha = gl.exp2(m_i - m_new)                                                      # [BLOCK_M]
+        l_new = l_i * alpha + gl.sum(p, 1)                                                # [BLOCK_M]
+        return p, alpha, m_new, l_new
+
+    @gluon.jit
+    def _attn_fwd_sm90(
+        q_desc, k_desc, v_desc, o_desc, LSE,
+        q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,      # 2-D view offsets: row b·rb + h·rh, column h·ch
+        stride_lb, stride_lh,
+        nheads, kv_group, seqlen_q, seqlen_k, qk_scale,
+        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+        CAUSAL: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        """One program per (Q block, batch·head), as the Triton kernel; see the module docstring."""
+        pid_m = gl.program_id(0)
+        if CAUSAL:  # the last Q blocks see the most keys: launch them first
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        pid_bh = gl.program_id(1)
+        off_b = pid_bh // nheads
+        off_h = pid_bh % nheads
+        off_hk = off_h // kv_group
+        start_m = pid_m * BLOCK_M
+        q_row = off_b * q_rb + off_h * q_rh + start_m
+        q_col = off_h * q_ch
+        kv_row = off_b * kv_rb + off_hk * kv_rh
+        kv_col = off_hk * kv_ch
+        shift = seqlen_k - seqlen_q
+
+        # Register layouts of the two wgmma results: S [BLOCK_M, BLOCK_N] and O [BLOCK_M, HEAD_DIM];
+        # P is fed to the second wgmma from registers.
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        dtype: gl.constexpr = q_desc.dtype
+
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)           # Q, then O
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_bar.index(i), count=1)
+            mbarrier.init(v_bar.index(i), count=1)
+
+        # Keys [0, hi) are visible to some row of this block; blocks before n_full need no mask.
+        if CAUSAL:
+            hi = gl.minimum(start_m + BLOCK_M + shift, seqlen_k)
+            n_full = (start_m + shift + 1) // BLOCK_N
+        else:
+            hi = seqlen_k
+            n_full = seqlen_k // BLOCK_N
+        n_blocks = (hi + BLOCK_N - 1) // BLOCK_N      # >= 1: every row sees key 0
+
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_row, q_col], q_bar, q_smem)
+        for i in gl.static_range(STAGES):  # fill the K/V ring
+            pred = i < n_blocks
+            mbarrier.expect(k_bar.index(i), k_desc.block_type.nbytes, pred=pred)
+            tma.async_copy_global_to_shared(k_desc, [kv_row + i * BLOCK_N, kv_col], k_bar.index(i), k_smem.index(i),
+                                            pred=pred)
+            mbarrier.expect(v_bar.index(i), v_desc.block_type.nbytes, pred=pred)
+            tma.async_copy_global_to_shared(v_desc, [kv_row + i * BLOCK_N, kv_col], v_bar.index(i), v_smem.index(i),
+                                            pred=pred)
+
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)                                 # [BLOCK_M]
+        offs_n = gl.arange(0, BLOCK_N, layout=col_s)                                           # [BLOCK_N]
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)                              # [BLOCK_M, HEAD_DIM]
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)                             # [BLOCK_M]
+        l_i = gl.zeros([BLOCK_M], gl.float32, row_s)                                           # [BLOCK_M]
+
+        # block 0, peeled: nothing to overlap with yet
+        mbarrier.wait(q_bar, 0)
+        mbarrier.wait(k_bar.index(0), 0)
+        s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))                                   # [BLOCK_M, BLOCK_N]
+        if n_full > 0:
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, False)
+        else:
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, CAUSAL)
+        b_p = gl.convert_layout(p.to(dtype), p_layout)                                         # [BLOCK_M, BLOCK_N]
+
+        for j in range(1, n_blocks):
+            stage = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(k_bar.index(stage), (j // STAGES) & 1)
+            s_tok = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            mbarrier.wait(v_bar.index(prev), ((j - 1) // STAGES) & 1)
+            acc_tok = warpgroup_mma(b_p, v_smem.index(prev), acc, is_async=True)
+            # groups retire in order: with one left in flight, S_j is done and P_{j-1}·V_{j-1} runs on
+            s, b_p = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, b_p))
+            if j < n_full:
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, False)
+            else:
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, CAUSAL)
+            acc, b_p = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, b_p))
+            # stage `prev` is free (K_{j-1}, V_{j-1} consumed): refill it with block j - 1 + STAGES
+            nxt = j - 1 + STAGES
+            pred = nxt < n_blocks
+            mbarrier.expect(k_bar.index(prev), k_desc.block_type.nbytes, pred=pred)
+            tma.async_copy_global_to_shared(k_desc, [kv_row + nxt * BLOCK_N, kv_col], k_bar.index(prev),
+                                            k_smem.index(prev), pred=pred)
+            mbarrier.expect(v_bar.index(prev), v_desc.block_type.nbytes, pred=pred)
+            tma.async_copy_global_to_shared(v_desc, [kv_row + nxt * BLOCK_N, kv_col], v_bar.index(prev),
+                                            v_smem.index(prev), pred=pred)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            b_p = gl.convert_layout(p.to(dtype), p_layout)
+
+        last = (n_blocks - 1) % STAGES
+        mbarrier.wait(v_bar.index(last), ((n_blocks - 1) // STAGES) & 1)
+        acc = warpgroup_mma(b_p, v_smem.index(last), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))                              # [BLOCK_M, HEAD_DIM]
+
+        mbarrier.invalidate(q_bar)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(k_bar.index(i))
+            mbarrier.invalidate(v_bar.index(i))
+
+        # Epilogue: O = acc / l (l > 0: every row saw key 0), LSE in natural log.
+        o = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)                             # [BLOCK_M, HEAD_DIM]
+        q_smem.store(o.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [q_row, q_col], q_smem)
+        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453                                        # [BLOCK_M]
+        gl.store(LSE + off_b * stride_lb + off_h * stride_lh + offs_m, lse)
+        tma.store_wait(pendings=0)
+
+
+def config_for(head_dim: int, causal: bool) -> dict:
+    """Tiles of the Gluon kernel: 128-row Q blocks on two warpgroups (8 warps), 128-key blocks.
+    The K/V ring has 2 stages at D=128 (Q + 2·(K+V) = 160 KB of shared memory) and 3 at D=64."""
+    return dict(BLOCK_M=128, BLOCK_N=128, STAGES=2 if head_dim > 64 else 3, num_warps=8)
+
+
+def _view_params(t: torch.Tensor, seqlen: int, nheads: int):
+    """(rows, row_stride, rb, rh, ch) of the 2-D view (rows, row_stride) in which the (b, h) tile
+    starts at row b·rb + h·rh and column h·ch; None if t's strides do not allow one."""
+    sb, ss, sh, sd = t.stride()
+    d = t.shape[-1]
+    if sd != 1 or ss < d or sb % ss:
+        return None
+    if sh % ss == 0:                 # heads are whole row groups: (B, H, S, D) memory
+        rh, ch = sh // ss, 0
+    elif (nheads - 1) * sh + d <= ss:  # heads side by side in a row: (B, S, H, D) memory
+        rh, ch = 0, sh
+    else:
+        return None
+    rows = ((t.shape[0] - 1) * sb + (nheads - 1) * sh + (seqlen - 1) * ss) // ss + 1
+    return rows, ss, sb // ss, rh, ch
+
+
+def enabled() -> bool:
+    """TILEFLASH_GLUON=0 turns the Gluon kernel off (the Triton kernel then runs everywhere)."""
+    return HAVE_GLUON and os.environ.get("TILEFLASH_GLUON", "1") != "0"
+
+
+def supported(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen, config) -> bool:
+    """Whether this call can take the Gluon kernel (see the module docstring for the scope).
+    A ``config`` (pinned Triton tiles) keeps the Triton kernel."""
+    if not enabled() or config is not None or varlen or not q.is_cuda:
+        return False
+    if torch.cuda.get_device_capability(q.device)[0] != 9:
+        return False
+    if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        return False
+    d = q.shape[-1]
+    if d not in (64, 128) or softmax_scale <= 0:
+        return False
+    if flags["HAS_LEFT"] or flags["HAS_SOFTCAP"] or flags["HAS_ALIBI"] or flags["HAS_DROPOUT"]:
+        return False
+    if flags["HAS_RIGHT"] and not causal:
+        return False  # a right window bound other than causal's
+    sq, sk = q.shape[1], k.shape[1]
+    if causal and (sq > sk or causal_shift != sk - sq):
+        return False
+    cfg = config_for(d, causal)
+    if sq % cfg["BLOCK_M"] or sk % cfg["BLOCK_N"]:
+        return False
+    if lse.stride(-1) != 1:
+        return False
+    for t in (q, k, v, out):
+        if t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
+            return False
+    views = [_view_params(t, t.shape[1], t.shape[2]) for t in (q, k, v, out)]
+    if any(vw is None for vw in views):
+        return False
+    # one set of offsets serves Q and O, one K and V
+    return views[0][2:] == views[3][2:] and views[1][2:] == views[2][2:]
+
+
+_GL_DTYPE = {}
+
+
+def _desc(t, seqlen, nheads, block_rows):
+    rows, ss, rb, rh, ch = _view_params(t, seqlen, nheads)
+    d = t.shape[-1]
+    if not _GL_DTYPE:
+        _GL_DTYPE.update({torch.float16: gl.float16, torch.bfloat16: gl.bfloat16})
+    layout = gl.NVMMASharedLayout.get_default_for([block_rows, d], _GL_DTYPE[t.dtype])
+    return TensorDescriptor(t, [rows, ss], [ss, 1], [block_rows, d], layout), (rb, rh, ch)
+
+
+def forward(q, k, v, out, lse, softmax_scale: float, causal: bool):
+    """Launch the Gluon kernel; the caller checked :func:`supported`. q (B, Sq, H, D), k/v
+    (B, Sk, Hk, D), out like q, lse (B, H, Sq) fp32 with strides (H·Sq, Sq)."""
+    batch, seqlen_q, nheads, d = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    cfg = config_for(d, causal)
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    q_desc, (q_rb, q_rh, q_ch) = _desc(q, seqlen_q, nheads, bm)
+    o_desc, _ = _desc(out, seqlen_q, nheads, bm)
+    k_desc, (kv_rb, kv_rh, kv_ch) = _desc(k, seqlen_k, nheads_k, bn)
+    v_desc, _ = _desc(v, seqlen_k, nheads_k, bn)
+    grid = (seqlen_q // bm, batch * nheads)
+    _attn_fwd_sm90[grid](
+        q_desc, k_desc, v_desc, o_desc, lse,
+        q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
+        lse.stride(0), lse.stride(1),
+        nheads, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E,
+        HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal, num_warps=cfg["num_warps"],
+    )
+    return out, lse
