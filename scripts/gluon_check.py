@@ -22,6 +22,8 @@ def main():
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--configs", nargs="*", default=[],
+                    help="extra Gluon tiles BLOCK_M/BLOCK_N/STAGES/warps timed beside the default, e.g. 128/64/4/8")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     rows = []
@@ -42,6 +44,18 @@ def main():
                 ldiff = (lse_g - lse_t).abs().max().item()
                 t = {}
                 t["gluon"] = do_bench(lambda: G.forward(q, k, v, out_g, lse_g, scale, causal), warmup=25, rep=100)
+                for spec in args.configs:
+                    bm, bn, st, w = (int(x) for x in spec.split("/"))
+                    cfg = dict(BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=w)
+                    try:
+                        o2 = torch.full_like(q, float("nan"))
+                        G.forward(q, k, v, o2, lse_g.clone(), scale, causal, cfg)
+                        d2 = (o2.float() - out_t.float()).abs().max().item()
+                        ms = do_bench(lambda: G.forward(q, k, v, o2, lse_g, scale, causal, cfg), warmup=25, rep=100)
+                        print(f"  D={d} causal={int(causal)} N={n} gluon {spec}: {flops / ms * 1e-9:.0f} TFLOP/s "
+                              f"diff {d2:.3g}", flush=True)
+                    except Exception as e:  # noqa: BLE001  (a tile that does not compile or fit is reported)
+                        print(f"  D={d} causal={int(causal)} N={n} gluon {spec}: FAILED {repr(e)[:160]}", flush=True)
                 t["triton"] = do_bench(lambda: F.flash_attn_forward(q, k, v, scale, causal, config=tri_cfg),
                                        warmup=25, rep=100)
                 qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))

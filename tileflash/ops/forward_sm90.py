@@ -141,6 +141,10 @@ if HAVE_GLUON:
         mbarrier.wait(k_bar.index(0), 0)
         s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))                                   # [BLOCK_M, BLOCK_N]
+        pred = STAGES < n_blocks  # K_0 is consumed: its slot takes K_STAGES
+        mbarrier.expect(k_bar.index(0), k_desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(k_desc, [kv_row + STAGES * BLOCK_N, kv_col], k_bar.index(0), k_smem.index(0),
+                                        pred=pred)
         if n_full > 0:
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, False)
         else:
@@ -156,17 +160,20 @@ if HAVE_GLUON:
             acc_tok = warpgroup_mma(b_p, v_smem.index(prev), acc, is_async=True)
             # groups retire in order: with one left in flight, S_j is done and P_{j-1}·V_{j-1} runs on
             s, b_p = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, b_p))
+            # K_j is consumed: its slot takes K_{j+STAGES} (STAGES iterations ahead of its use)
+            nxt = j + STAGES
+            pred = nxt < n_blocks
+            mbarrier.expect(k_bar.index(stage), k_desc.block_type.nbytes, pred=pred)
+            tma.async_copy_global_to_shared(k_desc, [kv_row + nxt * BLOCK_N, kv_col], k_bar.index(stage),
+                                            k_smem.index(stage), pred=pred)
             if j < n_full:
                 p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, False)
             else:
                 p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, CAUSAL)
             acc, b_p = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, b_p))
-            # stage `prev` is free (K_{j-1}, V_{j-1} consumed): refill it with block j - 1 + STAGES
+            # V_{j-1} is consumed: its slot takes V_{j-1+STAGES}
             nxt = j - 1 + STAGES
             pred = nxt < n_blocks
-            mbarrier.expect(k_bar.index(prev), k_desc.block_type.nbytes, pred=pred)
-            tma.async_copy_global_to_shared(k_desc, [kv_row + nxt * BLOCK_N, kv_col], k_bar.index(prev),
-                                            k_smem.index(prev), pred=pred)
             mbarrier.expect(v_bar.index(prev), v_desc.block_type.nbytes, pred=pred)
             tma.async_copy_global_to_shared(v_desc, [kv_row + nxt * BLOCK_N, kv_col], v_bar.index(prev),
                                             v_smem.index(prev), pred=pred)
@@ -267,12 +274,13 @@ def _desc(t, seqlen, nheads, block_rows):
     return TensorDescriptor(t, [rows, ss], [ss, 1], [block_rows, d], layout), (rb, rh, ch)
 
 
-def forward(q, k, v, out, lse, softmax_scale: float, causal: bool):
+def forward(q, k, v, out, lse, softmax_scale: float, causal: bool, cfg: dict | None = None):
     """Launch the Gluon kernel; the caller checked :func:`supported`. q (B, Sq, H, D), k/v
-    (B, Sk, Hk, D), out like q, lse (B, H, Sq) fp32 with strides (H·Sq, Sq)."""
+    (B, Sk, Hk, D), out like q, lse (B, H, Sq) fp32 with strides (H·Sq, Sq). ``cfg`` overrides
+    :func:`config_for` (``scripts/gluon_check.py`` sweeps it; lengths must stay multiples)."""
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
-    cfg = config_for(d, causal)
+    cfg = cfg or config_for(d, causal)
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     q_desc, (q_rb, q_rh, q_ch) = _desc(q, seqlen_q, nheads, bm)
     o_desc, _ = _desc(out, seqlen_q, nheads, bm)
