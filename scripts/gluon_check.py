@@ -23,7 +23,8 @@ def main():
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--configs", nargs="*", default=[],
-                    help="extra Gluon tiles BLOCK_M/BLOCK_N/STAGES/warps timed beside the default, e.g. 128/64/4/8")
+                    help="extra Gluon tiles BLOCK_M/BLOCK_N/STAGES/warps[/la] timed beside the default, e.g. 128/64/4/8/la "
+                         "(la: the LOOKAHEAD schedule)")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     rows = []
@@ -45,8 +46,9 @@ def main():
                 t = {}
                 t["gluon"] = do_bench(lambda: G.forward(q, k, v, out_g, lse_g, scale, causal), warmup=25, rep=100)
                 for spec in args.configs:
-                    bm, bn, st, w = (int(x) for x in spec.split("/"))
-                    cfg = dict(BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=w)
+                    parts = spec.split("/")
+                    bm, bn, st, w = (int(x) for x in parts[:4])
+                    cfg = dict(BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=w, LOOKAHEAD=parts[4:] == ["la"])
                     try:
                         o2 = torch.full_like(q, float("nan"))
                         G.forward(q, k, v, o2, lse_g.clone(), scale, causal, cfg)

@@ -36,7 +36,7 @@ try:  # Gluon ships with triton >= 3.5; without it (or on other GPUs) the Triton
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                                   warpgroup_mma_wait)
+                                                                   warpgroup_mma_init, warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover - depends on the installed triton
@@ -63,13 +63,19 @@ if HAVE_GLUON:
         return p, alpha, m_new, l_new
 
     @gluon.jit
+    def _load_block(desc, bar, smem, row, col, pred):
+        """TMA copy of the [rows, HEAD_DIM] block at (row, col) into smem, signalled on bar (if pred)."""
+        mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(desc, [row, col], bar, smem, pred=pred)
+
+    @gluon.jit
     def _attn_fwd_sm90(
         q_desc, k_desc, v_desc, o_desc, LSE,
         q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,      # 2-D view offsets: row b·rb + h·rh, column h·ch
         stride_lb, stride_lh,
         nheads, kv_group, seqlen_q, seqlen_k, qk_scale,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-        CAUSAL: gl.constexpr, num_warps: gl.constexpr,
+        CAUSAL: gl.constexpr, LOOKAHEAD: gl.constexpr, num_warps: gl.constexpr,
     ):
         """One program per (Q block, batch·head), as the Triton kernel; see the module docstring."""
         pid_m = gl.program_id(0)
@@ -145,40 +151,74 @@ if HAVE_GLUON:
         mbarrier.expect(k_bar.index(0), k_desc.block_type.nbytes, pred=pred)
         tma.async_copy_global_to_shared(k_desc, [kv_row + STAGES * BLOCK_N, kv_col], k_bar.index(0), k_smem.index(0),
                                         pred=pred)
-        if n_full > 0:
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, False)
-        else:
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, CAUSAL)
-        b_p = gl.convert_layout(p.to(dtype), p_layout)                                         # [BLOCK_M, BLOCK_N]
-
-        for j in range(1, n_blocks):
-            stage = j % STAGES
-            prev = (j - 1) % STAGES
-            mbarrier.wait(k_bar.index(stage), (j // STAGES) & 1)
-            s_tok = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            mbarrier.wait(v_bar.index(prev), ((j - 1) // STAGES) & 1)
-            acc_tok = warpgroup_mma(b_p, v_smem.index(prev), acc, is_async=True)
-            # groups retire in order: with one left in flight, S_j is done and P_{j-1}·V_{j-1} runs on
-            s, b_p = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, b_p))
-            # K_j is consumed: its slot takes K_{j+STAGES} (STAGES iterations ahead of its use)
-            nxt = j + STAGES
-            pred = nxt < n_blocks
-            mbarrier.expect(k_bar.index(stage), k_desc.block_type.nbytes, pred=pred)
-            tma.async_copy_global_to_shared(k_desc, [kv_row + nxt * BLOCK_N, kv_col], k_bar.index(stage),
-                                            k_smem.index(stage), pred=pred)
-            if j < n_full:
-                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, False)
+        if LOOKAHEAD:
+            # S_j is in registers at the top of iteration j. Q·K_{j+1}ᵀ is issued before its softmax,
+            # and P_{j-1}·V_{j-1} is still running: the tensor cores have two matmuls queued while
+            # the softmax runs. Needs S_j, S_{j+1}, P and O live at once (BLOCK_N 64 at D=128).
+            acc_tok = warpgroup_mma_init(acc)
+            b_p = gl.convert_layout(s_zero.to(dtype), p_layout)   # P of "block -1": never multiplied
+            for j in range(0, n_blocks - 1):
+                nstage = (j + 1) % STAGES
+                mbarrier.wait(k_bar.index(nstage), ((j + 1) // STAGES) & 1)
+                s_tok = warpgroup_mma(q_smem, k_smem.index(nstage).permute((1, 0)), s_zero, use_acc=False,
+                                      is_async=True)
+                if j < n_full:
+                    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, False)
+                else:
+                    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, CAUSAL)
+                # P_{j-1}·V_{j-1} retires (Q·K_{j+1}ᵀ may still run); its V slot takes V_{j-1+STAGES}
+                acc, b_p = warpgroup_mma_wait(num_outstanding=1, deps=(acc_tok, b_p))
+                _load_block(v_desc, v_bar.index((j + STAGES - 1) % STAGES), v_smem.index((j + STAGES - 1) % STAGES),
+                            kv_row + (j - 1 + STAGES) * BLOCK_N, kv_col, (j >= 1) & (j - 1 + STAGES < n_blocks))
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                b_p = gl.convert_layout(p.to(dtype), p_layout)
+                stage = j % STAGES
+                mbarrier.wait(v_bar.index(stage), (j // STAGES) & 1)
+                acc_tok = warpgroup_mma(b_p, v_smem.index(stage), acc, is_async=True)
+                # S_{j+1} retires (P_j·V_j runs on); its K slot takes K_{j+1+STAGES}
+                s, b_p = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, b_p))
+                _load_block(k_desc, k_bar.index(nstage), k_smem.index(nstage), kv_row + (j + 1 + STAGES) * BLOCK_N,
+                            kv_col, j + 1 + STAGES < n_blocks)
+            j_last = n_blocks - 1
+            if j_last < n_full:
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j_last * BLOCK_N, offs_m, offs_n, shift, qk_scale, False)
             else:
-                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, CAUSAL)
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j_last * BLOCK_N, offs_m, offs_n, shift, qk_scale,
+                                                   CAUSAL)
             acc, b_p = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, b_p))
-            # V_{j-1} is consumed: its slot takes V_{j-1+STAGES}
-            nxt = j - 1 + STAGES
-            pred = nxt < n_blocks
-            mbarrier.expect(v_bar.index(prev), v_desc.block_type.nbytes, pred=pred)
-            tma.async_copy_global_to_shared(v_desc, [kv_row + nxt * BLOCK_N, kv_col], v_bar.index(prev),
-                                            v_smem.index(prev), pred=pred)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             b_p = gl.convert_layout(p.to(dtype), p_layout)
+        else:
+            if n_full > 0:
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, False)
+            else:
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, CAUSAL)
+            b_p = gl.convert_layout(p.to(dtype), p_layout)                                     # [BLOCK_M, BLOCK_N]
+
+            for j in range(1, n_blocks):
+                stage = j % STAGES
+                prev = (j - 1) % STAGES
+                mbarrier.wait(k_bar.index(stage), (j // STAGES) & 1)
+                s_tok = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False,
+                                      is_async=True)
+                mbarrier.wait(v_bar.index(prev), ((j - 1) // STAGES) & 1)
+                acc_tok = warpgroup_mma(b_p, v_smem.index(prev), acc, is_async=True)
+                # groups retire in order: with one left in flight, S_j is done and P_{j-1}·V_{j-1} runs on
+                s, b_p = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, b_p))
+                # K_j is consumed: its slot takes K_{j+STAGES} (STAGES iterations ahead of its use)
+                _load_block(k_desc, k_bar.index(stage), k_smem.index(stage), kv_row + (j + STAGES) * BLOCK_N, kv_col,
+                            j + STAGES < n_blocks)
+                if j < n_full:
+                    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, False)
+                else:
+                    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale,
+                                                       CAUSAL)
+                acc, b_p = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, b_p))
+                # V_{j-1} is consumed: its slot takes V_{j-1+STAGES}
+                _load_block(v_desc, v_bar.index(prev), v_smem.index(prev), kv_row + (j - 1 + STAGES) * BLOCK_N, kv_col,
+                            j - 1 + STAGES < n_blocks)
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                b_p = gl.convert_layout(p.to(dtype), p_layout)
 
         last = (n_blocks - 1) % STAGES
         mbarrier.wait(v_bar.index(last), ((n_blocks - 1) // STAGES) & 1)
@@ -203,7 +243,7 @@ if HAVE_GLUON:
 def config_for(head_dim: int, causal: bool) -> dict:
     """Tiles of the Gluon kernel: 128-row Q blocks on two warpgroups (8 warps), 128-key blocks.
     The K/V ring has 2 stages at D=128 (Q + 2·(K+V) = 160 KB of shared memory) and 3 at D=64."""
-    return dict(BLOCK_M=128, BLOCK_N=128, STAGES=2 if head_dim > 64 else 3, num_warps=8)
+    return dict(BLOCK_M=128, BLOCK_N=128, STAGES=2 if head_dim > 64 else 3, num_warps=8, LOOKAHEAD=False)
 
 
 def _view_params(t: torch.Tensor, seqlen: int, nheads: int):
@@ -292,6 +332,7 @@ def forward(q, k, v, out, lse, softmax_scale: float, causal: bool, cfg: dict | N
         q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
         lse.stride(0), lse.stride(1),
         nheads, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E,
-        HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal, num_warps=cfg["num_warps"],
+        HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+        LOOKAHEAD=cfg.get("LOOKAHEAD", False), num_warps=cfg["num_warps"],
     )
     return out, lse
