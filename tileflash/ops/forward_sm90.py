@@ -240,10 +240,24 @@ if HAVE_GLUON:
         tma.store_wait(pendings=0)
 
 
-def config_for(head_dim: int, causal: bool) -> dict:
-    """Tiles of the Gluon kernel: 128-row Q blocks on two warpgroups (8 warps), 128-key blocks.
-    The K/V ring has 2 stages at D=128 (Q + 2·(K+V) = 160 KB of shared memory) and 3 at D=64."""
-    return dict(BLOCK_M=128, BLOCK_N=128, STAGES=2 if head_dim > 64 else 3, num_warps=8, LOOKAHEAD=False)
+def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
+    """Tiles of the Gluon kernel, from ``scripts/gluon_check.py`` sweeps on the H200 (testing.md,
+    fifth session, runs 2-3; fp16, B·N = 16k tokens):
+
+    * D = 128: 128-row Q blocks on two warpgroups (8 warps), 128-key blocks, a 2-slot K/V ring
+      (Q + 2·(K+V) = 160 KB of shared memory). 521 TFLOP/s at N = 16k against 486 with 3 slots.
+    * D = 64: 64-key blocks, 4 slots (128-key blocks: 381 against 422 TFLOP/s at 16k).
+    * Short queries (Sq <= 1024) at D = 128 or causal: 64-row blocks on one warpgroup, 64-key blocks,
+      3 slots: twice the programs, shorter prologues (D=128 N=1k: 471 against 449-455 non-causal,
+      367-379 against 324 causal).
+
+    The LOOKAHEAD schedule (Q·K_{j+1}ᵀ issued before the softmax of block j) measured 2-20% slower
+    at every tile it was tried with, so it is off (docs/perf-notes.md §14)."""
+    if seqlen_q <= 1024 and (causal or head_dim > 64):
+        return dict(BLOCK_M=64, BLOCK_N=64, STAGES=3, num_warps=4, LOOKAHEAD=False)
+    if head_dim <= 64:
+        return dict(BLOCK_M=128, BLOCK_N=64, STAGES=4, num_warps=8, LOOKAHEAD=False)
+    return dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=8, LOOKAHEAD=False)
 
 
 def _view_params(t: torch.Tensor, seqlen: int, nheads: int):
@@ -287,7 +301,7 @@ def supported(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, var
     sq, sk = q.shape[1], k.shape[1]
     if causal and (sq > sk or causal_shift != sk - sq):
         return False
-    cfg = config_for(d, causal)
+    cfg = config_for(d, causal, sq)
     if sq % cfg["BLOCK_M"] or sk % cfg["BLOCK_N"]:
         return False
     if lse.stride(-1) != 1:
@@ -320,7 +334,7 @@ def forward(q, k, v, out, lse, softmax_scale: float, causal: bool, cfg: dict | N
     :func:`config_for` (``scripts/gluon_check.py`` sweeps it; lengths must stay multiples)."""
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
-    cfg = cfg or config_for(d, causal)
+    cfg = cfg or config_for(d, causal, seqlen_q)
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     q_desc, (q_rb, q_rh, q_ch) = _desc(q, seqlen_q, nheads, bm)
     o_desc, _ = _desc(out, seqlen_q, nheads, bm)
