@@ -240,6 +240,175 @@ if HAVE_GLUON:
         tma.store_wait(pendings=0)
 
 
+    # ------------------------------------------------------------------------------------------
+    # Warp-specialized variant (FA3's inter-warpgroup ping-pong): a 1-warp producer streams Q and
+    # the K/V ring with TMA; two 4-warp consumers own the two 64-row halves of a 128-row Q block
+    # and take turns at the tensor cores, so one runs its softmax while the other's matmuls run.
+    # ------------------------------------------------------------------------------------------
+    @gluon.jit
+    def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty,
+                     q_row, q_col, kv_row, kv_col, n_blocks,
+                     HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """Loads the two Q halves once, then K_j and V_j into slot j % STAGES as soon as both
+        consumers have released that slot's previous block."""
+        for c in gl.static_range(2):
+            _load_block(q_desc, q_bar.index(c), q_smem.index(c), q_row + c * HALF_M, q_col, True)
+        for j in range(n_blocks):
+            slot = j % STAGES
+            released = ((j // STAGES) & 1) ^ 1   # parity of the release of block j - STAGES
+            mbarrier.wait(k_empty.index(slot), released, pred=j >= STAGES)
+            _load_block(k_desc, k_full.index(slot), k_smem.index(slot), kv_row + j * BLOCK_N, kv_col, True)
+            mbarrier.wait(v_empty.index(slot), released, pred=j >= STAGES)
+            _load_block(v_desc, v_full.index(slot), v_smem.index(slot), kv_row + j * BLOCK_N, kv_col, True)
+
+    @gluon.jit
+    def _ws_turn(pp_bar, turn, C: gl.constexpr):
+        """Wait for this consumer's turn at the tensor cores: consumer 0's turn t follows consumer
+        1's turn t-1, consumer 1's turn t follows consumer 0's turn t (each arrival is one turn)."""
+        if C == 0:
+            mbarrier.wait(pp_bar.index(0), (turn - 1) & 1, pred=turn > 0)
+        else:
+            mbarrier.wait(pp_bar.index(1), turn & 1)
+
+    @gluon.jit
+    def _ws_consumer(q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
+                     q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale,
+                     C: gl.constexpr, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                     STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+        """Rows [start_m + C·HALF_M, +HALF_M): the schedule of _attn_fwd_sm90 on one warpgroup,
+        with each issue of matmuls taken as a turn (see _ws_turn)."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        dtype: gl.constexpr = k_smem.dtype
+        q_c = q_smem.index(C)                                                                  # [HALF_M, HEAD_DIM]
+
+        offs_m = start_m + C * HALF_M + gl.arange(0, HALF_M, layout=row_s)                     # [HALF_M]
+        offs_n = gl.arange(0, BLOCK_N, layout=col_s)                                           # [BLOCK_N]
+        s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, s_layout)
+        acc = gl.zeros([HALF_M, HEAD_DIM], gl.float32, o_layout)                               # [HALF_M, HEAD_DIM]
+        m_i = gl.full([HALF_M], float("-inf"), gl.float32, row_s)
+        l_i = gl.zeros([HALF_M], gl.float32, row_s)
+
+        mbarrier.wait(q_bar.index(C), 0)
+        _ws_turn(pp_bar, 0, C)
+        mbarrier.wait(k_full.index(0), 0)
+        s = warpgroup_mma(q_c, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        mbarrier.arrive(pp_bar.index(1 - C), count=1)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))                                   # [HALF_M, BLOCK_N]
+        mbarrier.arrive(k_empty.index(0), count=1)
+        if n_full > 0:
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, False)
+        else:
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, CAUSAL)
+        b_p = gl.convert_layout(p.to(dtype), p_layout)                                         # [HALF_M, BLOCK_N]
+
+        for j in range(1, n_blocks):
+            stage = j % STAGES
+            prev = (j - 1) % STAGES
+            _ws_turn(pp_bar, j, C)
+            mbarrier.wait(k_full.index(stage), (j // STAGES) & 1)
+            s_tok = warpgroup_mma(q_c, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            mbarrier.wait(v_full.index(prev), ((j - 1) // STAGES) & 1)
+            acc_tok = warpgroup_mma(b_p, v_smem.index(prev), acc, is_async=True)
+            mbarrier.arrive(pp_bar.index(1 - C), count=1)
+            s, b_p = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, b_p))
+            mbarrier.arrive(k_empty.index(stage), count=1)
+            if j < n_full:
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, False)
+            else:
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, CAUSAL)
+            acc, b_p = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, b_p))
+            mbarrier.arrive(v_empty.index(prev), count=1)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            b_p = gl.convert_layout(p.to(dtype), p_layout)
+
+        last = (n_blocks - 1) % STAGES
+        _ws_turn(pp_bar, n_blocks, C)
+        mbarrier.wait(v_full.index(last), ((n_blocks - 1) // STAGES) & 1)
+        acc = warpgroup_mma(b_p, v_smem.index(last), acc, is_async=True)
+        mbarrier.arrive(pp_bar.index(1 - C), count=1)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))                              # [HALF_M, HEAD_DIM]
+        mbarrier.arrive(v_empty.index(last), count=1)
+
+        o = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)                             # [HALF_M, HEAD_DIM]
+        q_c.store(o.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [q_row + C * HALF_M, q_col], q_c)
+        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453                                        # [HALF_M]
+        gl.store(LSE + lse_base + offs_m, lse)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _attn_fwd_sm90_ws(
+        q_desc, k_desc, v_desc, o_desc, LSE,
+        q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
+        stride_lb, stride_lh,
+        nheads, kv_group, seqlen_q, seqlen_k, qk_scale,
+        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        """One program per (128-row Q block, batch·head); q_desc/o_desc blocks are the 64-row halves."""
+        HALF_M: gl.constexpr = BLOCK_M // 2
+        pid_m = gl.program_id(0)
+        if CAUSAL:
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        pid_bh = gl.program_id(1)
+        off_b = pid_bh // nheads
+        off_h = pid_bh % nheads
+        off_hk = off_h // kv_group
+        start_m = pid_m * BLOCK_M
+        q_row = off_b * q_rb + off_h * q_rh + start_m
+        q_col = off_h * q_ch
+        kv_row = off_b * kv_rb + off_hk * kv_rh
+        kv_col = off_hk * kv_ch
+        shift = seqlen_k - seqlen_q
+        lse_base = off_b * stride_lb + off_h * stride_lh
+        # both halves run the same number of turns: the block's key range, masked per row
+        if CAUSAL:
+            hi = gl.minimum(start_m + BLOCK_M + shift, seqlen_k)
+            n_full = (start_m + shift + 1) // BLOCK_N
+        else:
+            hi = seqlen_k
+            n_full = seqlen_k // BLOCK_N
+        n_blocks = (hi + BLOCK_N - 1) // BLOCK_N
+
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_DIM], q_desc.layout)        # Q halves, then O
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        pp_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(q_bar.index(i), count=1)
+            mbarrier.init(pp_bar.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_full.index(i), count=1)
+            mbarrier.init(v_full.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)   # one release per consumer
+            mbarrier.init(v_empty.index(i), count=2)
+
+        gl.warp_specialize([
+            (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
+                            q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale,
+                            0, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+            (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
+                            q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale,
+                            1, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+            (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty,
+                            q_row, q_col, kv_row, kv_col, n_blocks, HALF_M, BLOCK_N, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+
 def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
     """Tiles of the Gluon kernel, from ``scripts/gluon_check.py`` sweeps on the H200 (testing.md,
     fifth session, runs 2-3; fp16, B·N = 16k tokens):
@@ -336,11 +505,22 @@ def forward(q, k, v, out, lse, softmax_scale: float, causal: bool, cfg: dict | N
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     cfg = cfg or config_for(d, causal, seqlen_q)
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    q_desc, (q_rb, q_rh, q_ch) = _desc(q, seqlen_q, nheads, bm)
-    o_desc, _ = _desc(out, seqlen_q, nheads, bm)
+    ws = cfg.get("WS", False)
+    q_desc, (q_rb, q_rh, q_ch) = _desc(q, seqlen_q, nheads, bm // 2 if ws else bm)
+    o_desc, _ = _desc(out, seqlen_q, nheads, bm // 2 if ws else bm)
     k_desc, (kv_rb, kv_rh, kv_ch) = _desc(k, seqlen_k, nheads_k, bn)
     v_desc, _ = _desc(v, seqlen_k, nheads_k, bn)
     grid = (seqlen_q // bm, batch * nheads)
+    if ws:
+        _attn_fwd_sm90_ws[grid](
+            q_desc, k_desc, v_desc, o_desc, lse,
+            q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
+            lse.stride(0), lse.stride(1),
+            nheads, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E,
+            HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+            CONSUMER_REGS=cfg.get("CONSUMER_REGS", 232), num_warps=4,
+        )
+        return out, lse
     _attn_fwd_sm90[grid](
         q_desc, k_desc, v_desc, o_desc, lse,
         q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
