@@ -14,6 +14,12 @@ file uses them for FA3's intra-warpgroup schedule:
     softmax(S_j) -> P_j, alpha_j  (overlaps the tensor cores' P_{j-1}·V_{j-1})
     wait for everything; O *= alpha_j; refill the freed K/V stage with TMA
 
+The default for D = 128 (and long causal D = 64) is a warp-specialized version of the same loop
+(``_attn_fwd_sm90_ws``, FA3's inter-warpgroup ping-pong): a one-warp producer partition streams Q
+and the K/V ring with TMA, and two four-warp consumer partitions own the two 64-row halves of the
+Q block and take turns issuing their matmuls (an mbarrier pair passes the turn), so that one
+consumer's softmax runs while the other's matmuls occupy the tensor cores.
+
 Scope: the hot path only (dense, fp16/bf16, head dim 64 or 128, no window/softcap/ALiBi/dropout,
 positive scale, causal or not, Sq % BLOCK_M == 0, Sk % BLOCK_N == 0, Sq <= Sk when causal).
 :func:`supported` decides; everything else runs the Triton kernel, which stays the reference
@@ -410,23 +416,28 @@ if HAVE_GLUON:
 
 
 def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
-    """Tiles of the Gluon kernel, from ``scripts/gluon_check.py`` sweeps on the H200 (testing.md,
-    fifth session, runs 2-3; fp16, B·N = 16k tokens):
+    """Kernel and tiles for a call, from ``scripts/gluon_check.py`` sweeps on the H200 (testing.md,
+    fifth session, runs 2, 3 and 5; fp16, B·N = 16k tokens; TFLOP/s):
 
-    * D = 128: 128-row Q blocks on two warpgroups (8 warps), 128-key blocks, a 2-slot K/V ring
-      (Q + 2·(K+V) = 160 KB of shared memory). 521 TFLOP/s at N = 16k against 486 with 3 slots.
-    * D = 64: 64-key blocks, 4 slots (128-key blocks: 381 against 422 TFLOP/s at 16k).
-    * Short queries (Sq <= 1024) at D = 128 or causal: 64-row blocks on one warpgroup, 64-key blocks,
-      3 slots: twice the programs, shorter prologues (D=128 N=1k: 471 against 449-455 non-causal,
-      367-379 against 324 causal).
+    * D = 128: the warp-specialized ping-pong kernel (``WS``), 128-row Q blocks in two 64-row
+      halves, 128-key blocks, a 2-slot K/V ring. Non-causal 528 / 578 / 600 / 618 at N = 1k / 2k /
+      4k / 16k, causal 380 / 481 / 526 / 637, against 465 / 501 / 503 / 516 and 377 / 395 / 429 /
+      486 for the one-warpgroup-pair kernel below (run 5).
+    * D = 64, causal, N >= 4k: the same ping-pong kernel with a 3-slot ring (377 / 429 against
+      364 / 396).
+    * D = 64 otherwise: the single-partition kernel, 8 warps on 128-row blocks, 64-key blocks, a
+      4-slot ring (non-causal 399 / 411 / 425 / 425, where the ping-pong kernel gave 350 / 384 /
+      406 / 419); causal with Sq <= 1024: 64-row blocks on 4 warps (312-319 against 253).
 
     The LOOKAHEAD schedule (Q·K_{j+1}ᵀ issued before the softmax of block j) measured 2-20% slower
     at every tile it was tried with, so it is off (docs/perf-notes.md §14)."""
-    if seqlen_q <= 1024 and (causal or head_dim > 64):
-        return dict(BLOCK_M=64, BLOCK_N=64, STAGES=3, num_warps=4, LOOKAHEAD=False)
-    if head_dim <= 64:
-        return dict(BLOCK_M=128, BLOCK_N=64, STAGES=4, num_warps=8, LOOKAHEAD=False)
-    return dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=8, LOOKAHEAD=False)
+    if head_dim > 64:
+        return dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=4, WS=True)
+    if causal and seqlen_q >= 4096:
+        return dict(BLOCK_M=128, BLOCK_N=128, STAGES=3, num_warps=4, WS=True)
+    if causal and seqlen_q <= 1024:
+        return dict(BLOCK_M=64, BLOCK_N=64, STAGES=3, num_warps=4)
+    return dict(BLOCK_M=128, BLOCK_N=64, STAGES=4, num_warps=8)
 
 
 def _view_params(t: torch.Tensor, seqlen: int, nheads: int):
