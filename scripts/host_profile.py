@@ -5,7 +5,8 @@
 * host time per call (200 calls, no sync), for tileflash and cuDNN SDPA;
 * with --cprofile, the top host functions of tileflash's forward call.
 
-Usage: PYTHONPATH=. python3 scripts/host_profile.py [--cprofile]
+Usage: PYTHONPATH=. python3 scripts/host_profile.py [--cprofile] [D:CAUSAL:N ...]   (default 128:0:1024 64:1:1024
+128:0:4096)
 """
 
 import sys
@@ -38,7 +39,10 @@ def host_us(fn, n=200):
 
 def main():
     rows = []
-    for d, causal, n in ((128, False, 1024), (64, True, 1024), (128, False, 4096)):
+    shapes = [tuple(int(x) for x in a.split(":")) for a in sys.argv[1:] if a.count(":") == 2] or \
+        [(128, 0, 1024), (64, 1, 1024), (128, 0, 4096)]
+    for d, causal, n in shapes:
+        causal = bool(causal)
         b, h = 16384 // n, 2048 // d
         q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.float16) for _ in range(3))
         fl = 4 * b * h * n * n * d * (0.5 if causal else 1.0)
