@@ -7,7 +7,6 @@ seqlen_k - seqlen_q for flash-attn's bottom-right alignment). flash-attn 2's win
 on that side (``HAS_LEFT`` / ``HAS_RIGHT`` false), and causal is ``right = 0``.
 """
 
-import torch
 import triton
 import triton.language as tl
 
@@ -21,25 +20,6 @@ def cdiv(a: int, b: int) -> int:
 def next_pow2(n: int) -> int:
     """Host-side ``triton.next_power_of_2`` (0 for 0), without its JIT-call overhead."""
     return 1 << (n - 1).bit_length() if n > 0 else 0
-
-
-def _torch_scratch(size, alignment, stream):
-    return torch.empty(size, dtype=torch.int8, device=torch.cuda.current_device())
-
-
-def _ensure_tma_allocator():
-    """Descriptors built inside a kernel need global scratch (128 B per descriptor per program),
-    which triton asks of the allocator set with triton.set_allocator. That setting is per thread
-    (a ContextVar), so it is checked on every call: a forward recomputed on autograd's worker
-    thread, or a server's request thread, gets one too. An allocator already set is kept."""
-    try:
-        from triton.runtime import _allocation
-
-        unset = isinstance(_allocation._allocator.get(), _allocation.NullAllocator)
-    except (ImportError, AttributeError):  # another triton layout: set it every time
-        unset = True
-    if unset:
-        triton.set_allocator(_torch_scratch)
 
 
 @triton.jit

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from tileflash.ops import forward_sm90
-from tileflash.ops.common import (_ensure_tma_allocator, cdiv, dropout_keep, head_scalars, kv_block_range, next_pow2, score_mods, seq_bounds,
+from tileflash.ops.common import (cdiv, dropout_keep, head_scalars, kv_block_range, next_pow2, score_mods, seq_bounds,
                                   visible)
 
 LOG2E = 1.4426950408889634
@@ -359,6 +359,25 @@ def tma_supported(*tensors) -> bool:
         if t.data_ptr() % 16 or t.stride(-1) != 1 or any((s * e) % 16 for s in t.stride()[:-1]):
             return False
     return True
+
+
+def _torch_scratch(size, alignment, stream):
+    return torch.empty(size, dtype=torch.int8, device=torch.cuda.current_device())
+
+
+def _ensure_tma_allocator():
+    """Descriptors built inside a kernel need global scratch (128 B per descriptor per program),
+    which triton asks of the allocator set with triton.set_allocator. That setting is per thread
+    (a ContextVar), so it is checked on every call: a forward recomputed on autograd's worker
+    thread, or a server's request thread, gets one too. An allocator already set is kept."""
+    try:
+        from triton.runtime import _allocation
+
+        unset = isinstance(_allocation._allocator.get(), _allocation.NullAllocator)
+    except (ImportError, AttributeError):  # another triton layout: set it every time
+        unset = True
+    if unset:
+        triton.set_allocator(_torch_scratch)
 
 
 def strides3(t, varlen: bool):

@@ -21,19 +21,15 @@ Q block and take turns issuing their matmuls (an mbarrier pair passes the turn),
 consumer's softmax runs while the other's matmuls occupy the tensor cores.
 
 Scope: the hot path only (dense, fp16/bf16, head dim 64 or 128, no window/softcap/ALiBi/dropout,
-positive scale, causal or not (bottom-right, Sq <= Sk), any lengths, 16-byte aligned layouts).
+positive scale, causal or not, Sq % BLOCK_M == 0, Sk % BLOCK_N == 0, Sq <= Sk when causal).
 :func:`supported` decides; everything else runs the Triton kernel, which stays the reference
 implementation (it runs in the CPU interpreter; this one cannot). The numerics follow
 ``tileflash.ops.forward``: base-2 scores with the scale folded in, fp32 accumulation, P cast to
 V's dtype for the second matmul, natural-log LSE stored.
 
-Each program builds TMA descriptors on the device over its (batch, head)'s (seqlen, head_dim)
-rows, as the Triton kernel does: rows past a sequence's end are zero-filled on load and dropped on
-store by the copy engine, so any length works without padding, and any layout with 16-byte
-aligned strides ((B, S, H, D), the SDPA (B, H, S, D) memory, slices) is read in place. The last
-key block is masked when Sk is not a multiple of BLOCK_N. Host descriptors (one driver call each
-per launch) cost ~160-250 us of host time per call on the H200 machine (run 7), which made short
-calls host-bound.
+Tensors are seen as 2-D ``(rows, row_stride)`` views for the TMA descriptors: the (batch, head)
+tile of Q starts at row ``b·rb + h·rh + m`` and column ``h·ch`` (see :func:`_view_params`), which
+covers the (B, S, H, D) and the SDPA (B, H, S, D) memory layouts without a copy.
 """
 
 from __future__ import annotations
@@ -42,13 +38,12 @@ import os
 
 import torch
 
-from tileflash.ops.common import _ensure_tma_allocator, cdiv
-
 try:  # Gluon ships with triton >= 3.5; without it (or on other GPUs) the Triton kernel runs
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                    warpgroup_mma_init, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover - depends on the installed triton
     HAVE_GLUON = False
@@ -57,47 +52,21 @@ LOG2E = 1.4426950408889634
 
 if HAVE_GLUON:
     @gluon.jit
-    def _softmax_step(s, m_i, l_i, start_n, offs_m, offs_n, shift, seqlen_k, qk_scale,
-                      MASK: gl.constexpr, CAUSAL: gl.constexpr):
+    def _softmax_step(s, m_i, l_i, start_n, offs_m, offs_n, shift, qk_scale, MASK: gl.constexpr):
         """Online-softmax update for one [BLOCK_M, BLOCK_N] block of raw scores s (q·k, fp32).
 
         Returns (p, alpha, m_new, l_new): p = exp2(s·scale − m_new) (0 where masked), alpha =
-        exp2(m_i − m_new) rescales what was accumulated before. MASK (the causal diagonal and the
-        block holding key seqlen_k): key j is visible to row i iff j < seqlen_k and, if CAUSAL,
-        j <= i + shift (bottom-right). scale > 0, so max(s)·scale = max(s·scale) and s·scale − m
-        is one FMA. Every row sees key 0 (Sq <= Sk when causal), so m_new is finite from the
-        first block on."""
-        if MASK:
-            keys = gl.expand_dims(start_n + offs_n, 0)                                        # [1, BLOCK_N]
-            vis = keys < seqlen_k
-            if CAUSAL:
-                vis = vis & (keys <= gl.expand_dims(offs_m + shift, 1))                       # [BLOCK_M, BLOCK_N]
+        exp2(m_i − m_new) rescales what was accumulated before. scale > 0, so max(s)·scale =
+        max(s·scale) and s·scale − m is one FMA. Every row sees key 0 (Sq <= Sk when causal), so
+        m_new is finite from the first block on."""
+        if MASK:  # causal diagonal, bottom-right aligned: key j visible to row i iff j <= i + shift
+            vis = gl.expand_dims(start_n + offs_n, 0) <= gl.expand_dims(offs_m + shift, 1)  # [BLOCK_M, BLOCK_N]
             s = gl.where(vis, s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)                                 # [BLOCK_M]
         p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))                              # [BLOCK_M, BLOCK_N]
         alpha = gl.exp2(m_i - m_new)                                                      # [BLOCK_M]
         l_new = l_i * alpha + gl.sum(p, 1)                                                # [BLOCK_M]
         return p, alpha, m_new, l_new
-
-    @gluon.jit
-    def _make_descs(Q, K, V, O, stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
-                    stride_vb, stride_vn, stride_vh, stride_ob, stride_om, stride_oh,
-                    off_b, off_h, off_hk, seqlen_q, seqlen_k,
-                    Q_ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                    Q_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
-        """TMA descriptors over this (batch, head)'s (seqlen, HEAD_DIM) rows of Q and O and this
-        (batch, kv head)'s rows of K and V, built on the device (no host descriptor per call).
-        Rows past seqlen are zero-filled on load and dropped on store by the copy engine."""
-        b = off_b.to(gl.int64)
-        q_desc = tma.make_tensor_descriptor(Q + b * stride_qb + off_h.to(gl.int64) * stride_qh,
-                                            [seqlen_q, HEAD_DIM], [stride_qm, 1], [Q_ROWS, HEAD_DIM], Q_LAYOUT)
-        o_desc = tma.make_tensor_descriptor(O + b * stride_ob + off_h.to(gl.int64) * stride_oh,
-                                            [seqlen_q, HEAD_DIM], [stride_om, 1], [Q_ROWS, HEAD_DIM], Q_LAYOUT)
-        k_desc = tma.make_tensor_descriptor(K + b * stride_kb + off_hk.to(gl.int64) * stride_kh,
-                                            [seqlen_k, HEAD_DIM], [stride_kn, 1], [BLOCK_N, HEAD_DIM], KV_LAYOUT)
-        v_desc = tma.make_tensor_descriptor(V + b * stride_vb + off_hk.to(gl.int64) * stride_vh,
-                                            [seqlen_k, HEAD_DIM], [stride_vn, 1], [BLOCK_N, HEAD_DIM], KV_LAYOUT)
-        return q_desc, k_desc, v_desc, o_desc
 
     @gluon.jit
     def _load_block(desc, bar, smem, row, col, pred):
@@ -107,17 +76,14 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _attn_fwd_sm90(
-        Q, K, V, O, LSE,
-        stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
-        stride_vb, stride_vn, stride_vh, stride_ob, stride_om, stride_oh,
+        q_desc, k_desc, v_desc, o_desc, LSE,
+        q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,      # 2-D view offsets: row b·rb + h·rh, column h·ch
         stride_lb, stride_lh,
         nheads, kv_group, seqlen_q, seqlen_k, qk_scale,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-        CAUSAL: gl.constexpr, LOOKAHEAD: gl.constexpr, Q_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr,
-        num_warps: gl.constexpr,
+        CAUSAL: gl.constexpr, LOOKAHEAD: gl.constexpr, num_warps: gl.constexpr,
     ):
         """One program per (Q block, batch·head), as the Triton kernel; see the module docstring."""
-        Q_ROWS: gl.constexpr = BLOCK_M
         pid_m = gl.program_id(0)
         if CAUSAL:  # the last Q blocks see the most keys: launch them first
             pid_m = gl.num_programs(0) - 1 - pid_m
@@ -126,14 +92,10 @@ if HAVE_GLUON:
         off_h = pid_bh % nheads
         off_hk = off_h // kv_group
         start_m = pid_m * BLOCK_M
-        q_desc, k_desc, v_desc, o_desc = _make_descs(
-            Q, K, V, O, stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
-            stride_vb, stride_vn, stride_vh, stride_ob, stride_om, stride_oh,
-            off_b, off_h, off_hk, seqlen_q, seqlen_k, Q_ROWS, BLOCK_N, HEAD_DIM, Q_LAYOUT, KV_LAYOUT)
-        q_row = start_m   # coordinates inside the per-(batch, head) descriptors
-        q_col = 0
-        kv_row = 0
-        kv_col = 0
+        q_row = off_b * q_rb + off_h * q_rh + start_m
+        q_col = off_h * q_ch
+        kv_row = off_b * kv_rb + off_hk * kv_rh
+        kv_col = off_hk * kv_ch
         shift = seqlen_k - seqlen_q
 
         # Register layouts of the two wgmma results: S [BLOCK_M, BLOCK_N] and O [BLOCK_M, HEAD_DIM];
@@ -162,7 +124,7 @@ if HAVE_GLUON:
         # Keys [0, hi) are visible to some row of this block; blocks before n_full need no mask.
         if CAUSAL:
             hi = gl.minimum(start_m + BLOCK_M + shift, seqlen_k)
-            n_full = gl.minimum((start_m + shift + 1) // BLOCK_N, seqlen_k // BLOCK_N)
+            n_full = (start_m + shift + 1) // BLOCK_N
         else:
             hi = seqlen_k
             n_full = seqlen_k // BLOCK_N
@@ -207,11 +169,9 @@ if HAVE_GLUON:
                 s_tok = warpgroup_mma(q_smem, k_smem.index(nstage).permute((1, 0)), s_zero, use_acc=False,
                                       is_async=True)
                 if j < n_full:
-                    p, alpha, m_i, l_i = _softmax_step(
-                        s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, seqlen_k, qk_scale, False, CAUSAL)
+                    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, False)
                 else:
-                    p, alpha, m_i, l_i = _softmax_step(
-                        s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, seqlen_k, qk_scale, True, CAUSAL)
+                    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, CAUSAL)
                 # P_{j-1}·V_{j-1} retires (Q·K_{j+1}ᵀ may still run); its V slot takes V_{j-1+STAGES}
                 acc, b_p = warpgroup_mma_wait(num_outstanding=1, deps=(acc_tok, b_p))
                 _load_block(v_desc, v_bar.index((j + STAGES - 1) % STAGES), v_smem.index((j + STAGES - 1) % STAGES),
@@ -227,21 +187,18 @@ if HAVE_GLUON:
                             kv_col, j + 1 + STAGES < n_blocks)
             j_last = n_blocks - 1
             if j_last < n_full:
-                p, alpha, m_i, l_i = _softmax_step(
-                    s, m_i, l_i, j_last * BLOCK_N, offs_m, offs_n, shift, seqlen_k, qk_scale, False, CAUSAL)
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j_last * BLOCK_N, offs_m, offs_n, shift, qk_scale, False)
             else:
-                p, alpha, m_i, l_i = _softmax_step(
-                    s, m_i, l_i, j_last * BLOCK_N, offs_m, offs_n, shift, seqlen_k, qk_scale, True, CAUSAL)
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j_last * BLOCK_N, offs_m, offs_n, shift, qk_scale,
+                                                   CAUSAL)
             acc, b_p = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, b_p))
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             b_p = gl.convert_layout(p.to(dtype), p_layout)
         else:
             if n_full > 0:
-                p, alpha, m_i, l_i = _softmax_step(
-                    s, m_i, l_i, 0, offs_m, offs_n, shift, seqlen_k, qk_scale, False, CAUSAL)
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, False)
             else:
-                p, alpha, m_i, l_i = _softmax_step(
-                    s, m_i, l_i, 0, offs_m, offs_n, shift, seqlen_k, qk_scale, True, CAUSAL)
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, CAUSAL)
             b_p = gl.convert_layout(p.to(dtype), p_layout)                                     # [BLOCK_M, BLOCK_N]
 
             for j in range(1, n_blocks):
@@ -258,11 +215,10 @@ if HAVE_GLUON:
                 _load_block(k_desc, k_bar.index(stage), k_smem.index(stage), kv_row + (j + STAGES) * BLOCK_N, kv_col,
                             j + STAGES < n_blocks)
                 if j < n_full:
-                    p, alpha, m_i, l_i = _softmax_step(
-                        s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, seqlen_k, qk_scale, False, CAUSAL)
+                    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, False)
                 else:
-                    p, alpha, m_i, l_i = _softmax_step(
-                        s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, seqlen_k, qk_scale, True, CAUSAL)
+                    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale,
+                                                       CAUSAL)
                 acc, b_p = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, b_p))
                 # V_{j-1} is consumed: its slot takes V_{j-1+STAGES}
                 _load_block(v_desc, v_bar.index(prev), v_smem.index(prev), kv_row + (j - 1 + STAGES) * BLOCK_N, kv_col,
@@ -286,7 +242,7 @@ if HAVE_GLUON:
         fence_async_shared()
         tma.async_copy_shared_to_global(o_desc, [q_row, q_col], q_smem)
         lse = (m_i + gl.log2(l_i)) * 0.6931471805599453                                        # [BLOCK_M]
-        gl.store(LSE + off_b * stride_lb + off_h * stride_lh + offs_m, lse, mask=offs_m < seqlen_q)
+        gl.store(LSE + off_b * stride_lb + off_h * stride_lh + offs_m, lse)
         tma.store_wait(pendings=0)
 
 
@@ -322,7 +278,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _ws_consumer(q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
-                     q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, seqlen_q, seqlen_k, qk_scale,
+                     q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale,
                      C: gl.constexpr, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                      STAGES: gl.constexpr, CAUSAL: gl.constexpr):
         """Rows [start_m + C·HALF_M, +HALF_M): the schedule of _attn_fwd_sm90 on one warpgroup,
@@ -353,9 +309,9 @@ if HAVE_GLUON:
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))                                   # [HALF_M, BLOCK_N]
         mbarrier.arrive(k_empty.index(0), count=1)
         if n_full > 0:
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, seqlen_k, qk_scale, False, CAUSAL)
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, False)
         else:
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, seqlen_k, qk_scale, True, CAUSAL)
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, CAUSAL)
         b_p = gl.convert_layout(p.to(dtype), p_layout)                                         # [HALF_M, BLOCK_N]
 
         for j in range(1, n_blocks):
@@ -370,11 +326,9 @@ if HAVE_GLUON:
             s, b_p = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, b_p))
             mbarrier.arrive(k_empty.index(stage), count=1)
             if j < n_full:
-                p, alpha, m_i, l_i = _softmax_step(
-                    s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, seqlen_k, qk_scale, False, CAUSAL)
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, False)
             else:
-                p, alpha, m_i, l_i = _softmax_step(
-                    s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, seqlen_k, qk_scale, True, CAUSAL)
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, CAUSAL)
             acc, b_p = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, b_p))
             mbarrier.arrive(v_empty.index(prev), count=1)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
@@ -393,23 +347,20 @@ if HAVE_GLUON:
         fence_async_shared()
         tma.async_copy_shared_to_global(o_desc, [q_row + C * HALF_M, q_col], q_c)
         lse = (m_i + gl.log2(l_i)) * 0.6931471805599453                                        # [HALF_M]
-        gl.store(LSE + lse_base + offs_m, lse, mask=offs_m < seqlen_q)
+        gl.store(LSE + lse_base + offs_m, lse)
         tma.store_wait(pendings=0)
 
     @gluon.jit
     def _attn_fwd_sm90_ws(
-        Q, K, V, O, LSE,
-        stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
-        stride_vb, stride_vn, stride_vh, stride_ob, stride_om, stride_oh,
+        q_desc, k_desc, v_desc, o_desc, LSE,
+        q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
         stride_lb, stride_lh,
         nheads, kv_group, seqlen_q, seqlen_k, qk_scale,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, Q_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr,
-        num_warps: gl.constexpr,
+        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     ):
         """One program per (128-row Q block, batch·head); q_desc/o_desc blocks are the 64-row halves."""
         HALF_M: gl.constexpr = BLOCK_M // 2
-        Q_ROWS: gl.constexpr = HALF_M
         pid_m = gl.program_id(0)
         if CAUSAL:
             pid_m = gl.num_programs(0) - 1 - pid_m
@@ -418,20 +369,16 @@ if HAVE_GLUON:
         off_h = pid_bh % nheads
         off_hk = off_h // kv_group
         start_m = pid_m * BLOCK_M
-        q_desc, k_desc, v_desc, o_desc = _make_descs(
-            Q, K, V, O, stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh,
-            stride_vb, stride_vn, stride_vh, stride_ob, stride_om, stride_oh,
-            off_b, off_h, off_hk, seqlen_q, seqlen_k, Q_ROWS, BLOCK_N, HEAD_DIM, Q_LAYOUT, KV_LAYOUT)
-        q_row = start_m   # coordinates inside the per-(batch, head) descriptors
-        q_col = 0
-        kv_row = 0
-        kv_col = 0
+        q_row = off_b * q_rb + off_h * q_rh + start_m
+        q_col = off_h * q_ch
+        kv_row = off_b * kv_rb + off_hk * kv_rh
+        kv_col = off_hk * kv_ch
         shift = seqlen_k - seqlen_q
         lse_base = off_b * stride_lb + off_h * stride_lh
         # both halves run the same number of turns: the block's key range, masked per row
         if CAUSAL:
             hi = gl.minimum(start_m + BLOCK_M + shift, seqlen_k)
-            n_full = gl.minimum((start_m + shift + 1) // BLOCK_N, seqlen_k // BLOCK_N)
+            n_full = (start_m + shift + 1) // BLOCK_N
         else:
             hi = seqlen_k
             n_full = seqlen_k // BLOCK_N
@@ -458,12 +405,10 @@ if HAVE_GLUON:
 
         gl.warp_specialize([
             (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
-                            q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, seqlen_q, seqlen_k,
-                            qk_scale,
+                            q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale,
                             0, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
             (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
-                            q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, seqlen_q, seqlen_k,
-                            qk_scale,
+                            q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale,
                             1, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
             (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty,
                             q_row, q_col, kv_row, kv_col, n_blocks, HALF_M, BLOCK_N, STAGES)),
@@ -495,6 +440,23 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
     return dict(BLOCK_M=128, BLOCK_N=64, STAGES=4, num_warps=8)
 
 
+def _view_params(t: torch.Tensor, seqlen: int, nheads: int):
+    """(rows, row_stride, rb, rh, ch) of the 2-D view (rows, row_stride) in which the (b, h) tile
+    starts at row b·rb + h·rh and column h·ch; None if t's strides do not allow one."""
+    sb, ss, sh, sd = t.stride()
+    d = t.shape[-1]
+    if sd != 1 or ss < d or sb % ss:
+        return None
+    if sh % ss == 0:                 # heads are whole row groups: (B, H, S, D) memory
+        rh, ch = sh // ss, 0
+    elif (nheads - 1) * sh + d <= ss:  # heads side by side in a row: (B, S, H, D) memory
+        rh, ch = 0, sh
+    else:
+        return None
+    rows = ((t.shape[0] - 1) * sb + (nheads - 1) * sh + (seqlen - 1) * ss) // ss + 1
+    return rows, ss, sb // ss, rh, ch
+
+
 def enabled() -> bool:
     """TILEFLASH_GLUON=0 turns the Gluon kernel off (the Triton kernel then runs everywhere)."""
     return HAVE_GLUON and os.environ.get("TILEFLASH_GLUON", "1") != "0"
@@ -519,41 +481,63 @@ def supported(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, var
     sq, sk = q.shape[1], k.shape[1]
     if causal and (sq > sk or causal_shift != sk - sq):
         return False
-    if lse.stride(-1) != 1 or q.stride(-1) != 1 or out.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+    cfg = config_for(d, causal, sq)
+    if sq % cfg["BLOCK_M"] or sk % cfg["BLOCK_N"]:
         return False
-    # TMA: 16-byte aligned bases and row strides (every (batch, head) base then is too)
-    return all(t.data_ptr() % 16 == 0 and all((st * t.element_size()) % 16 == 0 for st in t.stride()[:-1])
-               for t in (q, k, v, out))
+    if lse.stride(-1) != 1:
+        return False
+    for t in (q, k, v, out):
+        if t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
+            return False
+    views = [_view_params(t, t.shape[1], t.shape[2]) for t in (q, k, v, out)]
+    if any(vw is None for vw in views):
+        return False
+    # one set of offsets serves Q and O, one K and V
+    return views[0][2:] == views[3][2:] and views[1][2:] == views[2][2:]
 
 
 _GL_DTYPE = {}
 
 
-def _smem_layout(rows, d, dtype):
+def _desc(t, seqlen, nheads, block_rows):
+    rows, ss, rb, rh, ch = _view_params(t, seqlen, nheads)
+    d = t.shape[-1]
     if not _GL_DTYPE:
         _GL_DTYPE.update({torch.float16: gl.float16, torch.bfloat16: gl.bfloat16})
-    return gl.NVMMASharedLayout.get_default_for([rows, d], _GL_DTYPE[dtype])
+    layout = gl.NVMMASharedLayout.get_default_for([block_rows, d], _GL_DTYPE[t.dtype])
+    return TensorDescriptor(t, [rows, ss], [ss, 1], [block_rows, d], layout), (rb, rh, ch)
 
 
 def forward(q, k, v, out, lse, softmax_scale: float, causal: bool, cfg: dict | None = None):
     """Launch the Gluon kernel; the caller checked :func:`supported`. q (B, Sq, H, D), k/v
     (B, Sk, Hk, D), out like q, lse (B, H, Sq) fp32 with strides (H·Sq, Sq). ``cfg`` overrides
-    :func:`config_for` (``scripts/gluon_check.py`` sweeps it)."""
+    :func:`config_for` (``scripts/gluon_check.py`` sweeps it; lengths must stay multiples)."""
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     cfg = cfg or config_for(d, causal, seqlen_q)
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     ws = cfg.get("WS", False)
-    _ensure_tma_allocator()  # the kernels build their TMA descriptors in global scratch
-    layouts = dict(Q_LAYOUT=_smem_layout(bm // 2 if ws else bm, d, q.dtype), KV_LAYOUT=_smem_layout(bn, d, q.dtype))
-    grid = (cdiv(seqlen_q, bm), batch * nheads)
-    args = (q, k, v, out, lse, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-            lse.stride(0), lse.stride(1), nheads, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E)
+    q_desc, (q_rb, q_rh, q_ch) = _desc(q, seqlen_q, nheads, bm // 2 if ws else bm)
+    o_desc, _ = _desc(out, seqlen_q, nheads, bm // 2 if ws else bm)
+    k_desc, (kv_rb, kv_rh, kv_ch) = _desc(k, seqlen_k, nheads_k, bn)
+    v_desc, _ = _desc(v, seqlen_k, nheads_k, bn)
+    grid = (seqlen_q // bm, batch * nheads)
     if ws:
-        _attn_fwd_sm90_ws[grid](*args, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-                                CONSUMER_REGS=cfg.get("CONSUMER_REGS", 232), num_warps=4, **layouts)
-    else:
-        _attn_fwd_sm90[grid](*args, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-                             LOOKAHEAD=cfg.get("LOOKAHEAD", False), num_warps=cfg["num_warps"], **layouts)
+        _attn_fwd_sm90_ws[grid](
+            q_desc, k_desc, v_desc, o_desc, lse,
+            q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
+            lse.stride(0), lse.stride(1),
+            nheads, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E,
+            HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+            CONSUMER_REGS=cfg.get("CONSUMER_REGS", 232), num_warps=4,
+        )
+        return out, lse
+    _attn_fwd_sm90[grid](
+        q_desc, k_desc, v_desc, o_desc, lse,
+        q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
+        lse.stride(0), lse.stride(1),
+        nheads, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E,
+        HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+        LOOKAHEAD=cfg.get("LOOKAHEAD", False), num_warps=cfg["num_warps"],
+    )
     return out, lse
