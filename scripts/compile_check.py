@@ -5,6 +5,7 @@ rejects. It does not run anything: a kernel that compiles can still be wrong or 
 changes still need a GPU run. Usage (any triton version, no GPU needed):
 
     python scripts/compile_check.py            # head dims 64, 128, 256, 40; fp16 and bf16
+    python scripts/compile_check.py --gluon    # only the Hopper Gluon forward's configs
 """
 
 import inspect
@@ -66,6 +67,39 @@ def compile_one(fn, dtype, constexprs, num_warps, num_stages):
                           options=dict(num_warps=num_warps, num_stages=num_stages))
 
 
+def compile_gluon(d, causal, cfg, dtype="fp16"):
+    """Compile the Hopper Gluon forward (tileflash.ops.forward_sm90) for sm_90 at one config."""
+    import torch
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from tileflash.ops import forward_sm90 as G
+
+    ws = cfg.get("WS", False)
+    bm, bn, tdt = cfg["BLOCK_M"], cfg["BLOCK_N"], getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[dtype])
+    rows = bm // 2 if ws else bm
+    fn = G._attn_fwd_sm90_ws if ws else G._attn_fwd_sm90
+    warps = 4 if ws else cfg["num_warps"]
+    const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal, num_warps=warps)
+    const.update(dict(CONSUMER_REGS=232) if ws else dict(LOOKAHEAD=cfg.get("LOOKAHEAD", False)))
+    sig = {}
+    for name in fn.arg_names:
+        if name in const:
+            sig[name] = "constexpr"
+        elif name.endswith("_desc"):
+            block = rows if name in ("q_desc", "o_desc") else bn
+            layout = G._smem_layout(block, d, tdt) if hasattr(G, "_smem_layout") else \
+                G.gl.NVMMASharedLayout.get_default_for([block, d], G.gl.float16 if dtype == "fp16" else G.gl.bfloat16)
+            sig[name] = f"tensordesc<{dtype}[{block}, {d}],{layout!r}>"
+        elif name == "LSE":
+            sig[name] = "*fp32"
+        elif name in FLOATS:
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    src = GluonASTSource(fn=fn, signature=sig, constexprs=const)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 128), options=dict(num_warps=warps))
+
+
 def main():
     # imported here, so that compile_one/signature also serve older trees (scripts/spill_check.py)
     from tileflash.ops import backward as B
@@ -73,7 +107,8 @@ def main():
     from tileflash.ops import forward as F
 
     failures = 0
-    for dtype, feats in [("fp16", FEATURES[0]), ("bf16", FEATURES[0]), ("bf16", FEATURES[1])]:
+    gluon_only = "--gluon" in sys.argv
+    for dtype, feats in [] if gluon_only else [("fp16", FEATURES[0]), ("bf16", FEATURES[0]), ("bf16", FEATURES[1])]:
         for d in (64, 128, 256, 40):
             for causal in (False, True):
                 flags = dict(feats, HAS_RIGHT=causal)
@@ -106,7 +141,7 @@ def main():
                         print(f"FAIL {dtype} D={d} causal={causal} {name}: {type(e).__name__}: {str(e)[:300]}",
                               flush=True)
     # decode kernel, one split and split-KV with the in-kernel merge: GQA group 4, one new token; plain and paged+features
-    for dtype, bm in (("fp16", 16), ("bf16", 16), ("bf16", 64)):
+    for dtype, bm in [] if gluon_only else (("fp16", 16), ("bf16", 16), ("bf16", 64)):
         for d in (40, 64, 128, 256):
             for feats in (dict(HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False,
                                HAS_BATCH_IDX=False, PAGED=False),
@@ -134,6 +169,22 @@ def main():
                     except Exception as e:  # noqa: BLE001
                         failures += 1
                         print(f"FAIL {dtype} D={d} {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+    # the Hopper Gluon forward: every config the dispatcher picks
+    from tileflash.ops import forward_sm90 as G
+    if G.HAVE_GLUON:
+        for dtype in [a for a in sys.argv[1:] if a in ("fp16", "bf16")] or ["fp16", "bf16"]:
+            for d in (64, 128):
+                for causal in (False, True):
+                    for n in (1024, 2048, 4096):
+                        cfg = G.config_for(d, causal, n)
+                        try:
+                            k = compile_gluon(d, causal, cfg, dtype)
+                            print(f"ok   {dtype} gluon D={d} causal={causal!s:<5} N={n} {cfg} smem={k.metadata.shared}",
+                                  flush=True)
+                        except Exception as e:  # noqa: BLE001
+                            failures += 1
+                            print(f"FAIL {dtype} gluon D={d} causal={causal} {cfg}: {type(e).__name__}: {str(e)[:300]}",
+                                  flush=True)
     print(f"triton {triton.__version__}: {failures} failure(s)")
     return 1 if failures else 0
 

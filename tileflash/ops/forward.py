@@ -479,8 +479,11 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift
         RAW_MAX=softmax_scale > 0 and not flags["HAS_SOFTCAP"] and not flags["HAS_ALIBI"],
     )
     if forward_sm90.supported(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen, config):
-        # Hopper, plain dense call, aligned lengths: the Gluon kernel (asynchronous wgmma)
-        return forward_sm90.forward(q, k, v, out, lse, softmax_scale, causal)
+        # Hopper, plain dense call, aligned lengths: the Gluon kernel (asynchronous wgmma); None if it
+        # did not compile with this triton (warned once), and then the Triton kernel below runs
+        done = forward_sm90.forward(q, k, v, out, lse, softmax_scale, causal)
+        if done is not None:
+            return done
     # TMA path (falls back to pointers where descriptors are not possible)
     use_tma = tma_requested(config, q.device) and tma_supported(q, k, v, out)
     if use_tma and q.is_cuda:

@@ -35,8 +35,10 @@ covers the (B, S, H, D) and the SDPA (B, H, S, D) memory layouts without a copy.
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
+import triton
 
 try:  # Gluon ships with triton >= 3.5; without it (or on other GPUs) the Triton kernel runs
     from triton.experimental import gluon
@@ -45,6 +47,9 @@ try:  # Gluon ships with triton >= 3.5; without it (or on other GPUs) the Triton
                                                                    warpgroup_mma_init, warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     HAVE_GLUON = True
+    # triton 3.8 renamed the TMA copies (the old names raise); same arguments
+    _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+    _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
 except ImportError:  # pragma: no cover - depends on the installed triton
     HAVE_GLUON = False
 
@@ -72,7 +77,7 @@ if HAVE_GLUON:
     def _load_block(desc, bar, smem, row, col, pred):
         """TMA copy of the [rows, HEAD_DIM] block at (row, col) into smem, signalled on bar (if pred)."""
         mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
-        tma.async_copy_global_to_shared(desc, [row, col], bar, smem, pred=pred)
+        _tma_load(desc, [row, col], bar, smem, pred=pred)
 
     @gluon.jit
     def _attn_fwd_sm90(
@@ -131,14 +136,14 @@ if HAVE_GLUON:
         n_blocks = (hi + BLOCK_N - 1) // BLOCK_N      # >= 1: every row sees key 0
 
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_row, q_col], q_bar, q_smem)
+        _tma_load(q_desc, [q_row, q_col], q_bar, q_smem)
         for i in gl.static_range(STAGES):  # fill the K/V ring
             pred = i < n_blocks
             mbarrier.expect(k_bar.index(i), k_desc.block_type.nbytes, pred=pred)
-            tma.async_copy_global_to_shared(k_desc, [kv_row + i * BLOCK_N, kv_col], k_bar.index(i), k_smem.index(i),
+            _tma_load(k_desc, [kv_row + i * BLOCK_N, kv_col], k_bar.index(i), k_smem.index(i),
                                             pred=pred)
             mbarrier.expect(v_bar.index(i), v_desc.block_type.nbytes, pred=pred)
-            tma.async_copy_global_to_shared(v_desc, [kv_row + i * BLOCK_N, kv_col], v_bar.index(i), v_smem.index(i),
+            _tma_load(v_desc, [kv_row + i * BLOCK_N, kv_col], v_bar.index(i), v_smem.index(i),
                                             pred=pred)
 
         offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)                                 # [BLOCK_M]
@@ -155,7 +160,7 @@ if HAVE_GLUON:
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))                                   # [BLOCK_M, BLOCK_N]
         pred = STAGES < n_blocks  # K_0 is consumed: its slot takes K_STAGES
         mbarrier.expect(k_bar.index(0), k_desc.block_type.nbytes, pred=pred)
-        tma.async_copy_global_to_shared(k_desc, [kv_row + STAGES * BLOCK_N, kv_col], k_bar.index(0), k_smem.index(0),
+        _tma_load(k_desc, [kv_row + STAGES * BLOCK_N, kv_col], k_bar.index(0), k_smem.index(0),
                                         pred=pred)
         if LOOKAHEAD:
             # S_j is in registers at the top of iteration j. Q·K_{j+1}ᵀ is issued before its softmax,
@@ -240,7 +245,7 @@ if HAVE_GLUON:
         o = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)                             # [BLOCK_M, HEAD_DIM]
         q_smem.store(o.to(dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [q_row, q_col], q_smem)
+        _tma_store(o_desc, [q_row, q_col], q_smem)
         lse = (m_i + gl.log2(l_i)) * 0.6931471805599453                                        # [BLOCK_M]
         gl.store(LSE + off_b * stride_lb + off_h * stride_lh + offs_m, lse)
         tma.store_wait(pendings=0)
@@ -345,7 +350,7 @@ if HAVE_GLUON:
         o = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)                             # [HALF_M, HEAD_DIM]
         q_c.store(o.to(dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [q_row + C * HALF_M, q_col], q_c)
+        _tma_store(o_desc, [q_row + C * HALF_M, q_col], q_c)
         lse = (m_i + gl.log2(l_i)) * 0.6931471805599453                                        # [HALF_M]
         gl.store(LSE + lse_base + offs_m, lse)
         tma.store_wait(pendings=0)
@@ -457,6 +462,11 @@ def _view_params(t: torch.Tensor, seqlen: int, nheads: int):
     return rows, ss, sb // ss, rh, ch
 
 
+# (head_dim, causal, dtype, config) keys whose kernel compiled (first launch went through) or failed
+_LAUNCHED: set = set()
+_BROKEN: set = set()
+
+
 def enabled() -> bool:
     """TILEFLASH_GLUON=0 turns the Gluon kernel off (the Triton kernel then runs everywhere)."""
     return HAVE_GLUON and os.environ.get("TILEFLASH_GLUON", "1") != "0"
@@ -482,6 +492,8 @@ def supported(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, var
     if causal and (sq > sk or causal_shift != sk - sq):
         return False
     cfg = config_for(d, causal, sq)
+    if _key(d, causal, q.dtype, cfg) in _BROKEN:
+        return False
     if sq % cfg["BLOCK_M"] or sk % cfg["BLOCK_N"]:
         return False
     if lse.stride(-1) != 1:
@@ -511,10 +523,35 @@ def _desc(t, seqlen, nheads, block_rows):
 def forward(q, k, v, out, lse, softmax_scale: float, causal: bool, cfg: dict | None = None):
     """Launch the Gluon kernel; the caller checked :func:`supported`. q (B, Sq, H, D), k/v
     (B, Sk, Hk, D), out like q, lse (B, H, Sq) fp32 with strides (H·Sq, Sq). ``cfg`` overrides
-    :func:`config_for` (``scripts/gluon_check.py`` sweeps it; lengths must stay multiples)."""
+    :func:`config_for` (``scripts/gluon_check.py`` sweeps it; lengths must stay multiples of its
+    tiles). Returns None, after a warning, when the kernel does not compile with the installed
+    triton (Gluon's API changes between releases): the caller then runs the Triton kernel, and
+    later calls skip this configuration."""
+    d = q.shape[-1]
+    cfg = cfg or config_for(d, causal, q.shape[1])
+    key = _key(d, causal, q.dtype, cfg)
+    if key not in _LAUNCHED:  # first launch of this kernel: a compile failure falls back, with a warning
+        try:
+            _launch(q, k, v, out, lse, softmax_scale, causal, cfg)
+        except Exception as e:  # noqa: BLE001  (triton raises CompilationError or RuntimeError from MLIR)
+            _BROKEN.add(key)
+            warnings.warn(f"tileflash: the Hopper Gluon forward failed to compile with triton {triton.__version__} "
+                          f"({type(e).__name__}: {str(e)[:200]}); using the Triton kernel for this configuration. "
+                          "TILEFLASH_GLUON=0 turns the Gluon kernel off.", RuntimeWarning, stacklevel=3)
+            return None
+        _LAUNCHED.add(key)
+        return out, lse
+    _launch(q, k, v, out, lse, softmax_scale, causal, cfg)
+    return out, lse
+
+
+def _key(d, causal, dtype, cfg):
+    return (d, bool(causal), dtype, tuple(sorted(cfg.items())))
+
+
+def _launch(q, k, v, out, lse, softmax_scale, causal, cfg):
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
-    cfg = cfg or config_for(d, causal, seqlen_q)
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     ws = cfg.get("WS", False)
     q_desc, (q_rb, q_rh, q_ch) = _desc(q, seqlen_q, nheads, bm // 2 if ws else bm)
