@@ -125,7 +125,7 @@ def test_grid_report_on_the_committed_h200_grid():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    dirs = [root / "docs" / "bench-h200-grid" / d for d in ("float16", "bfloat16")]
+    dirs = [root / "docs" / "bench-h200-grid-s5" / d for d in ("run6-fp16", "run7-bf16")]
     out = subprocess.run([sys.executable, str(root / "scripts" / "grid_report.py"), *map(str, dirs)],
                          capture_output=True, text=True, check=True).stdout
     cells = {}
