@@ -23,8 +23,8 @@ def main():
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--configs", nargs="*", default=[],
-                    help="extra Gluon tiles BLOCK_M/BLOCK_N/STAGES/warps[/ws] timed beside the default, e.g. 128/128/2/4/ws "
-                         "(ws: the warp-specialized ping-pong kernel, BLOCK_M split in two)")
+                    help="extra Gluon tiles BLOCK_M/BLOCK_N/STAGES/warps[/la] timed beside the default, e.g. 128/64/4/8/la "
+                         "(la: the LOOKAHEAD schedule; ws: the warp-specialized ping-pong kernel, BLOCK_M split in two)")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     rows = []
@@ -48,7 +48,8 @@ def main():
                 for spec in args.configs:
                     parts = spec.split("/")
                     bm, bn, st, w = (int(x) for x in parts[:4])
-                    cfg = dict(BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=w, WS="ws" in parts[4:])
+                    cfg = dict(BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=w, LOOKAHEAD="la" in parts[4:],
+                               WS="ws" in parts[4:])
                     try:
                         o2 = torch.full_like(q, float("nan"))
                         G.forward(q, k, v, o2, lse_g.clone(), scale, causal, cfg)

@@ -181,13 +181,13 @@ def test_gluon_forward_under_autograd_and_public_api(gluon_calls):
 
 @needs_sm90
 @pytest.mark.parametrize("cfg", [
-    dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=8),
-    dict(BLOCK_M=128, BLOCK_N=64, STAGES=4, num_warps=8),
-    dict(BLOCK_M=64, BLOCK_N=64, STAGES=3, num_warps=4),
-    dict(BLOCK_M=128, BLOCK_N=64, STAGES=3, num_warps=8),
+    dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=8, LOOKAHEAD=True),
+    dict(BLOCK_M=128, BLOCK_N=64, STAGES=4, num_warps=8, LOOKAHEAD=True),
+    dict(BLOCK_M=64, BLOCK_N=64, STAGES=3, num_warps=4, LOOKAHEAD=False),
+    dict(BLOCK_M=128, BLOCK_N=64, STAGES=3, num_warps=8, LOOKAHEAD=False),
     dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=4, WS=True),
     dict(BLOCK_M=128, BLOCK_N=64, STAGES=4, num_warps=4, WS=True),
-], ids=["128-128", "128-64-4", "64-64", "128-64-3", "ws-128-128", "ws-128-64"])
+], ids=["la-128-128", "la-128-64", "64-64", "128-64", "ws-128-128", "ws-128-64"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])
 def test_gluon_schedules_and_tiles(cfg, d, causal):

@@ -44,7 +44,7 @@ try:  # Gluon ships with triton >= 3.5; without it (or on other GPUs) the Triton
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                                   warpgroup_mma_wait)
+                                                                   warpgroup_mma_init, warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     HAVE_GLUON = True
     # triton 3.8 renamed the TMA copies (the old names raise); same arguments
@@ -80,11 +80,15 @@ if HAVE_GLUON:
         _tma_load(desc, [row, col], bar, smem, pred=pred)
 
     @gluon.jit
-    def _program_coords(nheads, kv_group, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        CAUSAL: gl.constexpr):
-        """(off_b, off_h, off_hk, start_m, shift, n_blocks, n_full) of this program: one per (Q block,
-        batch·head), as the Triton kernel. Keys [0, n_blocks·BLOCK_N) are visible to some row of the
-        block; blocks before n_full need no mask. n_blocks >= 1: every row sees key 0."""
+    def _attn_fwd_sm90(
+        q_desc, k_desc, v_desc, o_desc, LSE,
+        q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,      # 2-D view offsets: row b·rb + h·rh, column h·ch
+        stride_lb, stride_lh,
+        nheads, kv_group, seqlen_q, seqlen_k, qk_scale,
+        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+        CAUSAL: gl.constexpr, LOOKAHEAD: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        """One program per (Q block, batch·head), as the Triton kernel; see the module docstring."""
         pid_m = gl.program_id(0)
         if CAUSAL:  # the last Q blocks see the most keys: launch them first
             pid_m = gl.num_programs(0) - 1 - pid_m
@@ -93,150 +97,24 @@ if HAVE_GLUON:
         off_h = pid_bh % nheads
         off_hk = off_h // kv_group
         start_m = pid_m * BLOCK_M
+        q_row = off_b * q_rb + off_h * q_rh + start_m
+        q_col = off_h * q_ch
+        kv_row = off_b * kv_rb + off_hk * kv_rh
+        kv_col = off_hk * kv_ch
         shift = seqlen_k - seqlen_q
-        if CAUSAL:
-            hi = gl.minimum(start_m + BLOCK_M + shift, seqlen_k)
-            n_full = (start_m + shift + 1) // BLOCK_N
-        else:
-            hi = seqlen_k
-            n_full = seqlen_k // BLOCK_N
-        n_blocks = (hi + BLOCK_N - 1) // BLOCK_N
-        return off_b, off_h, off_hk, start_m, shift, n_blocks, n_full
 
-    @gluon.jit
-    def _ws_turn(pp_bar, turn, C: gl.constexpr):
-        """Wait for consumer C's turn at the tensor cores: consumer 0's turn t follows consumer 1's
-        turn t-1, consumer 1's turn t follows consumer 0's turn t (each arrival is one turn)."""
-        if C == 0:
-            mbarrier.wait(pp_bar.index(0), (turn - 1) & 1, pred=turn > 0)
-        else:
-            mbarrier.wait(pp_bar.index(1), turn & 1)
-
-    @gluon.jit
-    def _attend(q_c, q_ready, k_smem, v_smem, k_full, v_full, k_empty, v_empty, pp_bar, k_desc, v_desc, o_desc,
-                LSE, o_row, o_col, kv_row, kv_col, lse_base, row0, n_blocks, n_full, shift, qk_scale,
-                ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                CAUSAL: gl.constexpr, WARPS: gl.constexpr, WS: gl.constexpr, C: gl.constexpr):
-        """Q rows [row0, row0 + ROWS) (in q_c, signalled by q_ready) against every visible key block,
-        on WARPS warps, then O and the LSE stored. FA3's intra-warpgroup schedule:
-
-            issue S_j = Q·K_jᵀ; issue O += P_{j-1}·V_{j-1}
-            wait for all but the newest group   -> S_j ready, P_{j-1}·V_{j-1} still on the tensor cores
-            softmax(S_j) -> P_j, alpha_j
-            wait for everything; O *= alpha_j
-
-        Slot j % STAGES of the K/V ring holds block j, signalled on k_full / v_full. WS=False: this
-        warpgroup set refills its own ring with TMA (K as soon as its Q·Kᵀ retires, STAGES blocks
-        ahead; V after its P·V). WS=True (consumer C of the ping-pong kernel): it releases the
-        slots to the producer partition (k_empty / v_empty), and each issue of matmuls is a turn
-        taken in alternation with the other consumer (pp_bar, _ws_turn)."""
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+        # Register layouts of the two wgmma results: S [BLOCK_M, BLOCK_N] and O [BLOCK_M, HEAD_DIM];
+        # P is fed to the second wgmma from registers.
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                            instr_shape=[16, HEAD_DIM, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-        dtype: gl.constexpr = k_smem.dtype
-
-        offs_m = row0 + gl.arange(0, ROWS, layout=row_s)                                       # [ROWS]
-        offs_n = gl.arange(0, BLOCK_N, layout=col_s)                                           # [BLOCK_N]
-        s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
-        acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)                                 # [ROWS, HEAD_DIM]
-        m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)                                # [ROWS]
-        l_i = gl.zeros([ROWS], gl.float32, row_s)                                              # [ROWS]
-
-        # block 0: nothing to overlap with yet
-        mbarrier.wait(q_ready, 0)
-        if WS:
-            _ws_turn(pp_bar, 0, C)
-        mbarrier.wait(k_full.index(0), 0)
-        s = warpgroup_mma(q_c, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        if WS:
-            mbarrier.arrive(pp_bar.index(1 - C), count=1)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))                                   # [ROWS, BLOCK_N]
-        if WS:
-            mbarrier.arrive(k_empty.index(0), count=1)
-        else:  # K_0 is consumed: its slot takes K_STAGES
-            _load_block(k_desc, k_full.index(0), k_smem.index(0), kv_row + STAGES * BLOCK_N, kv_col,
-                        STAGES < n_blocks)
-        if n_full > 0:
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, False)
-        else:
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, CAUSAL)
-        b_p = gl.convert_layout(p.to(dtype), p_layout)                                         # [ROWS, BLOCK_N]
-
-        for j in range(1, n_blocks):
-            stage = j % STAGES
-            prev = (j - 1) % STAGES
-            if WS:
-                _ws_turn(pp_bar, j, C)
-            mbarrier.wait(k_full.index(stage), (j // STAGES) & 1)
-            s_tok = warpgroup_mma(q_c, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            mbarrier.wait(v_full.index(prev), ((j - 1) // STAGES) & 1)
-            acc_tok = warpgroup_mma(b_p, v_smem.index(prev), acc, is_async=True)
-            if WS:
-                mbarrier.arrive(pp_bar.index(1 - C), count=1)
-            # groups retire in order: with one left in flight, S_j is done and P_{j-1}·V_{j-1} runs on
-            s, b_p = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, b_p))
-            if WS:
-                mbarrier.arrive(k_empty.index(stage), count=1)
-            else:  # K_j is consumed: its slot takes K_{j+STAGES}
-                _load_block(k_desc, k_full.index(stage), k_smem.index(stage), kv_row + (j + STAGES) * BLOCK_N, kv_col,
-                            j + STAGES < n_blocks)
-            if j < n_full:
-                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, False)
-            else:
-                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, CAUSAL)
-            acc, b_p = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, b_p))
-            if WS:
-                mbarrier.arrive(v_empty.index(prev), count=1)
-            else:  # V_{j-1} is consumed: its slot takes V_{j-1+STAGES}
-                _load_block(v_desc, v_full.index(prev), v_smem.index(prev), kv_row + (j - 1 + STAGES) * BLOCK_N, kv_col,
-                            j - 1 + STAGES < n_blocks)
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-            b_p = gl.convert_layout(p.to(dtype), p_layout)
-
-        last = (n_blocks - 1) % STAGES
-        if WS:
-            _ws_turn(pp_bar, n_blocks, C)
-        mbarrier.wait(v_full.index(last), ((n_blocks - 1) // STAGES) & 1)
-        acc = warpgroup_mma(b_p, v_smem.index(last), acc, is_async=True)
-        if WS:
-            mbarrier.arrive(pp_bar.index(1 - C), count=1)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))                              # [ROWS, HEAD_DIM]
-        if WS:
-            mbarrier.arrive(v_empty.index(last), count=1)
-
-        # Epilogue: O = acc / l (l > 0: every row saw key 0) through q_c and TMA; LSE in natural log.
-        o = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)                             # [ROWS, HEAD_DIM]
-        q_c.store(o.to(dtype))
-        fence_async_shared()
-        _tma_store(o_desc, [o_row, o_col], q_c)
-        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453                                        # [ROWS]
-        gl.store(LSE + lse_base + offs_m, lse)
-        tma.store_wait(pendings=0)
-
-    @gluon.jit
-    def _attn_fwd_sm90(
-        q_desc, k_desc, v_desc, o_desc, LSE,
-        q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,      # 2-D view offsets: row b·rb + h·rh, column h·ch
-        stride_lb, stride_lh,
-        nheads, kv_group, seqlen_q, seqlen_k, qk_scale,
-        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-        CAUSAL: gl.constexpr, num_warps: gl.constexpr,
-    ):
-        """Single partition: all warps run _attend on the whole BLOCK_M-row block and feed their own
-        K/V ring."""
-        off_b, off_h, off_hk, start_m, shift, n_blocks, n_full = _program_coords(
-            nheads, kv_group, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
-        q_row = off_b * q_rb + off_h * q_rh + start_m
-        q_col = off_h * q_ch
-        kv_row = off_b * kv_rb + off_hk * kv_rh
-        kv_col = off_hk * kv_ch
-
         dtype: gl.constexpr = q_desc.dtype
+
         q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)           # Q, then O
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
@@ -248,14 +126,130 @@ if HAVE_GLUON:
             mbarrier.init(k_bar.index(i), count=1)
             mbarrier.init(v_bar.index(i), count=1)
 
-        _load_block(q_desc, q_bar, q_smem, q_row, q_col, True)
+        # Keys [0, hi) are visible to some row of this block; blocks before n_full need no mask.
+        if CAUSAL:
+            hi = gl.minimum(start_m + BLOCK_M + shift, seqlen_k)
+            n_full = (start_m + shift + 1) // BLOCK_N
+        else:
+            hi = seqlen_k
+            n_full = seqlen_k // BLOCK_N
+        n_blocks = (hi + BLOCK_N - 1) // BLOCK_N      # >= 1: every row sees key 0
+
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        _tma_load(q_desc, [q_row, q_col], q_bar, q_smem)
         for i in gl.static_range(STAGES):  # fill the K/V ring
-            _load_block(k_desc, k_bar.index(i), k_smem.index(i), kv_row + i * BLOCK_N, kv_col, i < n_blocks)
-            _load_block(v_desc, v_bar.index(i), v_smem.index(i), kv_row + i * BLOCK_N, kv_col, i < n_blocks)
-        # (k_bar, v_bar, q_bar stand in for the unused release and turn barriers: WS=False)
-        _attend(q_smem, q_bar, k_smem, v_smem, k_bar, v_bar, k_bar, v_bar, k_bar, k_desc, v_desc, o_desc,
-                LSE, q_row, q_col, kv_row, kv_col, off_b * stride_lb + off_h * stride_lh, start_m, n_blocks, n_full,
-                shift, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, num_warps, False, 0)
+            pred = i < n_blocks
+            mbarrier.expect(k_bar.index(i), k_desc.block_type.nbytes, pred=pred)
+            _tma_load(k_desc, [kv_row + i * BLOCK_N, kv_col], k_bar.index(i), k_smem.index(i),
+                                            pred=pred)
+            mbarrier.expect(v_bar.index(i), v_desc.block_type.nbytes, pred=pred)
+            _tma_load(v_desc, [kv_row + i * BLOCK_N, kv_col], v_bar.index(i), v_smem.index(i),
+                                            pred=pred)
+
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)                                 # [BLOCK_M]
+        offs_n = gl.arange(0, BLOCK_N, layout=col_s)                                           # [BLOCK_N]
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)                              # [BLOCK_M, HEAD_DIM]
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)                             # [BLOCK_M]
+        l_i = gl.zeros([BLOCK_M], gl.float32, row_s)                                           # [BLOCK_M]
+
+        # block 0, peeled: nothing to overlap with yet
+        mbarrier.wait(q_bar, 0)
+        mbarrier.wait(k_bar.index(0), 0)
+        s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))                                   # [BLOCK_M, BLOCK_N]
+        pred = STAGES < n_blocks  # K_0 is consumed: its slot takes K_STAGES
+        mbarrier.expect(k_bar.index(0), k_desc.block_type.nbytes, pred=pred)
+        _tma_load(k_desc, [kv_row + STAGES * BLOCK_N, kv_col], k_bar.index(0), k_smem.index(0),
+                                        pred=pred)
+        if LOOKAHEAD:
+            # S_j is in registers at the top of iteration j. Q·K_{j+1}ᵀ is issued before its softmax,
+            # and P_{j-1}·V_{j-1} is still running: the tensor cores have two matmuls queued while
+            # the softmax runs. Needs S_j, S_{j+1}, P and O live at once (BLOCK_N 64 at D=128).
+            acc_tok = warpgroup_mma_init(acc)
+            b_p = gl.convert_layout(s_zero.to(dtype), p_layout)   # P of "block -1": never multiplied
+            for j in range(0, n_blocks - 1):
+                nstage = (j + 1) % STAGES
+                mbarrier.wait(k_bar.index(nstage), ((j + 1) // STAGES) & 1)
+                s_tok = warpgroup_mma(q_smem, k_smem.index(nstage).permute((1, 0)), s_zero, use_acc=False,
+                                      is_async=True)
+                if j < n_full:
+                    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, False)
+                else:
+                    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, CAUSAL)
+                # P_{j-1}·V_{j-1} retires (Q·K_{j+1}ᵀ may still run); its V slot takes V_{j-1+STAGES}
+                acc, b_p = warpgroup_mma_wait(num_outstanding=1, deps=(acc_tok, b_p))
+                _load_block(v_desc, v_bar.index((j + STAGES - 1) % STAGES), v_smem.index((j + STAGES - 1) % STAGES),
+                            kv_row + (j - 1 + STAGES) * BLOCK_N, kv_col, (j >= 1) & (j - 1 + STAGES < n_blocks))
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                b_p = gl.convert_layout(p.to(dtype), p_layout)
+                stage = j % STAGES
+                mbarrier.wait(v_bar.index(stage), (j // STAGES) & 1)
+                acc_tok = warpgroup_mma(b_p, v_smem.index(stage), acc, is_async=True)
+                # S_{j+1} retires (P_j·V_j runs on); its K slot takes K_{j+1+STAGES}
+                s, b_p = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, b_p))
+                _load_block(k_desc, k_bar.index(nstage), k_smem.index(nstage), kv_row + (j + 1 + STAGES) * BLOCK_N,
+                            kv_col, j + 1 + STAGES < n_blocks)
+            j_last = n_blocks - 1
+            if j_last < n_full:
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j_last * BLOCK_N, offs_m, offs_n, shift, qk_scale, False)
+            else:
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j_last * BLOCK_N, offs_m, offs_n, shift, qk_scale,
+                                                   CAUSAL)
+            acc, b_p = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, b_p))
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            b_p = gl.convert_layout(p.to(dtype), p_layout)
+        else:
+            if n_full > 0:
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, False)
+            else:
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, CAUSAL)
+            b_p = gl.convert_layout(p.to(dtype), p_layout)                                     # [BLOCK_M, BLOCK_N]
+
+            for j in range(1, n_blocks):
+                stage = j % STAGES
+                prev = (j - 1) % STAGES
+                mbarrier.wait(k_bar.index(stage), (j // STAGES) & 1)
+                s_tok = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False,
+                                      is_async=True)
+                mbarrier.wait(v_bar.index(prev), ((j - 1) // STAGES) & 1)
+                acc_tok = warpgroup_mma(b_p, v_smem.index(prev), acc, is_async=True)
+                # groups retire in order: with one left in flight, S_j is done and P_{j-1}·V_{j-1} runs on
+                s, b_p = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, b_p))
+                # K_j is consumed: its slot takes K_{j+STAGES} (STAGES iterations ahead of its use)
+                _load_block(k_desc, k_bar.index(stage), k_smem.index(stage), kv_row + (j + STAGES) * BLOCK_N, kv_col,
+                            j + STAGES < n_blocks)
+                if j < n_full:
+                    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, False)
+                else:
+                    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale,
+                                                       CAUSAL)
+                acc, b_p = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, b_p))
+                # V_{j-1} is consumed: its slot takes V_{j-1+STAGES}
+                _load_block(v_desc, v_bar.index(prev), v_smem.index(prev), kv_row + (j - 1 + STAGES) * BLOCK_N, kv_col,
+                            j - 1 + STAGES < n_blocks)
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                b_p = gl.convert_layout(p.to(dtype), p_layout)
+
+        last = (n_blocks - 1) % STAGES
+        mbarrier.wait(v_bar.index(last), ((n_blocks - 1) // STAGES) & 1)
+        acc = warpgroup_mma(b_p, v_smem.index(last), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))                              # [BLOCK_M, HEAD_DIM]
+
+        mbarrier.invalidate(q_bar)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(k_bar.index(i))
+            mbarrier.invalidate(v_bar.index(i))
+
+        # Epilogue: O = acc / l (l > 0: every row saw key 0), LSE in natural log.
+        o = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)                             # [BLOCK_M, HEAD_DIM]
+        q_smem.store(o.to(dtype))
+        fence_async_shared()
+        _tma_store(o_desc, [q_row, q_col], q_smem)
+        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453                                        # [BLOCK_M]
+        gl.store(LSE + off_b * stride_lb + off_h * stride_lh + offs_m, lse)
+        tma.store_wait(pendings=0)
+
 
     # ------------------------------------------------------------------------------------------
     # Warp-specialized variant (FA3's inter-warpgroup ping-pong): a 1-warp producer streams Q and
@@ -279,14 +273,87 @@ if HAVE_GLUON:
             _load_block(v_desc, v_full.index(slot), v_smem.index(slot), kv_row + j * BLOCK_N, kv_col, True)
 
     @gluon.jit
-    def _ws_consumer(q_smem, q_bar, k_smem, v_smem, k_full, v_full, k_empty, v_empty, pp_bar, k_desc, v_desc,
-                     o_desc, LSE, q_row, q_col, kv_row, kv_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale,
+    def _ws_turn(pp_bar, turn, C: gl.constexpr):
+        """Wait for this consumer's turn at the tensor cores: consumer 0's turn t follows consumer
+        1's turn t-1, consumer 1's turn t follows consumer 0's turn t (each arrival is one turn)."""
+        if C == 0:
+            mbarrier.wait(pp_bar.index(0), (turn - 1) & 1, pred=turn > 0)
+        else:
+            mbarrier.wait(pp_bar.index(1), turn & 1)
+
+    @gluon.jit
+    def _ws_consumer(q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
+                     q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale,
                      C: gl.constexpr, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                      STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-        """Consumer C: rows [start_m + C·HALF_M, +HALF_M) on one warpgroup."""
-        _attend(q_smem.index(C), q_bar.index(C), k_smem, v_smem, k_full, v_full, k_empty, v_empty, pp_bar, k_desc,
-                v_desc, o_desc, LSE, q_row + C * HALF_M, q_col, kv_row, kv_col, lse_base, start_m + C * HALF_M,
-                n_blocks, n_full, shift, qk_scale, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 4, True, C)
+        """Rows [start_m + C·HALF_M, +HALF_M): the schedule of _attn_fwd_sm90 on one warpgroup,
+        with each issue of matmuls taken as a turn (see _ws_turn)."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        dtype: gl.constexpr = k_smem.dtype
+        q_c = q_smem.index(C)                                                                  # [HALF_M, HEAD_DIM]
+
+        offs_m = start_m + C * HALF_M + gl.arange(0, HALF_M, layout=row_s)                     # [HALF_M]
+        offs_n = gl.arange(0, BLOCK_N, layout=col_s)                                           # [BLOCK_N]
+        s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, s_layout)
+        acc = gl.zeros([HALF_M, HEAD_DIM], gl.float32, o_layout)                               # [HALF_M, HEAD_DIM]
+        m_i = gl.full([HALF_M], float("-inf"), gl.float32, row_s)
+        l_i = gl.zeros([HALF_M], gl.float32, row_s)
+
+        mbarrier.wait(q_bar.index(C), 0)
+        _ws_turn(pp_bar, 0, C)
+        mbarrier.wait(k_full.index(0), 0)
+        s = warpgroup_mma(q_c, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        mbarrier.arrive(pp_bar.index(1 - C), count=1)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))                                   # [HALF_M, BLOCK_N]
+        mbarrier.arrive(k_empty.index(0), count=1)
+        if n_full > 0:
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, False)
+        else:
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, CAUSAL)
+        b_p = gl.convert_layout(p.to(dtype), p_layout)                                         # [HALF_M, BLOCK_N]
+
+        for j in range(1, n_blocks):
+            stage = j % STAGES
+            prev = (j - 1) % STAGES
+            _ws_turn(pp_bar, j, C)
+            mbarrier.wait(k_full.index(stage), (j // STAGES) & 1)
+            s_tok = warpgroup_mma(q_c, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            mbarrier.wait(v_full.index(prev), ((j - 1) // STAGES) & 1)
+            acc_tok = warpgroup_mma(b_p, v_smem.index(prev), acc, is_async=True)
+            mbarrier.arrive(pp_bar.index(1 - C), count=1)
+            s, b_p = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, b_p))
+            mbarrier.arrive(k_empty.index(stage), count=1)
+            if j < n_full:
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, False)
+            else:
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, CAUSAL)
+            acc, b_p = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, b_p))
+            mbarrier.arrive(v_empty.index(prev), count=1)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            b_p = gl.convert_layout(p.to(dtype), p_layout)
+
+        last = (n_blocks - 1) % STAGES
+        _ws_turn(pp_bar, n_blocks, C)
+        mbarrier.wait(v_full.index(last), ((n_blocks - 1) // STAGES) & 1)
+        acc = warpgroup_mma(b_p, v_smem.index(last), acc, is_async=True)
+        mbarrier.arrive(pp_bar.index(1 - C), count=1)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))                              # [HALF_M, HEAD_DIM]
+        mbarrier.arrive(v_empty.index(last), count=1)
+
+        o = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)                             # [HALF_M, HEAD_DIM]
+        q_c.store(o.to(dtype))
+        fence_async_shared()
+        _tma_store(o_desc, [q_row + C * HALF_M, q_col], q_c)
+        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453                                        # [HALF_M]
+        gl.store(LSE + lse_base + offs_m, lse)
+        tma.store_wait(pendings=0)
 
     @gluon.jit
     def _attn_fwd_sm90_ws(
@@ -297,16 +364,30 @@ if HAVE_GLUON:
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     ):
-        """One program per (128-row Q block, batch·head); q_desc/o_desc blocks are the 64-row halves.
-        Both halves run the block's whole key range (masked per row), so their turn counts match."""
+        """One program per (128-row Q block, batch·head); q_desc/o_desc blocks are the 64-row halves."""
         HALF_M: gl.constexpr = BLOCK_M // 2
-        off_b, off_h, off_hk, start_m, shift, n_blocks, n_full = _program_coords(
-            nheads, kv_group, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+        pid_m = gl.program_id(0)
+        if CAUSAL:
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        pid_bh = gl.program_id(1)
+        off_b = pid_bh // nheads
+        off_h = pid_bh % nheads
+        off_hk = off_h // kv_group
+        start_m = pid_m * BLOCK_M
         q_row = off_b * q_rb + off_h * q_rh + start_m
         q_col = off_h * q_ch
         kv_row = off_b * kv_rb + off_hk * kv_rh
         kv_col = off_hk * kv_ch
+        shift = seqlen_k - seqlen_q
         lse_base = off_b * stride_lb + off_h * stride_lh
+        # both halves run the same number of turns: the block's key range, masked per row
+        if CAUSAL:
+            hi = gl.minimum(start_m + BLOCK_M + shift, seqlen_k)
+            n_full = (start_m + shift + 1) // BLOCK_N
+        else:
+            hi = seqlen_k
+            n_full = seqlen_k // BLOCK_N
+        n_blocks = (hi + BLOCK_N - 1) // BLOCK_N
 
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_DIM], q_desc.layout)        # Q halves, then O
@@ -328,12 +409,12 @@ if HAVE_GLUON:
             mbarrier.init(v_empty.index(i), count=2)
 
         gl.warp_specialize([
-            (_ws_consumer, (q_smem, q_bar, k_smem, v_smem, k_full, v_full, k_empty, v_empty, pp_bar, k_desc, v_desc,
-                            o_desc, LSE, q_row, q_col, kv_row, kv_col, lse_base, start_m, n_blocks, n_full, shift,
-                            qk_scale, 0, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
-            (_ws_consumer, (q_smem, q_bar, k_smem, v_smem, k_full, v_full, k_empty, v_empty, pp_bar, k_desc, v_desc,
-                            o_desc, LSE, q_row, q_col, kv_row, kv_col, lse_base, start_m, n_blocks, n_full, shift,
-                            qk_scale, 1, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+            (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
+                            q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale,
+                            0, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+            (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
+                            q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale,
+                            1, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
             (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty,
                             q_row, q_col, kv_row, kv_col, n_blocks, HALF_M, BLOCK_N, STAGES)),
         ], [4, 1], [CONSUMER_REGS, 24])
@@ -353,8 +434,8 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
       4-slot ring (non-causal 399 / 411 / 425 / 425, where the ping-pong kernel gave 350 / 384 /
       406 / 419); causal with Sq <= 1024: 64-row blocks on 4 warps (312-319 against 253).
 
-    A LOOKAHEAD schedule (Q·K_{j+1}ᵀ issued before the softmax of block j) measured 2-20% slower
-    at every tile it was tried with (run 3) and was removed (docs/perf-notes.md §14)."""
+    The LOOKAHEAD schedule (Q·K_{j+1}ᵀ issued before the softmax of block j) measured 2-20% slower
+    at every tile it was tried with, so it is off (docs/perf-notes.md §14)."""
     if head_dim > 64:
         return dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=4, WS=True)
     if causal and seqlen_q >= 4096:
@@ -493,6 +574,7 @@ def _launch(q, k, v, out, lse, softmax_scale, causal, cfg):
         q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
         lse.stride(0), lse.stride(1),
         nheads, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E,
-        HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal, num_warps=cfg["num_warps"],
+        HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+        LOOKAHEAD=cfg.get("LOOKAHEAD", False), num_warps=cfg["num_warps"],
     )
     return out, lse
