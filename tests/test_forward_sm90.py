@@ -107,6 +107,18 @@ def test_routing_rules_on_gpu():
     assert not ok(flags=_flags(HAS_SOFTCAP=True)) and not ok(flags=_flags(HAS_LEFT=True))
     assert not ok(flags=_flags(HAS_RIGHT=True))  # a right window that is not causal
     assert not ok(config=dict(BLOCK_M=64, BLOCK_N=64))
+    assert not ok(scale=float("nan"))
+    # inputs the public API rejects but a direct caller could pass: the Triton kernel's checks apply
+    q, k, v = make_qkv(1, 256, 256, 4, 2, 128, torch.float16, "cuda")
+    lse = torch.empty(1, 4, 256, device="cuda")
+    assert g90.supported(q, k, v, torch.empty_like(q), lse, 0.1, False, 0, _flags(), False, None)
+    assert not g90.supported(q, k, v, torch.empty_like(q, dtype=torch.float32), lse, 0.1, False, 0, _flags(), False,
+                             None)
+    assert not g90.supported(q, k[..., :64], v[..., :64], torch.empty_like(q), lse, 0.1, False, 0, _flags(), False,
+                             None)
+    q3 = torch.randn(1, 256, 3, 128, device="cuda", dtype=torch.float16)  # 3 query heads on 2 kv heads
+    assert not g90.supported(q3, k, v, torch.empty_like(q3), torch.empty(1, 3, 256, device="cuda"), 0.1, False, 0,
+                             _flags(), False, None)
 
 
 CASES = [  # (batch, seqlen_q, seqlen_k, nheads, nheads_k)
@@ -217,7 +229,6 @@ def test_compile_failure_falls_back_to_triton(monkeypatch):
         raise RuntimeError("PassManager::run failed (simulated)")
 
     monkeypatch.setattr(g90, "_launch", broken)
-    monkeypatch.setattr(g90, "_LAUNCHED", set())
     monkeypatch.setattr(g90, "_BROKEN", set())
     q, k, v = make_qkv(1, 256, 256, 2, 2, 128, torch.float16, "cuda", seed=3)
     with pytest.warns(RuntimeWarning, match="failed to compile"):
@@ -228,3 +239,13 @@ def test_compile_failure_falls_back_to_triton(monkeypatch):
         + rounding_atol(ref, torch.float16)
     fwd_mod.flash_attn_forward(q, k, v, 0.088, False)
     assert len(attempts) == 1, "a configuration that failed to compile must not be retried"
+
+
+def test_only_compile_errors_fall_back(monkeypatch):
+    """The fallback covers triton failing to build the kernel, not errors of the call itself."""
+    from triton.compiler.errors import CompilationError
+
+    assert g90._compile_error(RuntimeError("PassManager::run failed"))
+    assert g90._compile_error(CompilationError("src", None, "bad"))
+    assert not g90._compile_error(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not g90._compile_error(ValueError("strides must be 16-byte aligned"))

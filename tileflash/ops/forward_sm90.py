@@ -459,12 +459,21 @@ def _view_params(t: torch.Tensor, seqlen: int, nheads: int):
     else:
         return None
     rows = ((t.shape[0] - 1) * sb + (nheads - 1) * sh + (seqlen - 1) * ss) // ss + 1
+    if rows >= 2 ** 31:  # TMA coordinates and the kernel's row offsets are int32
+        return None
     return rows, ss, sb // ss, rh, ch
 
 
-# (head_dim, causal, dtype, config) keys whose kernel compiled (first launch went through) or failed
-_LAUNCHED: set = set()
+# (head_dim, causal, dtype, config) keys whose kernel failed to compile: they run the Triton kernel
 _BROKEN: set = set()
+
+
+def _compile_error(e: Exception) -> bool:
+    """Whether e is triton failing to build a kernel (a frontend CompilationError, or the MLIR
+    pass manager's RuntimeError), as opposed to an error of this call's inputs or of the GPU."""
+    from triton.compiler.errors import CompilationError
+
+    return isinstance(e, CompilationError) or (isinstance(e, RuntimeError) and "PassManager" in str(e))
 
 
 def enabled() -> bool:
@@ -482,7 +491,12 @@ def supported(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, var
     if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
         return False
     d = q.shape[-1]
-    if d not in (64, 128) or softmax_scale <= 0:
+    if d not in (64, 128) or not softmax_scale > 0:  # (NaN scales fail too)
+        return False
+    # the public API validates these; direct callers of flash_attn_forward(out=, lse=) may not
+    if k.shape[-1] != d or v.shape[-1] != d or q.shape[2] % k.shape[2] or k.shape != v.shape:
+        return False
+    if out.shape != q.shape or out.dtype != q.dtype or lse.dtype != torch.float32:
         return False
     if flags["HAS_LEFT"] or flags["HAS_SOFTCAP"] or flags["HAS_ALIBI"] or flags["HAS_DROPOUT"]:
         return False
@@ -529,19 +543,16 @@ def forward(q, k, v, out, lse, softmax_scale: float, causal: bool, cfg: dict | N
     later calls skip this configuration."""
     d = q.shape[-1]
     cfg = cfg or config_for(d, causal, q.shape[1])
-    key = _key(d, causal, q.dtype, cfg)
-    if key not in _LAUNCHED:  # first launch of this kernel: a compile failure falls back, with a warning
-        try:
-            _launch(q, k, v, out, lse, softmax_scale, causal, cfg)
-        except Exception as e:  # noqa: BLE001  (triton raises CompilationError or RuntimeError from MLIR)
-            _BROKEN.add(key)
-            warnings.warn(f"tileflash: the Hopper Gluon forward failed to compile with triton {triton.__version__} "
-                          f"({type(e).__name__}: {str(e)[:200]}); using the Triton kernel for this configuration. "
-                          "TILEFLASH_GLUON=0 turns the Gluon kernel off.", RuntimeWarning, stacklevel=3)
-            return None
-        _LAUNCHED.add(key)
-        return out, lse
-    _launch(q, k, v, out, lse, softmax_scale, causal, cfg)
+    try:  # every launch may compile (triton specializes on argument values, e.g. a GQA group of 1)
+        _launch(q, k, v, out, lse, softmax_scale, causal, cfg)
+    except Exception as e:  # noqa: BLE001  (anything but a compile failure is re-raised)
+        if not _compile_error(e):
+            raise
+        _BROKEN.add(_key(d, causal, q.dtype, cfg))
+        warnings.warn(f"tileflash: the Hopper Gluon forward failed to compile with triton {triton.__version__} "
+                      f"({type(e).__name__}: {str(e)[:200]}); using the Triton kernel for this configuration. "
+                      "TILEFLASH_GLUON=0 turns the Gluon kernel off.", RuntimeWarning, stacklevel=3)
+        return None
     return out, lse
 
 
