@@ -34,6 +34,7 @@ covers the (B, S, H, D) and the SDPA (B, H, S, D) memory layouts without a copy.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 
@@ -522,15 +523,17 @@ def supported(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, var
     return views[0][2:] == views[3][2:] and views[1][2:] == views[2][2:]
 
 
-_GL_DTYPE = {}
+@functools.lru_cache(maxsize=None)
+def _smem_layout(block_rows, d, dtype):
+    """The TMA/wgmma shared-memory layout of a [block_rows, d] tile (built once per shape: hot path)."""
+    return gl.NVMMASharedLayout.get_default_for([block_rows, d], {torch.float16: gl.float16,
+                                                                  torch.bfloat16: gl.bfloat16}[dtype])
 
 
 def _desc(t, seqlen, nheads, block_rows):
     rows, ss, rb, rh, ch = _view_params(t, seqlen, nheads)
     d = t.shape[-1]
-    if not _GL_DTYPE:
-        _GL_DTYPE.update({torch.float16: gl.float16, torch.bfloat16: gl.bfloat16})
-    layout = gl.NVMMASharedLayout.get_default_for([block_rows, d], _GL_DTYPE[t.dtype])
+    layout = _smem_layout(block_rows, d, t.dtype)
     return TensorDescriptor(t, [rows, ss], [ss, 1], [block_rows, d], layout), (rb, rh, ch)
 
 
