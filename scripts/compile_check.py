@@ -100,6 +100,39 @@ def compile_gluon(d, causal, cfg, dtype="fp16"):
     return triton.compile(src, target=GPUTarget("cuda", 90, 128), options=dict(num_warps=warps))
 
 
+def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
+    """Compile the Hopper Gluon backward (tileflash.ops.backward_sm90) for sm_90 at one config."""
+    import torch
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from tileflash.ops import backward_sm90 as GB
+    from tileflash.ops import forward_sm90 as G
+
+    fn = GB._attn_bwd_sm90
+    bm, bn, tdt = cfg["BLOCK_M"], cfg["BLOCK_N"], getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[dtype])
+    const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+                 DETERMINISTIC=deterministic, num_warps=cfg["num_warps"])
+    sig = {}
+    for name in fn.arg_names:
+        if name in const:
+            sig[name] = "constexpr"
+        elif name.endswith("_desc"):
+            block = bm if name in ("q_desc", "do_desc") else bn
+            sig[name] = f"tensordesc<{dtype}[{block}, {d}],{G._smem_layout(block, d, tdt)!r}>"
+        elif name in ("LSE", "DELTA", "DQ"):
+            sig[name] = "*fp32"
+        elif name == "SEM":
+            sig[name] = "*i32"
+        elif name in ("DK", "DV"):
+            sig[name] = f"*{dtype}"
+        elif name in ("qk_scale", "sm_scale"):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    src = GluonASTSource(fn=fn, signature=sig, constexprs=const)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 128), options=dict(num_warps=cfg["num_warps"]))
+
+
 def main():
     # imported here, so that compile_one/signature also serve older trees (scripts/spill_check.py)
     from tileflash.ops import backward as B
@@ -185,6 +218,19 @@ def main():
                             failures += 1
                             print(f"FAIL {dtype} gluon D={d} causal={causal} {cfg}: {type(e).__name__}: {str(e)[:300]}",
                                   flush=True)
+        from tileflash.ops import backward_sm90 as GB
+        for dtype in [a for a in sys.argv[1:] if a in ("fp16", "bf16")] or ["fp16", "bf16"]:
+            for d in (64, 128):
+                for causal in (False, True):
+                    cfg = GB.config_for(d, causal, 4096)
+                    try:
+                        k = compile_gluon_bwd(d, causal, cfg, dtype)
+                        print(f"ok   {dtype} gluon-bwd D={d} causal={causal!s:<5} {cfg} smem={k.metadata.shared}",
+                              flush=True)
+                    except Exception as e:  # noqa: BLE001
+                        failures += 1
+                        print(f"FAIL {dtype} gluon-bwd D={d} causal={causal} {cfg}: {type(e).__name__}: "
+                              f"{str(e)[:600]}", flush=True)
     print(f"triton {triton.__version__}: {failures} failure(s)")
     return 1 if failures else 0
 

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tileflash.ops import backward_sm90
 from tileflash.ops.common import (cdiv, dropout_keep, head_scalars, kv_block_range, q_block_range, score_mods, seq_bounds,
                                    visible)
 from tileflash.ops.forward import (LOG2E, _ensure_tma_allocator, block_d_for, feature_args, interpreting, problem_dims,
@@ -409,6 +410,8 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
     flags, sc, alibi_strides = feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch, dropout_p,
                                             seqlen_q + abs(causal_shift), seqlen_k + abs(causal_shift))
     seed = seed if dropout_p > 0 else None
+    gluon = backward_sm90.supported(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen,
+                                    config)
     use_tma = bwd_tma_requested(config, q.device, head_dim) and tma_supported(q, k, v, dout)
     if use_tma and q.is_cuda:
         _ensure_tma_allocator()
@@ -427,6 +430,8 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
         do4.stride(0), do4.stride(1), do4.stride(2),
         nheads, pre_s, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=pre_m,
     )
+    if gluon and backward_sm90.backward(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal) is not None:
+        return dq, dk, dv  # the fused Hopper kernel (None: it did not compile; the Triton kernels run)
     common = dict(**flags, IS_VARLEN=varlen, HEAD_DIM=head_dim, BLOCK_D=block_d, DOT_PRECISION=precision,
                   USE_TMA=use_tma)
     tail = (sc["window_left"], sc["window_right"], nheads // nheads_k,

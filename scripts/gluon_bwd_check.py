@@ -1,0 +1,126 @@
+"""The Hopper Gluon backward against the Triton backward, cuDNN and SDPA-flash, in one run.
+
+Usage: PYTHONPATH=. python3 scripts/gluon_bwd_check.py [--dtype float16] [--sizes 1024 4096 16384] [--d 64 128]
+       [--configs 64/128/2/8 ...] [--nondet]
+For each (D, causal, N), B·N = 16k tokens and H = 2048 / D (as gluon_check.py):
+* accuracy: the Gluon dq/dk/dv against an fp32 autograd reference (flash-attn's rule: error at most
+  2x that of the Triton backward, which the test suite holds to the same rule, plus 1e-3), and the
+  max difference to the Triton backward;
+* determinism: two Gluon runs compared bitwise;
+* speed: the whole backward (delta + kernels) through ``flash_attn_backward`` for Gluon and for
+  the Triton kernels (config pinned), and cuDNN / SDPA-flash backward (autograd of SDPA), do_bench
+  median; TFLOP/s = 2.5 x the forward's 4·B·H·N²·D (x0.5 causal).
+The table is printed last.
+"""
+
+import argparse
+
+import torch
+import torch.nn.functional as Fn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+from tileflash.ops import backward as B
+from tileflash.ops import backward_sm90 as GB
+from tileflash.ops import forward as F
+
+
+def ref_grads(q, k, v, do, causal, scale):
+    """fp32 autograd of eager attention on batch 0 (keeps memory small)."""
+    q32, k32, v32 = (x[:1].float().transpose(1, 2).requires_grad_() for x in (q, k, v))
+    s = q32 @ k32.transpose(-1, -2) * scale
+    n_q, n_k = s.shape[-2], s.shape[-1]
+    if causal:
+        i = torch.arange(n_q, device=q.device)[:, None]
+        j = torch.arange(n_k, device=q.device)[None, :]
+        s = s.masked_fill(j > i + (n_k - n_q), float("-inf"))
+    o = torch.softmax(s, -1) @ v32
+    o.backward(do[:1].float().transpose(1, 2))
+    return [g.transpose(1, 2) for g in (q32.grad, k32.grad, v32.grad)]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384])
+    ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--configs", nargs="*", default=[], help="extra tiles BLOCK_M/BLOCK_N/STAGES/warps[/nd] "
+                    "(nd: without the ordered dQ sums) timed beside the default")
+    ap.add_argument("--nondet", action="store_true", help="also time the default tiles without ordering")
+    args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
+    rows = []
+    for d in args.d:
+        for causal in (False, True):
+            for n in args.sizes:
+                b, h = 16384 // n, 2048 // d
+                torch.manual_seed(0)
+                q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=dtype) for _ in range(4))
+                flops = 2.5 * 4 * b * h * n * n * d * (0.5 if causal else 1)
+                scale = d ** -0.5
+                out, lse = F.flash_attn_forward(q, k, v, scale, causal)
+                tri_cfg = B.default_bwd_config(d, causal)
+
+                def tri():
+                    return B.flash_attn_backward(do, q, k, v, out, lse, scale, causal, config=tri_cfg)
+
+                def glu():
+                    return B.flash_attn_backward(do, q, k, v, out, lse, scale, causal)
+
+                flags = dict(HAS_LEFT=False, HAS_RIGHT=causal, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_DROPOUT=False)
+                assert GB.supported(do, q, k, v, out, lse, scale, causal, 0, flags, False, None)
+                g1, g2, t1 = glu(), glu(), tri()
+                det = all(torch.equal(x, y) for x, y in zip(g1, g2))
+                nan = any(torch.isnan(x).any().item() for x in g1)
+                diff = max((x.float() - y.float()).abs().max().item() for x, y in zip(g1, t1))
+                # accuracy on batch 0 against fp32 autograd (N <= 4k: the fp32 scores must fit)
+                ref = ref_grads(q, k, v, do, causal, scale) if n <= 4096 else None
+                ok = "n/a"
+                if ref is not None:
+                    errs = []
+                    for gg, tt, rr in zip(g1, t1, ref):
+                        eg = (gg[:1].float() - rr).abs().max().item()
+                        et = (tt[:1].float() - rr).abs().max().item()
+                        errs.append((eg, et))
+                    ok = "ok" if all(eg <= 2 * et + 1e-3 for eg, et in errs) else "FAIL " + str(errs)
+                t = {"gluon": do_bench(glu, warmup=25, rep=100), "triton": do_bench(tri, warmup=25, rep=100)}
+                delta = (out.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
+                extra = list(args.configs) + (["64/128/2/8/nd"] if args.nondet else [])
+                for spec in extra:
+                    parts = spec.split("/")
+                    bm, bn, st, w = (int(x) for x in parts[:4])
+                    cfg = dict(BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=w)
+                    detm = "nd" not in parts[4:]
+                    try:
+                        bufs = [torch.empty_like(x) for x in (q, k, v)]
+                        GB.backward(do, q, k, v, lse, delta, *bufs, scale, causal, cfg, detm)
+                        d2 = max((x.float() - y.float()).abs().max().item() for x, y in zip(bufs, t1))
+                        ms = do_bench(lambda: GB.backward(do, q, k, v, lse, delta, *bufs, scale, causal, cfg, detm),
+                                      warmup=25, rep=100)
+                        print(f"  D={d} causal={int(causal)} N={n} gluon {spec}: {flops / ms * 1e-9:.0f} TFLOP/s "
+                              f"(kernel + dq cast, no delta) diff {d2:.3g}", flush=True)
+                    except Exception as e:  # noqa: BLE001
+                        print(f"  D={d} causal={int(causal)} N={n} gluon {spec}: FAILED {repr(e)[:300]}", flush=True)
+                qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+                dot = do.transpose(1, 2)
+                for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+                    with sdpa_kernel(be):
+                        o = Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                        t[name] = do_bench(lambda: torch.autograd.grad(o, (qt, kt, vt), dot, retain_graph=True),
+                                           warmup=25, rep=100)
+                tf = {key: flops / ms * 1e-9 for key, ms in t.items()}
+                row = (d, int(causal), n, tf["gluon"], tf["triton"], tf["cudnn"], tf["flash"], diff, det, nan, ok)
+                rows.append(row)
+                print("D={} causal={} N={}: gluon {:.0f} triton {:.0f} cudnn {:.0f} flash {:.0f} TFLOP/s; "
+                      "max|gluon-triton| {:.3g} deterministic {} nan {} vs fp32 {}".format(*row), flush=True)
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}; backward TFLOP/s "
+          "(do_bench median, whole backward incl. delta)")
+    print("| D | causal | N | gluon | triton | cuDNN | SDPA-flash | gluon/cuDNN | gluon/triton | max diff | bitwise rerun | fp32 rule |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for d, c, n, g, tr, cu, fl, diff, det, nan, ok in rows:
+        print(f"| {d} | {c} | {n} | {g:.0f} | {tr:.0f} | {cu:.0f} | {fl:.0f} | {g / cu:.2f} | {g / tr:.2f} | "
+              f"{diff:.2g} | {'same' if det else 'DIFFERENT'}{' NaN' if nan else ''} | {ok} |")
+
+
+if __name__ == "__main__":
+    main()

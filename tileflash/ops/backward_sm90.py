@@ -1,0 +1,311 @@
+"""Hopper (sm90) backward in Gluon: one fused kernel, asynchronous wgmma, ordered dQ accumulation.
+
+Why a second backward. ``tileflash.ops.backward`` (plain Triton) runs two main kernels, dK/dV
+and dQ, so it multiplies 7 matrices per (Q block, K block) pair where the math needs 5
+(Q·Kᵀ and dO·Vᵀ are computed twice), and, as in the forward (``forward_sm90``), every ``tl.dot``
+waits for its result, so the elementwise work never overlaps the tensor cores. This kernel does
+FA2/FA3's fused schedule: one program per (K/V block, batch·kv head) keeps K, V and the fp32
+dK, dV accumulators on chip and streams the Q and dO blocks of every query head of its GQA
+group through a TMA ring. Per Q block (transposed form, rows = keys):
+
+    issue Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ        (async)
+    wait Sᵀ;  Pᵀ = exp2(Sᵀ·scale − lse)          (dPᵀ still runs)
+    wait dPᵀ; issue dV += Pᵀ·dO                   (async)
+    dSᵀ = Pᵀ∘(dPᵀ − delta), stored to shared memory (dV's matmul runs)
+    issue dK += dSᵀ·Q, dQ_part = dS·K            (async)
+    wait; add dQ_part into an fp32 dQ buffer in global memory
+
+The dQ buffer is shared by every K block, so its updates are atomic adds. By default they are
+**ordered** (FA3's deterministic mode): the program of K block n adds to Q block m only after
+the programs of K blocks 0..n-1 have added theirs (a per-(b, h, Q block) counter in global
+memory, released after each add). The fp32 sums then happen in the same order on every run, so
+the backward stays bitwise deterministic. ``DETERMINISTIC=False`` drops the ordering.
+
+Scope, decided by :func:`supported`: dense fp16/bf16 on sm90, head dim 64 or 128, no
+window/softcap/ALiBi/dropout, causal only bottom-right with Sq <= Sk, Sq and Sk multiples of 128,
+16-byte aligned memory in the (B, S, H, D) or (B, H, S, D) layouts. Everything else runs the
+Triton backward, which stays the reference (and the CPU-interpreter path). Numerics follow
+``tileflash.ops.backward``: base-2 scores with the scale folded in, the natural-log LSE
+converted on load, fp32 accumulation, P and dS cast to the input dtype for their matmuls.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+
+import torch
+import triton
+
+from tileflash.ops import forward_sm90 as _f90
+
+if _f90.HAVE_GLUON:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                                   warpgroup_mma_wait)
+
+LOG2E = 1.4426950408889634
+
+if _f90.HAVE_GLUON:
+    # a CTA-wide barrier: gl.thread_barrier in triton 3.6, renamed gl.barrier in later releases
+    _cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+
+    @gluon.jit
+    def _bwd_step(k_smem, v_smem, q_s, do_s, ds_smem, dk, dv, LSE, DELTA, DQ, SEM,
+                  row_lse, dq_off, sem_ptr, start_m, start_n, shift, qk_scale, order,
+                  offs_mb, offs_n, dq_m, dq_d, dq_stride,
+                  MASK: gl.constexpr, DETERMINISTIC: gl.constexpr,
+                  st_layout: gl.constexpr, dkv_layout: gl.constexpr, dq_layout: gl.constexpr):
+        """One Q block [start_m, +BLOCK_M) against this program's K/V block: returns dk, dv."""
+        dtype: gl.constexpr = k_smem.dtype
+        BLOCK_N: gl.constexpr = k_smem.shape[0]
+        BLOCK_M: gl.constexpr = q_s.shape[0]
+        HEAD_DIM: gl.constexpr = q_s.shape[1]
+        zero_st = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
+        st_tok = warpgroup_mma(k_smem, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+        dpt_tok = warpgroup_mma(v_smem, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+        offs_m = start_m + offs_mb                                                        # [BLOCK_M]
+        lse = gl.load(LSE + row_lse + offs_m) * 1.4426950408889634                                    # [BLOCK_M] base 2
+        delta = gl.load(DELTA + row_lse + offs_m)                                         # [BLOCK_M]
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok,))                        # [BLOCK_N, BLOCK_M]
+        pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))                              # [BLOCK_N, BLOCK_M]
+        if MASK:  # causal, bottom-right: key j visible to row i iff j <= i + shift
+            vis = gl.expand_dims(start_n + offs_n, 1) <= gl.expand_dims(offs_m + shift, 0)
+            pt = gl.where(vis, pt, 0.0)
+        dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt_tok,))                      # [BLOCK_N, BLOCK_M]
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dkv_layout, k_width=2)
+        b_pt = gl.convert_layout(pt.to(dtype), op_layout)                                 # [BLOCK_N, BLOCK_M]
+        dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                                 # [BLOCK_N, HEAD_DIM]
+        dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)                           # [BLOCK_N, BLOCK_M]
+        ds_smem.store(dst)
+        fence_async_shared()
+        _cta_barrier()          # both warpgroups' rows of dSᵀ are in shared memory
+        b_dst = gl.convert_layout(dst, op_layout)
+        dk = warpgroup_mma(b_dst, q_s, dk, is_async=True)                                 # [BLOCK_N, HEAD_DIM]
+        zero_dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
+        dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True)
+        dq_part, dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, dv, dk))    # [BLOCK_M, HEAD_DIM]
+        ptrs = DQ + dq_off + gl.expand_dims(start_m + dq_m, 1) * dq_stride + gl.expand_dims(dq_d, 0)
+        if DETERMINISTIC:  # wait until K blocks 0..order-1 have added theirs to this Q block
+            while gl.atomic_add(sem_ptr, 0, sem="acquire") < order:
+                pass
+            _cta_barrier()
+        gl.atomic_add(ptrs, dq_part, sem="relaxed")
+        if DETERMINISTIC:
+            _cta_barrier()      # every thread's adds are issued before the release
+            gl.atomic_add(sem_ptr, 1, sem="release")
+        return dk, dv
+
+    @gluon.jit
+    def _attn_bwd_sm90(
+        q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ, SEM, DK, DV,
+        q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,       # 2-D view offsets (forward_sm90._view_params)
+        stride_lb, stride_lh, dq_stride,
+        stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+        nheads, nheads_k, kv_group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+        CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        """One program per (batch·kv head, K/V block): grid axis 0 is batch·kv head, so the
+        programs of K block n of every head are launched before those of block n + 1 (the
+        deterministic mode waits on lower blocks only: no deadlock, little waiting)."""
+        pid_bhk = gl.program_id(0)
+        pid_n = gl.program_id(1)
+        off_b = pid_bhk // nheads_k
+        off_hk = pid_bhk % nheads_k
+        start_n = pid_n * BLOCK_N
+        shift = seqlen_k - seqlen_q
+        kv_row = off_b * kv_rb + off_hk * kv_rh + start_n
+        kv_col = off_hk * kv_ch
+
+        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                            instr_shape=[16, BLOCK_M, 16])
+        dkv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                             instr_shape=[16, HEAD_DIM, 16])
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, num_warps // 4],
+                                                            instr_shape=[16, HEAD_DIM // (num_warps // 4), 16])
+        dtype: gl.constexpr = q_desc.dtype
+
+        k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], v_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+        ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(q_bar.index(i), count=1)
+
+        # Q blocks [lo, seqlen_q) see some key of this block; those before mask_end need the mask.
+        n_m = seqlen_q // BLOCK_M
+        if CAUSAL:
+            lo = gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M
+            mask_end = gl.minimum(gl.maximum(start_n + BLOCK_N - shift, 0), seqlen_q)
+        else:
+            lo = 0
+            mask_end = 0
+        per_head = n_m - lo // BLOCK_M
+        total = per_head * kv_group          # iterations: every Q block of every head of the group
+
+        kv_bytes: gl.constexpr = 2 * k_desc.block_type.nbytes
+        mbarrier.expect(kv_bar, kv_bytes)
+        _f90._tma_load(k_desc, [kv_row, kv_col], kv_bar, k_smem)
+        _f90._tma_load(v_desc, [kv_row, kv_col], kv_bar, v_smem)
+        nbytes: gl.constexpr = 2 * q_desc.block_type.nbytes
+        for i in gl.static_range(STAGES):  # fill the Q/dO ring
+            h = off_hk * kv_group + i // per_head
+            row = off_b * q_rb + h * q_rh + lo + (i % per_head) * BLOCK_M
+            pred = i < total
+            mbarrier.expect(q_bar.index(i), nbytes, pred=pred)
+            _f90._tma_load(q_desc, [row, h * q_ch], q_bar.index(i), q_smem.index(i), pred=pred)
+            _f90._tma_load(do_desc, [row, h * q_ch], q_bar.index(i), do_smem.index(i), pred=pred)
+
+        offs_mb = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))              # [BLOCK_M]
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))               # [BLOCK_N]
+        dq_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))                 # [BLOCK_M]
+        dq_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))                # [HEAD_DIM]
+        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, dkv_layout)                        # [BLOCK_N, HEAD_DIM]
+        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, dkv_layout)                        # [BLOCK_N, HEAD_DIM]
+        mbarrier.wait(kv_bar, 0)
+
+        for it in range(total):
+            stage = it % STAGES
+            h = off_hk * kv_group + it // per_head
+            start_m = lo + (it % per_head) * BLOCK_M
+            bh = off_b * nheads + h
+            row_lse = off_b * stride_lb + h * stride_lh
+            dq_off = bh.to(gl.int64) * seqlen_q * dq_stride
+            sem_ptr = SEM + bh * n_m + start_m // BLOCK_M
+            mbarrier.wait(q_bar.index(stage), (it // STAGES) & 1)
+            if start_m < mask_end:
+                dk, dv = _bwd_step(k_smem, v_smem, q_smem.index(stage), do_smem.index(stage), ds_smem, dk, dv,
+                                   LSE, DELTA, DQ, SEM, row_lse, dq_off, sem_ptr, start_m, start_n, shift, qk_scale,
+                                   pid_n, offs_mb, offs_n, dq_m, dq_d, dq_stride,
+                                   True, DETERMINISTIC, st_layout, dkv_layout, dq_layout)
+            else:
+                dk, dv = _bwd_step(k_smem, v_smem, q_smem.index(stage), do_smem.index(stage), ds_smem, dk, dv,
+                                   LSE, DELTA, DQ, SEM, row_lse, dq_off, sem_ptr, start_m, start_n, shift, qk_scale,
+                                   pid_n, offs_mb, offs_n, dq_m, dq_d, dq_stride,
+                                   False, DETERMINISTIC, st_layout, dkv_layout, dq_layout)
+            # this stage's Q and dO are consumed: it takes iteration it + STAGES
+            nxt = it + STAGES
+            h2 = off_hk * kv_group + nxt // per_head
+            row = off_b * q_rb + h2 * q_rh + lo + (nxt % per_head) * BLOCK_M
+            pred = nxt < total
+            mbarrier.expect(q_bar.index(stage), nbytes, pred=pred)
+            _f90._tma_load(q_desc, [row, h2 * q_ch], q_bar.index(stage), q_smem.index(stage), pred=pred)
+            _f90._tma_load(do_desc, [row, h2 * q_ch], q_bar.index(stage), do_smem.index(stage), pred=pred)
+
+        mbarrier.invalidate(kv_bar)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(q_bar.index(i))
+
+        # dK = scale · Σ dSᵀ·Q; dV as accumulated. Plain stores ([BLOCK_N, HEAD_DIM] each).
+        offs_kn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, dkv_layout))
+        offs_kd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dkv_layout))
+        rows = gl.expand_dims(start_n + offs_kn, 1).to(gl.int64)
+        cols = gl.expand_dims(offs_kd, 0)
+        gl.store(DK + off_b.to(gl.int64) * stride_dkb + off_hk * stride_dkh + rows * stride_dkn + cols,
+                 (dk * sm_scale).to(dtype))
+        gl.store(DV + off_b.to(gl.int64) * stride_dvb + off_hk * stride_dvh + rows * stride_dvn + cols, dv.to(dtype))
+
+
+def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
+    """Tiles of the fused kernel: 128 keys per program (two warpgroups of 64), 64-row Q blocks,
+    a 2-slot Q/dO ring. Not swept yet."""
+    return dict(BLOCK_M=64, BLOCK_N=128, STAGES=2, num_warps=8)
+
+
+_BROKEN: set = set()
+
+
+def enabled() -> bool:
+    """TILEFLASH_GLUON_BWD=0 (or TILEFLASH_GLUON=0) turns the Gluon backward off."""
+    return _f90.enabled() and os.environ.get("TILEFLASH_GLUON_BWD", "1") != "0"
+
+
+def supported(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen, config) -> bool:
+    """Whether this backward call can take the Gluon kernel (module docstring: scope)."""
+    if not enabled() or config is not None or varlen or not q.is_cuda:
+        return False
+    if torch.cuda.get_device_capability(q.device)[0] != 9:
+        return False
+    dt = q.dtype
+    if dt not in (torch.float16, torch.bfloat16) or any(t.dtype != dt for t in (k, v, out, dout)):
+        return False
+    d = q.shape[-1]
+    if d not in (64, 128) or not softmax_scale > 0:
+        return False
+    if k.shape[-1] != d or v.shape != k.shape or q.shape[2] % k.shape[2] or out.shape != q.shape \
+            or dout.shape != q.shape:
+        return False
+    if flags["HAS_LEFT"] or flags["HAS_SOFTCAP"] or flags["HAS_ALIBI"] or flags["HAS_DROPOUT"]:
+        return False
+    if flags["HAS_RIGHT"] and not causal:
+        return False
+    sq, sk = q.shape[1], k.shape[1]
+    if causal and (sq > sk or causal_shift != sk - sq):
+        return False
+    cfg = config_for(d, causal, sq)
+    if _f90._key(d, causal, dt, cfg) in _BROKEN:
+        return False
+    if sq % 128 or sk % cfg["BLOCK_N"] or lse.dtype != torch.float32 or lse.stride(-1) != 1:
+        return False
+    for t in (q, k, v, dout):
+        if t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
+            return False
+    views = [_f90._view_params(t, t.shape[1], t.shape[2]) for t in (q, dout, k, v)]
+    if any(vw is None for vw in views):
+        return False
+    return views[0][2:] == views[1][2:] and views[2][2:] == views[3][2:]
+
+
+def backward(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal: bool, cfg: dict | None = None,
+             deterministic: bool = True):
+    """Launch the fused kernel; the caller checked :func:`supported` and computed delta
+    ((B, H, Sq) fp32, like lse). Writes dq, dk, dv (shapes of q, k, v). Returns None, after a
+    warning, if the kernel does not compile with the installed triton (the caller then runs the
+    Triton backward)."""
+    d = q.shape[-1]
+    cfg = cfg or config_for(d, causal, q.shape[1])
+    try:
+        _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, deterministic)
+    except Exception as e:  # noqa: BLE001  (anything but a compile failure is re-raised)
+        if not _f90._compile_error(e):
+            raise
+        _BROKEN.add(_f90._key(d, causal, q.dtype, cfg))
+        warnings.warn(f"tileflash: the Hopper Gluon backward failed to compile with triton {triton.__version__} "
+                      f"({type(e).__name__}: {str(e)[:200]}); using the Triton backward for this configuration. "
+                      "TILEFLASH_GLUON_BWD=0 turns the Gluon backward off.", RuntimeWarning, stacklevel=3)
+        return None
+    return dq, dk, dv
+
+
+def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, deterministic):
+    batch, seqlen_q, nheads, d = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    q_desc, (q_rb, q_rh, q_ch) = _f90._desc(q, seqlen_q, nheads, bm)
+    do_desc, _ = _f90._desc(dout, seqlen_q, nheads, bm)
+    k_desc, (kv_rb, kv_rh, kv_ch) = _f90._desc(k, seqlen_k, nheads_k, bn)
+    v_desc, _ = _f90._desc(v, seqlen_k, nheads_k, bn)
+    # fp32 dQ, (B·H, Sq, D), summed over K blocks; one counter per (b, h, Q block) orders the sums
+    dq_acc = torch.zeros((batch * nheads, seqlen_q, d), dtype=torch.float32, device=q.device)
+    sem = torch.zeros((batch * nheads * (seqlen_q // bm),), dtype=torch.int32, device=q.device)
+    grid = (batch * nheads_k, seqlen_k // bn)
+    _attn_bwd_sm90[grid](
+        q_desc, k_desc, v_desc, do_desc, lse, delta, dq_acc, sem, dk, dv,
+        q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
+        lse.stride(0), lse.stride(1), d,
+        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        nheads, nheads_k, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E, softmax_scale,
+        HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+        DETERMINISTIC=deterministic, num_warps=cfg["num_warps"],
+    )
+    # dq = scale · dq_acc, in q's layout and dtype
+    dq.copy_(dq_acc.view(batch, nheads, seqlen_q, d).transpose(1, 2).mul_(softmax_scale))
+    return dq, dk, dv
