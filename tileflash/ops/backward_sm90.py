@@ -44,6 +44,7 @@ if _f90.HAVE_GLUON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                                   warpgroup_mma_init,
                                                                    warpgroup_mma_wait)
 
 LOG2E = 1.4426950408889634
@@ -53,50 +54,41 @@ if _f90.HAVE_GLUON:
     _cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
 
     @gluon.jit
-    def _bwd_step(k_smem, v_smem, q_s, do_s, ds_smem, dk, dv, LSE, DELTA, DQ, SEM,
-                  row_lse, dq_off, sem_ptr, start_m, start_n, shift, qk_scale, order,
-                  offs_mb, offs_n, dq_m, dq_d, dq_stride,
-                  MASK: gl.constexpr, DETERMINISTIC: gl.constexpr,
-                  st_layout: gl.constexpr, dkv_layout: gl.constexpr, dq_layout: gl.constexpr):
-        """One Q block [start_m, +BLOCK_M) against this program's K/V block: returns dk, dv."""
-        dtype: gl.constexpr = k_smem.dtype
-        BLOCK_N: gl.constexpr = k_smem.shape[0]
-        BLOCK_M: gl.constexpr = q_s.shape[0]
-        HEAD_DIM: gl.constexpr = q_s.shape[1]
-        zero_st = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
-        st_tok = warpgroup_mma(k_smem, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-        dpt_tok = warpgroup_mma(v_smem, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-        offs_m = start_m + offs_mb                                                        # [BLOCK_M]
-        lse = gl.load(LSE + row_lse + offs_m) * 1.4426950408889634                                    # [BLOCK_M] base 2
-        delta = gl.load(DELTA + row_lse + offs_m)                                         # [BLOCK_M]
-        st = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok,))                        # [BLOCK_N, BLOCK_M]
-        pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))                              # [BLOCK_N, BLOCK_M]
-        if MASK:  # causal, bottom-right: key j visible to row i iff j <= i + shift
-            vis = gl.expand_dims(start_n + offs_n, 1) <= gl.expand_dims(offs_m + shift, 0)
-            pt = gl.where(vis, pt, 0.0)
-        dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt_tok,))                      # [BLOCK_N, BLOCK_M]
-        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dkv_layout, k_width=2)
-        b_pt = gl.convert_layout(pt.to(dtype), op_layout)                                 # [BLOCK_N, BLOCK_M]
-        dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                                 # [BLOCK_N, HEAD_DIM]
-        dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)                           # [BLOCK_N, BLOCK_M]
-        ds_smem.store(dst)
-        fence_async_shared()
-        _cta_barrier()          # both warpgroups' rows of dSᵀ are in shared memory
-        b_dst = gl.convert_layout(dst, op_layout)
-        dk = warpgroup_mma(b_dst, q_s, dk, is_async=True)                                 # [BLOCK_N, HEAD_DIM]
-        zero_dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
-        dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True)
-        dq_part, dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, dv, dk))    # [BLOCK_M, HEAD_DIM]
-        ptrs = DQ + dq_off + gl.expand_dims(start_m + dq_m, 1) * dq_stride + gl.expand_dims(dq_d, 0)
-        if DETERMINISTIC:  # wait until K blocks 0..order-1 have added theirs to this Q block
+    def _dq_add(ptrs, vals, VEC: gl.constexpr):
+        """DQ[ptrs] += vals (fp32, relaxed atomics). VEC = 2: one red.global.add.v2.f32 per pair of
+        a thread's consecutive registers, which the wgmma result layout holds as adjacent columns
+        (sm90's vector reductions: half the instructions of one add per element)."""
+        if VEC == 2:
+            gl.inline_asm_elementwise("red.relaxed.gpu.global.add.v2.f32 [$2], {$4, $5};\n\tmov.b32 $0, 0;\n\tmov.b32 $1, 0;",
+                                      "=r,=r,l,l,f,f", [ptrs.to(gl.int64, bitcast=True), vals], dtype=gl.int32, is_pure=False, pack=2)
+        else:
+            gl.atomic_add(ptrs, vals, sem="relaxed")
+
+    @gluon.jit
+    def _refill(q_desc, do_desc, q_bar, q_smem, do_smem, stage, i, total, per_head, lo, off_b, off_hk, kv_group,
+                q_rb, q_rh, q_ch, BLOCK_M: gl.constexpr):
+        """TMA the Q and dO blocks of iteration i (head off_hk·G + i // per_head) into ring slot
+        `stage`, if i < total."""
+        h = off_hk * kv_group + i // per_head
+        row = off_b * q_rb + h * q_rh + lo + (i % per_head) * BLOCK_M
+        pred = i < total
+        nbytes: gl.constexpr = 2 * q_desc.block_type.nbytes
+        mbarrier.expect(q_bar.index(stage), nbytes, pred=pred)
+        _f90._tma_load(q_desc, [row, h * q_ch], q_bar.index(stage), q_smem.index(stage), pred=pred)
+        _f90._tma_load(do_desc, [row, h * q_ch], q_bar.index(stage), do_smem.index(stage), pred=pred)
+
+    @gluon.jit
+    def _dq_ordered_add(ptrs, dq_part, sem_ptr, order, DETERMINISTIC: gl.constexpr, VEC: gl.constexpr):
+        """Add dq_part at ptrs; DETERMINISTIC: only after `order` earlier K blocks have added theirs
+        to this Q block (counter at sem_ptr), and count this one after."""
+        if DETERMINISTIC:
             while gl.atomic_add(sem_ptr, 0, sem="acquire") < order:
                 pass
             _cta_barrier()
-        gl.atomic_add(ptrs, dq_part, sem="relaxed")
+        _dq_add(ptrs, dq_part, VEC)
         if DETERMINISTIC:
             _cta_barrier()      # every thread's adds are issued before the release
             gl.atomic_add(sem_ptr, 1, sem="release")
-        return dk, dv
 
     @gluon.jit
     def _attn_bwd_sm90(
@@ -106,7 +98,7 @@ if _f90.HAVE_GLUON:
         stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
         nheads, nheads_k, kv_group, seqlen_q, seqlen_k, qk_scale, sm_scale,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-        CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, num_warps: gl.constexpr,
+        CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, VEC: gl.constexpr, num_warps: gl.constexpr,
     ):
         """One program per (batch·kv head, K/V block): grid axis 0 is batch·kv head, so the
         programs of K block n of every head are launched before those of block n + 1 (the
@@ -155,50 +147,63 @@ if _f90.HAVE_GLUON:
         mbarrier.expect(kv_bar, kv_bytes)
         _f90._tma_load(k_desc, [kv_row, kv_col], kv_bar, k_smem)
         _f90._tma_load(v_desc, [kv_row, kv_col], kv_bar, v_smem)
-        nbytes: gl.constexpr = 2 * q_desc.block_type.nbytes
         for i in gl.static_range(STAGES):  # fill the Q/dO ring
-            h = off_hk * kv_group + i // per_head
-            row = off_b * q_rb + h * q_rh + lo + (i % per_head) * BLOCK_M
-            pred = i < total
-            mbarrier.expect(q_bar.index(i), nbytes, pred=pred)
-            _f90._tma_load(q_desc, [row, h * q_ch], q_bar.index(i), q_smem.index(i), pred=pred)
-            _f90._tma_load(do_desc, [row, h * q_ch], q_bar.index(i), do_smem.index(i), pred=pred)
+            _refill(q_desc, do_desc, q_bar, q_smem, do_smem, i, i, total, per_head, lo, off_b, off_hk, kv_group,
+                    q_rb, q_rh, q_ch, BLOCK_M)
 
         offs_mb = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))              # [BLOCK_M]
         offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))               # [BLOCK_N]
         dq_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))                 # [BLOCK_M]
         dq_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))                # [HEAD_DIM]
-        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, dkv_layout)                        # [BLOCK_N, HEAD_DIM]
+        # dK is carried between iterations as an in-flight wgmma accumulator
+        dk = warpgroup_mma_init(gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, dkv_layout))   # [BLOCK_N, HEAD_DIM]
         dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, dkv_layout)                        # [BLOCK_N, HEAD_DIM]
         mbarrier.wait(kv_bar, 0)
 
+        zero_st = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
+        zero_dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dkv_layout, k_width=2)
         for it in range(total):
             stage = it % STAGES
             h = off_hk * kv_group + it // per_head
             start_m = lo + (it % per_head) * BLOCK_M
             bh = off_b * nheads + h
             row_lse = off_b * stride_lb + h * stride_lh
-            dq_off = bh.to(gl.int64) * seqlen_q * dq_stride
-            sem_ptr = SEM + bh * n_m + start_m // BLOCK_M
+            q_s = q_smem.index(stage)                                                     # [BLOCK_M, HEAD_DIM]
+            do_s = do_smem.index(stage)                                                   # [BLOCK_M, HEAD_DIM]
             mbarrier.wait(q_bar.index(stage), (it // STAGES) & 1)
-            if start_m < mask_end:
-                dk, dv = _bwd_step(k_smem, v_smem, q_smem.index(stage), do_smem.index(stage), ds_smem, dk, dv,
-                                   LSE, DELTA, DQ, SEM, row_lse, dq_off, sem_ptr, start_m, start_n, shift, qk_scale,
-                                   pid_n, offs_mb, offs_n, dq_m, dq_d, dq_stride,
-                                   True, DETERMINISTIC, st_layout, dkv_layout, dq_layout)
-            else:
-                dk, dv = _bwd_step(k_smem, v_smem, q_smem.index(stage), do_smem.index(stage), ds_smem, dk, dv,
-                                   LSE, DELTA, DQ, SEM, row_lse, dq_off, sem_ptr, start_m, start_n, shift, qk_scale,
-                                   pid_n, offs_mb, offs_n, dq_m, dq_d, dq_stride,
-                                   False, DETERMINISTIC, st_layout, dkv_layout, dq_layout)
-            # this stage's Q and dO are consumed: it takes iteration it + STAGES
-            nxt = it + STAGES
-            h2 = off_hk * kv_group + nxt // per_head
-            row = off_b * q_rb + h2 * q_rh + lo + (nxt % per_head) * BLOCK_M
-            pred = nxt < total
-            mbarrier.expect(q_bar.index(stage), nbytes, pred=pred)
-            _f90._tma_load(q_desc, [row, h2 * q_ch], q_bar.index(stage), q_smem.index(stage), pred=pred)
-            _f90._tma_load(do_desc, [row, h2 * q_ch], q_bar.index(stage), do_smem.index(stage), pred=pred)
+            st_tok = warpgroup_mma(k_smem, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+            dpt_tok = warpgroup_mma(v_smem, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+            offs_m = start_m + offs_mb                                                    # [BLOCK_M]
+            lse = gl.load(LSE + row_lse + offs_m) * 1.4426950408889634                    # [BLOCK_M] base 2
+            delta = gl.load(DELTA + row_lse + offs_m)                                     # [BLOCK_M]
+            # groups retire in order: dK of the previous block, then Sᵀ; dPᵀ runs on
+            st, dk = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok, dk))            # [BLOCK_N, BLOCK_M]
+            # both warpgroups are past this point: every matmul of the previous block has retired,
+            # so its ring slot (last read by dK) and dS (last read by dQ) are free
+            _cta_barrier()
+            _refill(q_desc, do_desc, q_bar, q_smem, do_smem, (it + STAGES - 1) % STAGES, it - 1 + STAGES,
+                    gl.where(it >= 1, total, 0), per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh, q_ch, BLOCK_M)
+            pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))                          # [BLOCK_N, BLOCK_M]
+            if CAUSAL:
+                if start_m < mask_end:  # bottom-right: key j visible to row i iff j <= i + shift
+                    vis = gl.expand_dims(start_n + offs_n, 1) <= gl.expand_dims(offs_m + shift, 0)
+                    pt = gl.where(vis, pt, 0.0)
+            dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt_tok,))                  # [BLOCK_N, BLOCK_M]
+            b_pt = gl.convert_layout(pt.to(dtype), op_layout)                             # [BLOCK_N, BLOCK_M]
+            dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                             # [BLOCK_N, HEAD_DIM]
+            dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)                       # [BLOCK_N, BLOCK_M]
+            ds_smem.store(dst)
+            fence_async_shared()
+            _cta_barrier()       # both warpgroups' rows of dSᵀ are in shared memory
+            dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True)
+            dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)  # [BLOCK_N, HEAD_DIM]
+            # dV and dQ retire, dK runs on during the adds
+            dq_part, dv = warpgroup_mma_wait(num_outstanding=1, deps=(dq_tok, dv))       # [BLOCK_M, HEAD_DIM]
+            ptrs = DQ + bh.to(gl.int64) * seqlen_q * dq_stride + gl.expand_dims(start_m + dq_m, 1) * dq_stride \
+                + gl.expand_dims(dq_d, 0)                                                 # [BLOCK_M, HEAD_DIM]
+            _dq_ordered_add(ptrs, dq_part, SEM + bh * n_m + start_m // BLOCK_M, pid_n, DETERMINISTIC, VEC)
+        dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
 
         mbarrier.invalidate(kv_bar)
         for i in gl.static_range(STAGES):
@@ -217,7 +222,7 @@ if _f90.HAVE_GLUON:
 def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
     """Tiles of the fused kernel: 128 keys per program (two warpgroups of 64), 64-row Q blocks,
     a 2-slot Q/dO ring. Not swept yet."""
-    return dict(BLOCK_M=64, BLOCK_N=128, STAGES=2, num_warps=8)
+    return dict(BLOCK_M=64, BLOCK_N=128, STAGES=2, num_warps=8, VEC=2)
 
 
 _BROKEN: set = set()
@@ -304,7 +309,7 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         nheads, nheads_k, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E, softmax_scale,
         HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-        DETERMINISTIC=deterministic, num_warps=cfg["num_warps"],
+        DETERMINISTIC=deterministic, VEC=cfg.get("VEC", 2), num_warps=cfg["num_warps"],
     )
     # dq = scale · dq_acc, in q's layout and dtype
     dq.copy_(dq_acc.view(batch, nheads, seqlen_q, d).transpose(1, 2).mul_(softmax_scale))

@@ -1,0 +1,200 @@
+"""The Hopper Gluon backward (tileflash.ops.backward_sm90): routing rules on any machine,
+numerics and determinism on an sm90 GPU.
+
+As for the Gluon forward, every numerics test first asserts that the call really took the Gluon
+kernel (a counting wrapper), so that a routing change cannot turn it into a test of the Triton
+backward. Gradients are held to flash-attn's rule against an fp32 reference:
+max |grad - ref| <= 2 x max |eager same-dtype grad - ref| + atol.
+"""
+
+import pytest
+import torch
+
+import tileflash
+from tileflash.ops import backward as bwd_mod
+from tileflash.ops import backward_sm90 as gb
+from tileflash.ops import forward as fwd_mod
+from tileflash.reference import attention_ref
+
+from conftest import HAS_CUDA
+from test_forward import make_qkv, rounding_atol
+
+IS_SM90 = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
+needs_sm90 = pytest.mark.skipif(not (IS_SM90 and gb._f90.HAVE_GLUON), reason="needs a Hopper GPU and triton's Gluon")
+
+
+@pytest.fixture
+def gluon_bwd_calls(monkeypatch):
+    """Counts launches of the Gluon backward."""
+    calls = []
+    real = gb.backward
+
+    def counting(*args, **kwargs):
+        calls.append(args[1].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gb, "backward", counting)
+    return calls
+
+
+def _flags(**over):
+    f = dict(HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_DROPOUT=False)
+    f.update(over)
+    return f
+
+
+def test_bwd_routing_rules_on_cpu_tensors():
+    q, k, v = (torch.empty(1, 256, 2, 64, dtype=torch.float16) for _ in range(3))
+    lse = torch.empty(1, 2, 256)
+    assert not gb.supported(q, q, k, v, q, lse, 0.125, False, 0, _flags(), False, None)
+
+
+@needs_sm90
+def test_bwd_routing_rules_on_gpu(monkeypatch):
+    def ok(sq=256, sk=256, d=128, dtype=torch.float16, causal=False, scale=0.1, flags=None, config=None, shift=None,
+           h=2, hk=2):
+        q, k, v = make_qkv(1, sq, sk, h, hk, d, dtype, "cuda")
+        lse = torch.empty(1, h, sq, device="cuda")
+        flags = flags or _flags(HAS_RIGHT=causal)
+        shift = sk - sq if shift is None else shift
+        return gb.supported(torch.empty_like(q), q, k, v, torch.empty_like(q), lse, scale, causal, shift, flags,
+                            False, config)
+
+    assert ok() and ok(d=64) and ok(causal=True, sk=384) and ok(dtype=torch.bfloat16) and ok(h=6, hk=2)
+    assert not ok(sq=192) and not ok(sk=192)     # lengths must be multiples of 128
+    assert not ok(d=96) and not ok(d=256) and not ok(dtype=torch.float32)
+    assert not ok(causal=True, sq=384, sk=256)   # rows that see no key
+    assert not ok(causal=True, shift=0, sk=384)  # top-left causal alignment
+    assert not ok(scale=-0.1) and not ok(scale=float("nan"))
+    assert not ok(flags=_flags(HAS_SOFTCAP=True)) and not ok(flags=_flags(HAS_LEFT=True))
+    assert not ok(flags=_flags(HAS_ALIBI=True)) and not ok(flags=_flags(HAS_DROPOUT=True))
+    assert not ok(flags=_flags(HAS_RIGHT=True))  # a right window that is not causal
+    assert not ok(config={"dkdv": {}, "dq": {}})  # pinned Triton tiles
+    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "0")
+    assert not ok()
+
+
+def _grads(q, k, v, do, causal):
+    qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = tileflash.flash_attn_func(qg, kg, vg, causal=causal)
+    return torch.autograd.grad(out, (qg, kg, vg), do)
+
+
+def _ref_grads(q, k, v, do, causal, upcast):
+    qs, ks, vs = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out, _ = attention_ref(qs, ks, vs, causal=causal, upcast=upcast)
+    return torch.autograd.grad(out.to(do.dtype) if not upcast else out, (qs, ks, vs),
+                               do if not upcast else do.float())
+
+
+def check_cuda_grads(grads, q, k, v, do, causal):
+    ref = _ref_grads(q, k, v, do, causal, upcast=True)
+    eager = _ref_grads(q, k, v, do, causal, upcast=False)
+    for name, g, r, e in zip("qkv", grads, ref, eager):
+        assert g.shape == r.shape and g.dtype == q.dtype
+        assert not torch.isnan(g).any(), f"NaN in d{name}"
+        err = (g.float() - r).abs().max().item()
+        eager_err = (e.float() - r).abs().max().item()
+        atol = rounding_atol(r, q.dtype)
+        assert err <= 2 * eager_err + atol, f"d{name}: err {err:.3g} > 2 * eager {eager_err:.3g} + {atol:.3g}"
+
+
+CASES = [  # (batch, seqlen_q, seqlen_k, nheads, nheads_k)
+    (2, 256, 384, 4, 2),     # GQA, Sq < Sk
+    (1, 1024, 1024, 4, 4),
+    (2, 128, 512, 3, 1),     # MQA, one Q block
+    (1, 384, 128, 2, 2),     # Sq > Sk (non-causal only: causal rows would see no key)
+]
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c)))
+def test_gluon_backward_matches_reference(case, d, causal, dtype, gluon_bwd_calls):
+    b, sq, sk, h, hk = case
+    if causal and sq > sk:
+        pytest.skip("causal with Sq > Sk runs the Triton backward (rows without keys)")
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype, "cuda", seed=sq + sk + d)
+    do = torch.randn_like(q)
+    grads = _grads(q, k, v, do, causal)
+    assert gluon_bwd_calls, "the call did not take the Gluon backward"
+    check_cuda_grads(grads, q, k, v, do, causal)
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gluon_backward_sdpa_layout(causal, gluon_bwd_calls):
+    """(B, H, S, D) memory (tileflash.scaled_dot_product_attention) takes the kernel without a copy."""
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2)
+               for t in make_qkv(2, 512, 512, 4, 4, 128, torch.float16, "cuda", seed=11))
+    assert q.stride(2) == 512 * 128  # heads are whole blocks of rows
+    do = torch.randn_like(q)
+    grads = _grads(q, k, v, do, causal)
+    assert gluon_bwd_calls
+    check_cuda_grads(grads, q, k, v, do, causal)
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gluon_backward_writes_every_gradient(causal, gluon_bwd_calls):
+    """NaN-poisoned gradient buffers: every element is written."""
+    q, k, v = make_qkv(1, 640, 768, 4, 2, 64, torch.bfloat16, "cuda", seed=5)
+    do = torch.randn_like(q)
+    out, lse = fwd_mod.flash_attn_forward(q, k, v, 0.125, causal)
+    bufs = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    dq, dk, dv = bwd_mod.flash_attn_backward(do, q, k, v, out, lse, 0.125, causal, dq=bufs[0], dk=bufs[1], dv=bufs[2])
+    assert gluon_bwd_calls
+    for g in (dq, dk, dv):
+        assert not torch.isnan(g).any()
+    ref = bwd_mod.flash_attn_backward(do, q, k, v, out, lse, 0.125, causal,
+                                      config=bwd_mod.default_bwd_config(64, causal))
+    for g, r in zip((dq, dk, dv), ref):  # the Triton backward, pinned: same math, other summation order
+        assert (g.float() - r.float()).abs().max().item() <= 0.05 * r.float().abs().max().item()
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gluon_backward_bitwise_deterministic(causal, gluon_bwd_calls):
+    """The ordered dQ sums: two runs give the same bits (many K blocks add into each dQ block)."""
+    q, k, v = make_qkv(2, 2048, 2048, 8, 2, 128, torch.bfloat16, "cuda", seed=4)
+    do = torch.randn_like(q)
+    runs = [_grads(q, k, v, do, causal) for _ in range(3)]
+    assert gluon_bwd_calls
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)
+
+
+@needs_sm90
+def test_gluon_backward_unordered_mode_is_close():
+    """deterministic=False (unordered atomic sums) gives the same gradients up to fp32 summation order."""
+    q, k, v = make_qkv(1, 1024, 1024, 4, 4, 128, torch.float16, "cuda", seed=6)
+    do = torch.randn_like(q)
+    out, lse = fwd_mod.flash_attn_forward(q, k, v, 0.088, True)
+    delta = (out.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
+    det = gb.backward(do, q, k, v, lse, delta, *(torch.empty_like(t) for t in (q, k, v)), 0.088, True)
+    nondet = gb.backward(do, q, k, v, lse, delta, *(torch.empty_like(t) for t in (q, k, v)), 0.088, True,
+                         deterministic=False)
+    assert torch.equal(det[1], nondet[1]) and torch.equal(det[2], nondet[2])  # dK, dV: no atomics
+    assert (det[0].float() - nondet[0].float()).abs().max().item() <= 1e-2 * det[0].float().abs().max().item()
+
+
+@needs_sm90
+def test_bwd_compile_failure_falls_back_to_triton(monkeypatch):
+    attempts = []
+
+    def broken(*args, **kwargs):
+        attempts.append(1)
+        raise RuntimeError("PassManager::run failed (simulated)")
+
+    monkeypatch.setattr(gb, "_launch", broken)
+    monkeypatch.setattr(gb, "_BROKEN", set())
+    q, k, v = make_qkv(1, 256, 256, 2, 2, 128, torch.float16, "cuda", seed=3)
+    do = torch.randn_like(q)
+    with pytest.warns(RuntimeWarning, match="Gluon backward failed to compile"):
+        grads = _grads(q, k, v, do, False)
+    check_cuda_grads(grads, q, k, v, do, False)
+    _grads(q, k, v, do, False)
+    assert len(attempts) == 1, "a configuration that failed to compile must not be retried"
