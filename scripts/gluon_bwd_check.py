@@ -14,11 +14,14 @@ The table is printed last.
 """
 
 import argparse
+import os
 
 import torch
 import torch.nn.functional as Fn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
+
+os.environ["TILEFLASH_GLUON_BWD"] = "1"  # the Gluon backward is opt-in
 
 from tileflash.ops import backward as B
 from tileflash.ops import backward_sm90 as GB

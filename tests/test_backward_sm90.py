@@ -26,6 +26,7 @@ needs_sm90 = pytest.mark.skipif(not (IS_SM90 and gb._f90.HAVE_GLUON), reason="ne
 @pytest.fixture
 def gluon_bwd_calls(monkeypatch):
     """Counts launches of the Gluon backward."""
+    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")  # opt-in (slower than the Triton backward so far)
     calls = []
     real = gb.backward
 
@@ -51,9 +52,10 @@ def test_bwd_routing_rules_on_cpu_tensors():
 
 @needs_sm90
 def test_bwd_routing_rules_on_gpu(monkeypatch):
+    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
     def ok(sq=256, sk=256, d=128, dtype=torch.float16, causal=False, scale=0.1, flags=None, config=None, shift=None,
            h=2, hk=2):
-        q, k, v = make_qkv(1, sq, sk, h, hk, d, dtype, "cuda")
+        q, k, v = (t.to(dtype) for t in make_qkv(1, sq, sk, h, hk, d, torch.float16, "cuda"))
         lse = torch.empty(1, h, sq, device="cuda")
         flags = flags or _flags(HAS_RIGHT=causal)
         shift = sk - sq if shift is None else shift
@@ -72,6 +74,8 @@ def test_bwd_routing_rules_on_gpu(monkeypatch):
     assert not ok(config={"dkdv": {}, "dq": {}})  # pinned Triton tiles
     monkeypatch.setenv("TILEFLASH_GLUON_BWD", "0")
     assert not ok()
+    monkeypatch.delenv("TILEFLASH_GLUON_BWD")
+    assert not ok()  # off by default
 
 
 def _grads(q, k, v, do, causal):
@@ -168,7 +172,7 @@ def test_gluon_backward_bitwise_deterministic(causal, gluon_bwd_calls):
 
 
 @needs_sm90
-def test_gluon_backward_unordered_mode_is_close():
+def test_gluon_backward_unordered_mode_is_close(gluon_bwd_calls):
     """deterministic=False (unordered atomic sums) gives the same gradients up to fp32 summation order."""
     q, k, v = make_qkv(1, 1024, 1024, 4, 4, 128, torch.float16, "cuda", seed=6)
     do = torch.randn_like(q)
@@ -183,6 +187,7 @@ def test_gluon_backward_unordered_mode_is_close():
 
 @needs_sm90
 def test_bwd_compile_failure_falls_back_to_triton(monkeypatch):
+    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
     attempts = []
 
     def broken(*args, **kwargs):

@@ -221,7 +221,9 @@ if _f90.HAVE_GLUON:
 
 def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
     """Tiles of the fused kernel: 128 keys per program (two warpgroups of 64), 64-row Q blocks,
-    a 2-slot Q/dO ring. Not swept yet."""
+    a 2-slot Q/dO ring, dQ added with 2-wide vector reductions. Run 2 (sixth session, D=128,
+    fp16): a 3-slot ring 231/247 TFLOP/s against 236/255 (N 4k/16k, non-causal); one add per
+    element (VEC=1) the same as VEC=2. 64-key blocks on one warpgroup were slower (run 1)."""
     return dict(BLOCK_M=64, BLOCK_N=128, STAGES=2, num_warps=8, VEC=2)
 
 
@@ -229,8 +231,10 @@ _BROKEN: set = set()
 
 
 def enabled() -> bool:
-    """TILEFLASH_GLUON_BWD=0 (or TILEFLASH_GLUON=0) turns the Gluon backward off."""
-    return _f90.enabled() and os.environ.get("TILEFLASH_GLUON_BWD", "1") != "0"
+    """Opt-in: TILEFLASH_GLUON_BWD=1 turns the Gluon backward on (TILEFLASH_GLUON=0 keeps it off).
+    Off by default because it measured slower than the Triton backward on the H200 (0.67-0.76x,
+    docs/perf-notes.md §15)."""
+    return _f90.enabled() and os.environ.get("TILEFLASH_GLUON_BWD", "0") == "1"
 
 
 def supported(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen, config) -> bool:
@@ -285,7 +289,7 @@ def backward(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal
         _BROKEN.add(_f90._key(d, causal, q.dtype, cfg))
         warnings.warn(f"tileflash: the Hopper Gluon backward failed to compile with triton {triton.__version__} "
                       f"({type(e).__name__}: {str(e)[:200]}); using the Triton backward for this configuration. "
-                      "TILEFLASH_GLUON_BWD=0 turns the Gluon backward off.", RuntimeWarning, stacklevel=3)
+                      "Unset TILEFLASH_GLUON_BWD to stop asking for it.", RuntimeWarning, stacklevel=3)
         return None
     return dq, dk, dv
 
