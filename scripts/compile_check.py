@@ -111,7 +111,8 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
     fn = GB._attn_bwd_sm90
     bm, bn, tdt = cfg["BLOCK_M"], cfg["BLOCK_N"], getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[dtype])
     const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-                 DETERMINISTIC=deterministic, VEC=cfg.get("VEC", 2), num_warps=cfg["num_warps"])
+                 DETERMINISTIC=deterministic, VEC=cfg.get("VEC", 2), WITH_DQ=cfg.get("WITH_DQ", True),
+                 num_warps=cfg["num_warps"])
     sig = {}
     for name in fn.arg_names:
         if name in const:

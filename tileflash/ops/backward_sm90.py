@@ -98,7 +98,8 @@ if _f90.HAVE_GLUON:
         stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
         nheads, nheads_k, kv_group, seqlen_q, seqlen_k, qk_scale, sm_scale,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-        CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, VEC: gl.constexpr, num_warps: gl.constexpr,
+        CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, VEC: gl.constexpr, WITH_DQ: gl.constexpr,
+        num_warps: gl.constexpr,
     ):
         """One program per (batch·kv head, K/V block): grid axis 0 is batch·kv head, so the
         programs of K block n of every head are launched before those of block n + 1 (the
@@ -193,16 +194,20 @@ if _f90.HAVE_GLUON:
             b_pt = gl.convert_layout(pt.to(dtype), op_layout)                             # [BLOCK_N, BLOCK_M]
             dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                             # [BLOCK_N, HEAD_DIM]
             dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)                       # [BLOCK_N, BLOCK_M]
-            ds_smem.store(dst)
-            fence_async_shared()
-            _cta_barrier()       # both warpgroups' rows of dSᵀ are in shared memory
-            dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True)
-            dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)  # [BLOCK_N, HEAD_DIM]
-            # dV and dQ retire, dK runs on during the adds
-            dq_part, dv = warpgroup_mma_wait(num_outstanding=1, deps=(dq_tok, dv))       # [BLOCK_M, HEAD_DIM]
-            ptrs = DQ + bh.to(gl.int64) * seqlen_q * dq_stride + gl.expand_dims(start_m + dq_m, 1) * dq_stride \
-                + gl.expand_dims(dq_d, 0)                                                 # [BLOCK_M, HEAD_DIM]
-            _dq_ordered_add(ptrs, dq_part, SEM + bh * n_m + start_m // BLOCK_M, pid_n, DETERMINISTIC, VEC)
+            if WITH_DQ:
+                ds_smem.store(dst)
+                fence_async_shared()
+                _cta_barrier()   # both warpgroups' rows of dSᵀ are in shared memory
+                dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True)
+                dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)  # [BLOCK_N, HEAD_DIM]
+                # dV and dQ retire, dK runs on during the adds
+                dq_part, dv = warpgroup_mma_wait(num_outstanding=1, deps=(dq_tok, dv))   # [BLOCK_M, HEAD_DIM]
+                ptrs = DQ + bh.to(gl.int64) * seqlen_q * dq_stride + gl.expand_dims(start_m + dq_m, 1) * dq_stride \
+                    + gl.expand_dims(dq_d, 0)                                             # [BLOCK_M, HEAD_DIM]
+                _dq_ordered_add(ptrs, dq_part, SEM + bh * n_m + start_m // BLOCK_M, pid_n, DETERMINISTIC, VEC)
+            else:  # dQ is left to another kernel: dK runs on into the next block
+                dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
+                dv = warpgroup_mma_wait(num_outstanding=1, deps=(dv,))
         dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
 
         mbarrier.invalidate(kv_bar)
@@ -313,7 +318,8 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         nheads, nheads_k, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E, softmax_scale,
         HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-        DETERMINISTIC=deterministic, VEC=cfg.get("VEC", 2), num_warps=cfg["num_warps"],
+        DETERMINISTIC=deterministic, VEC=cfg.get("VEC", 2), WITH_DQ=cfg.get("WITH_DQ", True),
+        num_warps=cfg["num_warps"],
     )
     # dq = scale · dq_acc, in q's layout and dtype
     dq.copy_(dq_acc.view(batch, nheads, seqlen_q, d).transpose(1, 2).mul_(softmax_scale))
