@@ -430,20 +430,22 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
         do4.stride(0), do4.stride(1), do4.stride(2),
         nheads, pre_s, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=pre_m,
     )
-    if gluon and backward_sm90.backward(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal) is not None:
-        return dq, dk, dv  # the fused Hopper kernel (None: it did not compile; the Triton kernels run)
+    # Hopper: the Gluon kernel writes dK and dV (None: it did not compile, the Triton kernel runs)
+    gluon_done = gluon and backward_sm90.backward(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale,
+                                                  causal) is not None
     common = dict(**flags, IS_VARLEN=varlen, HEAD_DIM=head_dim, BLOCK_D=block_d, DOT_PRECISION=precision,
                   USE_TMA=use_tma)
     tail = (sc["window_left"], sc["window_right"], nheads // nheads_k,
             softmax_scale * LOG2E, softmax_scale, sc["softcap_scale"], sc["softcap2"], float(dropout_p),
             *rng_strides(seqlen_q, seqlen_k))
     c = config["dkdv"]
-    _bwd_dkdv[(cdiv(seqlen_k, c["BLOCK_N"]), batch * nheads_k)](
-        q, k, v, dout, lse, delta, dk, dv, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seed,
-        *strides3(q, varlen), *strides3(k, varlen), *strides3(v, varlen), *strides3(dout, varlen),
-        *strides3(dk, varlen), *strides3(dv, varlen), *lse_strides, *alibi_strides,
-        nheads, nheads_k, seqlen_q, seqlen_k, causal_shift, *tail, **common, **c,
-    )
+    if not gluon_done:
+        _bwd_dkdv[(cdiv(seqlen_k, c["BLOCK_N"]), batch * nheads_k)](
+            q, k, v, dout, lse, delta, dk, dv, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seed,
+            *strides3(q, varlen), *strides3(k, varlen), *strides3(v, varlen), *strides3(dout, varlen),
+            *strides3(dk, varlen), *strides3(dv, varlen), *lse_strides, *alibi_strides,
+            nheads, nheads_k, seqlen_q, seqlen_k, causal_shift, *tail, **common, **c,
+        )
     c = config["dq"]
     _bwd_dq[(cdiv(seqlen_q, c["BLOCK_M"]), batch * nheads)](
         q, k, v, dout, lse, delta, dq, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seed,

@@ -225,21 +225,27 @@ if _f90.HAVE_GLUON:
 
 
 def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
-    """Tiles of the fused kernel: 128 keys per program (two warpgroups of 64), 64-row Q blocks,
-    a 2-slot Q/dO ring, dQ added with 2-wide vector reductions. Run 2 (sixth session, D=128,
-    fp16): a 3-slot ring 231/247 TFLOP/s against 236/255 (N 4k/16k, non-causal); one add per
-    element (VEC=1) the same as VEC=2. 64-key blocks on one warpgroup were slower (run 1)."""
-    return dict(BLOCK_M=64, BLOCK_N=128, STAGES=2, num_warps=8, VEC=2)
+    """Tiles and mode of the Gluon backward, from ``scripts/gluon_bwd_probe.py`` /
+    ``gluon_bwd_check.py`` on the H200 (testing.md, sixth session, runs 1, 2 and 4; fp16):
+
+    * ``WITH_DQ=False`` (the default): the kernel computes dK and dV only, and the Triton dQ
+      kernel of ``tileflash.ops.backward`` runs after it. Kernel time at D=128, N = 4k / 16k:
+      2092 / 7924 µs against 2518 / 10163 for the Triton dK/dV kernel (non-causal), 1210 / 4119
+      against 1651 / 5650 (causal). The fused mode (``WITH_DQ=True``, dQ summed in fp32 by
+      ordered atomic adds) took 5570 / 21353 µs: its dQ matmul, with dS staged through shared
+      memory, doubled the kernel time (4119 -> 8275 µs even with the adds replaced by stores).
+    * 128 keys per program (two warpgroups of 64 rows), 64-row Q blocks, a 2-slot Q/dO ring (a
+      3-slot ring: 231 / 247 against 236 / 255 TFLOP/s, fused mode); dQ added with 2-wide vector
+      reductions in the fused mode (one add per element: the same speed)."""
+    return dict(BLOCK_M=64, BLOCK_N=128, STAGES=2, num_warps=8, VEC=2, WITH_DQ=False)
 
 
 _BROKEN: set = set()
 
 
 def enabled() -> bool:
-    """Opt-in: TILEFLASH_GLUON_BWD=1 turns the Gluon backward on (TILEFLASH_GLUON=0 keeps it off).
-    Off by default because it measured slower than the Triton backward on the H200 (0.67-0.76x,
-    docs/perf-notes.md §15)."""
-    return _f90.enabled() and os.environ.get("TILEFLASH_GLUON_BWD", "0") == "1"
+    """TILEFLASH_GLUON_BWD=0 (or TILEFLASH_GLUON=0) turns the Gluon backward off."""
+    return _f90.enabled() and os.environ.get("TILEFLASH_GLUON_BWD", "1") != "0"
 
 
 def supported(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen, config) -> bool:
@@ -253,6 +259,8 @@ def supported(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, flag
         return False
     d = q.shape[-1]
     if d not in (64, 128) or not softmax_scale > 0:
+        return False
+    if d == 64 and not causal:  # run 4: the Gluon dK/dV kernel 3192 / 11601 µs, Triton's 2892 / 11548
         return False
     if k.shape[-1] != d or v.shape != k.shape or q.shape[2] % k.shape[2] or out.shape != q.shape \
             or dout.shape != q.shape:
@@ -280,10 +288,11 @@ def supported(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, flag
 
 def backward(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal: bool, cfg: dict | None = None,
              deterministic: bool = True):
-    """Launch the fused kernel; the caller checked :func:`supported` and computed delta
-    ((B, H, Sq) fp32, like lse). Writes dq, dk, dv (shapes of q, k, v). Returns None, after a
-    warning, if the kernel does not compile with the installed triton (the caller then runs the
-    Triton backward)."""
+    """Launch the Gluon kernel; the caller checked :func:`supported` and computed delta
+    ((B, H, Sq) fp32, like lse). Writes dk and dv, and dq too when ``cfg["WITH_DQ"]`` (the fused
+    mode; the default config leaves dq to the Triton dQ kernel). Returns (dq or None, dk, dv), or
+    None after a warning if the kernel does not compile with the installed triton (the caller
+    then runs the Triton backward)."""
     d = q.shape[-1]
     cfg = cfg or config_for(d, causal, q.shape[1])
     try:
@@ -294,22 +303,26 @@ def backward(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal
         _BROKEN.add(_f90._key(d, causal, q.dtype, cfg))
         warnings.warn(f"tileflash: the Hopper Gluon backward failed to compile with triton {triton.__version__} "
                       f"({type(e).__name__}: {str(e)[:200]}); using the Triton backward for this configuration. "
-                      "Unset TILEFLASH_GLUON_BWD to stop asking for it.", RuntimeWarning, stacklevel=3)
+                      "TILEFLASH_GLUON_BWD=0 turns the Gluon backward off.", RuntimeWarning, stacklevel=3)
         return None
-    return dq, dk, dv
+    return (dq if cfg.get("WITH_DQ", False) else None), dk, dv
 
 
 def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, deterministic):
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    with_dq = cfg.get("WITH_DQ", False)
     q_desc, (q_rb, q_rh, q_ch) = _f90._desc(q, seqlen_q, nheads, bm)
     do_desc, _ = _f90._desc(dout, seqlen_q, nheads, bm)
     k_desc, (kv_rb, kv_rh, kv_ch) = _f90._desc(k, seqlen_k, nheads_k, bn)
     v_desc, _ = _f90._desc(v, seqlen_k, nheads_k, bn)
-    # fp32 dQ, (B·H, Sq, D), summed over K blocks; one counter per (b, h, Q block) orders the sums
-    dq_acc = torch.zeros((batch * nheads, seqlen_q, d), dtype=torch.float32, device=q.device)
-    sem = torch.zeros((batch * nheads * (seqlen_q // bm),), dtype=torch.int32, device=q.device)
+    if with_dq:
+        # fp32 dQ, (B·H, Sq, D), summed over K blocks; one counter per (b, h, Q block) orders the sums
+        dq_acc = torch.zeros((batch * nheads, seqlen_q, d), dtype=torch.float32, device=q.device)
+        sem = torch.zeros((batch * nheads * (seqlen_q // bm),), dtype=torch.int32, device=q.device)
+    else:
+        dq_acc = sem = None  # unused (WITH_DQ is a constexpr): no allocation, no memset
     grid = (batch * nheads_k, seqlen_k // bn)
     _attn_bwd_sm90[grid](
         q_desc, k_desc, v_desc, do_desc, lse, delta, dq_acc, sem, dk, dv,
@@ -318,9 +331,8 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         nheads, nheads_k, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E, softmax_scale,
         HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-        DETERMINISTIC=deterministic, VEC=cfg.get("VEC", 2), WITH_DQ=cfg.get("WITH_DQ", True),
+        DETERMINISTIC=deterministic, VEC=cfg.get("VEC", 2), WITH_DQ=with_dq,
         num_warps=cfg["num_warps"],
     )
-    # dq = scale · dq_acc, in q's layout and dtype
-    dq.copy_(dq_acc.view(batch, nheads, seqlen_q, d).transpose(1, 2).mul_(softmax_scale))
-    return dq, dk, dv
+    if with_dq:  # dq = scale · dq_acc, in q's layout and dtype
+        dq.copy_(dq_acc.view(batch, nheads, seqlen_q, d).transpose(1, 2).mul_(softmax_scale))
