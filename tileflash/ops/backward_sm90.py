@@ -1,25 +1,31 @@
-"""Hopper (sm90) backward in Gluon: one fused kernel, asynchronous wgmma, ordered dQ accumulation.
+"""Hopper (sm90) backward in Gluon: the dK/dV kernel (default), or fused with ordered dQ sums.
 
-Why a second backward. ``tileflash.ops.backward`` (plain Triton) runs two main kernels, dK/dV
-and dQ, so it multiplies 7 matrices per (Q block, K block) pair where the math needs 5
-(Q·Kᵀ and dO·Vᵀ are computed twice), and, as in the forward (``forward_sm90``), every ``tl.dot``
-waits for its result, so the elementwise work never overlaps the tensor cores. This kernel does
-FA2/FA3's fused schedule: one program per (K/V block, batch·kv head) keeps K, V and the fp32
-dK, dV accumulators on chip and streams the Q and dO blocks of every query head of its GQA
-group through a TMA ring. Per Q block (transposed form, rows = keys):
+Why a second backward. In ``tileflash.ops.backward`` (plain Triton), as in the forward
+(``forward_sm90``), every ``tl.dot`` on Hopper waits for its result, so the elementwise work
+never overlaps the tensor cores. This kernel uses asynchronous wgmma: one program per (K/V
+block, batch·kv head) keeps K, V and the fp32 dK, dV accumulators on chip and streams the Q and
+dO blocks of every query head of its GQA group through a TMA ring. Per Q block (transposed form,
+rows = keys):
 
     issue Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ        (async)
-    wait Sᵀ;  Pᵀ = exp2(Sᵀ·scale − lse)          (dPᵀ still runs)
-    wait dPᵀ; issue dV += Pᵀ·dO                   (async)
-    dSᵀ = Pᵀ∘(dPᵀ − delta), stored to shared memory (dV's matmul runs)
-    issue dK += dSᵀ·Q, dQ_part = dS·K            (async)
-    wait; add dQ_part into an fp32 dQ buffer in global memory
+    wait Sᵀ (and the previous dK);  Pᵀ = exp2(Sᵀ·scale − lse)   (dPᵀ still runs)
+    wait dPᵀ; issue dV += Pᵀ·dO                                  (async)
+    dSᵀ = Pᵀ∘(dPᵀ − delta)                                      (dV's matmul runs)
+    issue dK += dSᵀ·Q                                            (async, waited next block)
+    WITH_DQ only: dSᵀ to shared memory, dQ_part = dS·K, add dQ_part into an fp32 dQ buffer
 
-The dQ buffer is shared by every K block, so its updates are atomic adds. By default they are
-**ordered** (FA3's deterministic mode): the program of K block n adds to Q block m only after
-the programs of K blocks 0..n-1 have added theirs (a per-(b, h, Q block) counter in global
-memory, released after each add). The fp32 sums then happen in the same order on every run, so
-the backward stays bitwise deterministic. ``DETERMINISTIC=False`` drops the ordering.
+Two modes (``WITH_DQ``, a constexpr):
+
+* ``False``, the default (:func:`config_for`): dK and dV only. ``tileflash.ops.backward`` then
+  runs its Triton dQ kernel, which recomputes S and dP per (Q block, K block): 7 matmuls per
+  pair in all, no atomics, bitwise deterministic. Measured 17–27% faster than the Triton dK/dV
+  kernel at D=128 (docs/perf-notes.md §15).
+* ``True``, the fused FA2/FA3 schedule (5 matmuls per pair): the dQ buffer is shared by every K
+  block, so its updates are atomic adds. By default they are **ordered** (FA3's deterministic
+  mode): the program of K block n adds to Q block m only after the programs of K blocks 0..n-1
+  have added theirs (a per-(b, h, Q block) counter in global memory, released after each add),
+  so the fp32 sums happen in the same order on every run. ``deterministic=False`` drops the
+  ordering. Correct (GPU-tested) but slower than the default so far, so nothing routes to it.
 
 Scope, decided by :func:`supported`: dense fp16/bf16 on sm90, head dim 64 or 128, no
 window/softcap/ALiBi/dropout, causal only bottom-right with Sq <= Sk, Sq and Sk multiples of 128,
@@ -31,7 +37,6 @@ converted on load, fp32 accumulation, P and dS cast to the input dtype for their
 
 from __future__ import annotations
 
-import functools
 import os
 import warnings
 
