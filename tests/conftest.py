@@ -40,3 +40,17 @@ def backend(request, monkeypatch):
     elif name == "interpret":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     return name
+
+
+def count_calls(monkeypatch, module, name):
+    """Replace module.<name> by a wrapper that records each call's positional arguments; returns
+    the list of records (tests assert it is non-empty, i.e. that a kernel really ran)."""
+    calls = []
+    real = getattr(module, name)
+
+    def counting(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counting)
+    return calls

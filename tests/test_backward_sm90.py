@@ -16,8 +16,9 @@ from tileflash.ops import backward_sm90 as gb
 from tileflash.ops import forward as fwd_mod
 from tileflash.reference import attention_ref
 
-from conftest import HAS_CUDA
+from conftest import HAS_CUDA, count_calls
 from test_forward import make_qkv, rounding_atol
+from test_forward_sm90 import _flags
 
 IS_SM90 = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
 needs_sm90 = pytest.mark.skipif(not (IS_SM90 and gb._f90.HAVE_GLUON), reason="needs a Hopper GPU and triton's Gluon")
@@ -25,23 +26,9 @@ needs_sm90 = pytest.mark.skipif(not (IS_SM90 and gb._f90.HAVE_GLUON), reason="ne
 
 @pytest.fixture
 def gluon_bwd_calls(monkeypatch):
-    """Counts launches of the Gluon backward."""
-    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")  # opt-in (slower than the Triton backward so far)
-    calls = []
-    real = gb.backward
-
-    def counting(*args, **kwargs):
-        calls.append(args[1].shape)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(gb, "backward", counting)
-    return calls
-
-
-def _flags(**over):
-    f = dict(HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_DROPOUT=False)
-    f.update(over)
-    return f
+    """Counts launches of the Gluon backward (switched on even if the environment turned it off)."""
+    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
+    return count_calls(monkeypatch, gb, "backward")
 
 
 def test_bwd_routing_rules_on_cpu_tensors():

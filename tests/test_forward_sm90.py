@@ -14,7 +14,7 @@ from tileflash.ops import forward as fwd_mod
 from tileflash.ops import forward_sm90 as g90
 from tileflash.reference import attention_ref
 
-from conftest import HAS_CUDA
+from conftest import HAS_CUDA, count_calls
 from test_forward import check_cuda_out, make_qkv, rounding_atol
 
 IS_SM90 = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
@@ -24,15 +24,7 @@ needs_sm90 = pytest.mark.skipif(not (IS_SM90 and g90.HAVE_GLUON), reason="needs 
 @pytest.fixture
 def gluon_calls(monkeypatch):
     """Counts launches of the Gluon kernel."""
-    calls = []
-    real = g90.forward
-
-    def counting(*args, **kwargs):
-        calls.append(args[0].shape)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(g90, "forward", counting)
-    return calls
+    return count_calls(monkeypatch, g90, "forward")
 
 
 def _flags(**over):
