@@ -43,14 +43,18 @@ def backend(request, monkeypatch):
 
 
 def count_calls(monkeypatch, module, name):
-    """Replace module.<name> by a wrapper that records each call's positional arguments; returns
-    the list of records (tests assert it is non-empty, i.e. that a kernel really ran)."""
+    """Replace module.<name> by a wrapper that records the positional arguments of each call that
+    returned something other than None (the Gluon launchers return None when their kernel did
+    not compile and the Triton kernel ran instead); returns the list of records, which tests
+    assert is non-empty, i.e. that the kernel really ran."""
     calls = []
     real = getattr(module, name)
 
     def counting(*args, **kwargs):
-        calls.append(args)
-        return real(*args, **kwargs)
+        res = real(*args, **kwargs)
+        if res is not None:
+            calls.append(args)
+        return res
 
     monkeypatch.setattr(module, name, counting)
     return calls

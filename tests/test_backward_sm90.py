@@ -37,6 +37,19 @@ def test_bwd_routing_rules_on_cpu_tensors():
     assert not gb.supported(q, q, k, v, q, lse, 0.125, False, 0, _flags(), False, None)
 
 
+def test_bwd_head_offsets_must_fit_int32():
+    """The kernel stores dK/dV at kv_head · head_stride in int32: buffers whose last head starts
+    at or past 2^31 elements are not routed (meta tensors: no memory needed)."""
+    small = torch.empty(1, 4096, 8, 128, device="meta")
+    assert gb._head_offsets_fit(small) and gb._head_offsets_fit(None)
+    head_major = torch.empty(1, 8, 2 ** 28, 128, device="meta").transpose(1, 2)  # head stride 2^35
+    assert not gb._head_offsets_fit(head_major)
+    edge = torch.empty(1, 2, 2 ** 24, 128, device="meta").transpose(1, 2)        # (2-1) · 2^31
+    assert not gb._head_offsets_fit(edge)
+    below = torch.empty(1, 2, 2 ** 24 - 1, 128, device="meta").transpose(1, 2)
+    assert gb._head_offsets_fit(below)
+
+
 @needs_sm90
 def test_bwd_routing_rules_on_gpu(monkeypatch):
     monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")

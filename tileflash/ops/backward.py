@@ -414,7 +414,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
                                             seqlen_q + abs(causal_shift), seqlen_k + abs(causal_shift))
     seed = seed if dropout_p > 0 else None
     gluon = backward_sm90.supported(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen,
-                                    config)
+                                    config, dk=dk, dv=dv)
     use_tma = bwd_tma_requested(config, q.device, head_dim) and tma_supported(q, k, v, dout)
     if use_tma and q.is_cuda:
         _ensure_tma_allocator()

@@ -257,12 +257,21 @@ def enabled() -> bool:
     return _f90.enabled() and os.environ.get("TILEFLASH_GLUON_BWD", "1") != "0"
 
 
-def supported(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen, config) -> bool:
-    """Whether this backward call can take the Gluon kernel (module docstring: scope)."""
+def _head_offsets_fit(t) -> bool:
+    """Whether the kernel's int32 head offset (kv head · head stride) of a dK/dV buffer fits."""
+    return t is None or (t.shape[2] - 1) * abs(t.stride(2)) < 2 ** 31
+
+
+def supported(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen, config,
+              dk=None, dv=None) -> bool:
+    """Whether this backward call can take the Gluon kernel (module docstring: scope). dk/dv: the
+    gradient buffers the kernel will write, if already allocated."""
     if not enabled() or config is not None or varlen or not q.is_cuda:
         return False
     if torch.cuda.get_device_capability(q.device)[0] != 9:
         return False
+    if not (_head_offsets_fit(dk) and _head_offsets_fit(dv)):
+        return False  # e.g. head-major buffers of > 2^31 elements
     dt = q.dtype
     if dt not in (torch.float16, torch.bfloat16) or any(t.dtype != dt for t in (k, v, out, dout)):
         return False
