@@ -14,6 +14,11 @@ rows = keys):
     issue dK += dSᵀ·Q                                            (async, waited next block)
     WITH_DQ only: dSᵀ to shared memory, dQ_part = dS·K, add dQ_part into an fp32 dQ buffer
 
+Caveat (found after the last GPU run, docs/perf-notes.md §15): ptxas serializes these wgmmas
+(performance advisory C7515) because dK stays in flight across the loop's back-edge, so the
+overlap above is what the code asks for, not what the GPU does; waiting for dK within the
+iteration removes the advisory but has not been measured yet.
+
 Two modes (``WITH_DQ``, a constexpr):
 
 * ``False``, the default (:func:`config_for`): dK and dV only. ``tileflash.ops.backward`` then
