@@ -112,7 +112,7 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
     bm, bn, tdt = cfg["BLOCK_M"], cfg["BLOCK_N"], getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[dtype])
     const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
                  DETERMINISTIC=deterministic, VEC=cfg.get("VEC", 2), WITH_DQ=cfg.get("WITH_DQ", False),
-                 num_warps=cfg["num_warps"])
+                 CARRY_DK=cfg.get("CARRY_DK", True), num_warps=cfg["num_warps"])
     if not const["WITH_DQ"]:
         const.update(DQ=None, SEM=None)  # the launcher passes None for the unused dQ buffers
     sig = {}
@@ -225,8 +225,10 @@ def main():
         for dtype in [a for a in sys.argv[1:] if a in ("fp16", "bf16")] or ["fp16", "bf16"]:
             for d in (64, 128):
                 for causal in (False, True):
-                    # the default (dK/dV only) and the fused mode (dQ by ordered atomic adds)
-                    for cfg in (GB.config_for(d, causal, 4096), dict(GB.config_for(d, causal, 4096), WITH_DQ=True)):
+                    # the default (dK/dV only), the fused mode (dQ by ordered atomic adds), and the
+                    # dK/dV kernel with dK waited every block (CARRY_DK=False, not GPU-run yet)
+                    base = GB.config_for(d, causal, 4096)
+                    for cfg in (base, dict(base, WITH_DQ=True), dict(base, CARRY_DK=False)):
                         try:
                             k = compile_gluon_bwd(d, causal, cfg, dtype)
                             print(f"ok   {dtype} gluon-bwd D={d} causal={causal!s:<5} {cfg} "

@@ -44,8 +44,9 @@ def main():
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
-    ap.add_argument("--configs", nargs="*", default=[], help="extra tiles BLOCK_M/BLOCK_N/STAGES/warps[/fused][/nd] "
-                    "timed beside the default (fused: dQ inside the kernel by ordered atomic adds; nd: unordered)")
+    ap.add_argument("--configs", nargs="*", default=[], help="extra tiles BLOCK_M/BLOCK_N/STAGES/warps[/fused][/nd]"
+                    "[/nocarry] timed beside the default (fused: dQ inside the kernel by ordered atomic adds; nd: "
+                    "unordered; nocarry: dK waited every block, CARRY_DK=False)")
     ap.add_argument("--nondet", action="store_true", help="also time the fused mode, ordered and unordered")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
@@ -91,7 +92,7 @@ def main():
                     parts = spec.split("/")
                     bm, bn, st, w = (int(x) for x in parts[:4])
                     cfg = dict(BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=w,
-                               WITH_DQ="fused" in parts[4:] or "nd" in parts[4:])
+                               WITH_DQ="fused" in parts[4:] or "nd" in parts[4:], CARRY_DK="nocarry" not in parts[4:])
                     detm = "nd" not in parts[4:]
                     try:
                         bufs = [torch.empty_like(x) for x in (q, k, v)]

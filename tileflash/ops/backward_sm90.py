@@ -16,8 +16,10 @@ rows = keys):
 
 Caveat (found after the last GPU run, docs/perf-notes.md §15): ptxas serializes these wgmmas
 (performance advisory C7515) because dK stays in flight across the loop's back-edge, so the
-overlap above is what the code asks for, not what the GPU does; waiting for dK within the
-iteration removes the advisory but has not been measured yet.
+overlap above is what the code asks for, not what the GPU does. ``CARRY_DK=False`` (a config
+key) waits for dK within each iteration instead: that removes the advisory for every
+configuration, but it has not run on a GPU yet, so the default keeps ``CARRY_DK=True`` (whose
+generated code the flag did not change: identical PTX apart from debug line numbers).
 
 Two modes (``WITH_DQ``, a constexpr):
 
@@ -109,7 +111,7 @@ if _f90.HAVE_GLUON:
         nheads, nheads_k, kv_group, seqlen_q, seqlen_k, qk_scale, sm_scale,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, VEC: gl.constexpr, WITH_DQ: gl.constexpr,
-        num_warps: gl.constexpr,
+        CARRY_DK: gl.constexpr, num_warps: gl.constexpr,
     ):
         """One program per (batch·kv head, K/V block): grid axis 0 is batch·kv head, so the
         programs of K block n of every head are launched before those of block n + 1 (the
@@ -166,8 +168,10 @@ if _f90.HAVE_GLUON:
         offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))               # [BLOCK_N]
         dq_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))                 # [BLOCK_M]
         dq_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))                # [HEAD_DIM]
-        # dK is carried between iterations as an in-flight wgmma accumulator
-        dk = warpgroup_mma_init(gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, dkv_layout))   # [BLOCK_N, HEAD_DIM]
+        if CARRY_DK:  # dK is carried between iterations as an in-flight wgmma accumulator
+            dk = warpgroup_mma_init(gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, dkv_layout))   # [BLOCK_N, HEAD_DIM]
+        else:
+            dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, dkv_layout)
         dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, dkv_layout)                        # [BLOCK_N, HEAD_DIM]
         mbarrier.wait(kv_bar, 0)
 
@@ -188,8 +192,11 @@ if _f90.HAVE_GLUON:
             offs_m = start_m + offs_mb                                                    # [BLOCK_M]
             lse = gl.load(LSE + row_lse + offs_m) * 1.4426950408889634                    # [BLOCK_M] base 2
             delta = gl.load(DELTA + row_lse + offs_m)                                     # [BLOCK_M]
-            # groups retire in order: dK of the previous block, then Sᵀ; dPᵀ runs on
-            st, dk = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok, dk))            # [BLOCK_N, BLOCK_M]
+            # groups retire in order: dK of the previous block (if carried), then Sᵀ; dPᵀ runs on
+            if CARRY_DK:
+                st, dk = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok, dk))        # [BLOCK_N, BLOCK_M]
+            else:
+                st = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok,))
             # both warpgroups are past this point: every matmul of the previous block has retired,
             # so its ring slot (last read by dK) and dS (last read by dQ) are free
             _cta_barrier()
@@ -215,10 +222,16 @@ if _f90.HAVE_GLUON:
                 ptrs = DQ + bh.to(gl.int64) * seqlen_q * dq_stride + gl.expand_dims(start_m + dq_m, 1) * dq_stride \
                     + gl.expand_dims(dq_d, 0)                                             # [BLOCK_M, HEAD_DIM]
                 _dq_ordered_add(ptrs, dq_part, SEM + bh * n_m + start_m // BLOCK_M, pid_n, DETERMINISTIC, VEC)
-            else:  # dQ is left to another kernel: dK runs on into the next block
+                if not CARRY_DK:
+                    dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
+            else:  # dQ is left to another kernel
                 dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
-                dv = warpgroup_mma_wait(num_outstanding=1, deps=(dv,))
-        dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
+                if CARRY_DK:  # dK runs on into the next block
+                    dv = warpgroup_mma_wait(num_outstanding=1, deps=(dv,))
+                else:
+                    dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+        if CARRY_DK:
+            dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
 
         mbarrier.invalidate(kv_bar)
         for i in gl.static_range(STAGES):
@@ -353,7 +366,7 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
         nheads, nheads_k, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E, softmax_scale,
         HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
         DETERMINISTIC=deterministic, VEC=cfg.get("VEC", 2), WITH_DQ=with_dq,
-        num_warps=cfg["num_warps"],
+        CARRY_DK=cfg.get("CARRY_DK", True), num_warps=cfg["num_warps"],
     )
     if with_dq:  # dq = scale · dq_acc, in q's layout and dtype
         dq.copy_(dq_acc.view(batch, nheads, seqlen_q, d).transpose(1, 2).mul_(softmax_scale))
