@@ -14,7 +14,7 @@ Three launches, no atomics, so the result is bitwise deterministic:
 3. ``_bwd_dq``: one program per (Q block, batch·head), looping over the K/V blocks.
 
 On Hopper, dense fp16/bf16 calls at head dim 64/128 replace step 2 with the Gluon kernel of
-``tileflash.ops.backward_sm90`` (same math and tiles, asynchronous wgmma); steps 1 and 3 stay.
+``tileflash.ops.backward_sm90`` (same math, its own tiles, asynchronous wgmma); steps 1 and 3 stay.
 
 Numerics follow ``tileflash.ops.forward``: scores in base 2 (``qk_scale = scale·log2 e``), the
 natural-log LSE is converted on load. A row that saw no key (lse = -inf) and rows past seqlen_q
