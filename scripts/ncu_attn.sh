@@ -4,6 +4,7 @@
 # Usage: OUT=dir bash scripts/ncu_attn.sh [case ...]   (cases below; default: all)
 # Writes $OUT/ncu-<case>.txt; prints the summary lines. Needs ncu (Nsight Compute) with counters.
 set -u
+export PYTHONPATH=${PYTHONPATH:-.}
 OUT=${OUT:-/tmp/ncu}; mkdir -p "$OUT"
 M='regex:^((sm__pipe_.*_cycles_active|sm__inst_executed_pipe_.*|sm__issue_active|smsp__issue_active)\.avg\.pct_of_peak_sustained_active|smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio)$'
 run() {  # name kernel-regex target-args...
