@@ -24,8 +24,7 @@ def main():
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--configs", nargs="*", default=[],
                     help="extra Gluon tiles BLOCK_M/BLOCK_N/STAGES/warps[/la] timed beside the default, e.g. 128/64/4/8/la "
-                         "(la: the LOOKAHEAD schedule; ws: the warp-specialized ping-pong kernel, BLOCK_M split in two; "
-                         "emu2/emu4/emu8: one exp2 in 2/4/8 through the polynomial on the FMA pipe)")
+                         "(la: the LOOKAHEAD schedule; ws: the warp-specialized ping-pong kernel, BLOCK_M split in two)")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     rows = []
@@ -51,9 +50,6 @@ def main():
                     bm, bn, st, w = (int(x) for x in parts[:4])
                     cfg = dict(BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=w, LOOKAHEAD="la" in parts[4:],
                                WS="ws" in parts[4:])
-                    for flag in parts[4:]:
-                        if flag.startswith("emu"):  # emuN: one exp2 in N through the FMA-pipe polynomial
-                            cfg["EMU"] = int(flag[3:])
                     try:
                         o2 = torch.full_like(q, float("nan"))
                         G.forward(q, k, v, o2, lse_g.clone(), scale, causal, cfg)

@@ -56,61 +56,9 @@ except ImportError:  # pragma: no cover - depends on the installed triton
 
 LOG2E = 1.4426950408889634
 
-# Degree-3 polynomial for 2^f on [0, 1) with c0 = 1 (relative error <= 9.5e-5, under half an fp16
-# ulp of P; fitted by weighted least squares, scripts/exp2_poly.py), in Horner order c3, c2, c1.
-EXP2_POLY = (0.07714325934648514, 0.227650985121727, 0.6950705647468567)
-
-
-def _f32_hex(x: float) -> str:
-    import struct
-    return "0f%08X" % struct.unpack("<I", struct.pack("<f", x))[0]
-
-
-def exp2_mix_asm(pack: int) -> str:
-    """PTX for pack fp32 values (x <= 0 or -inf): the first through the polynomial on the FMA and
-    integer units, the other pack - 1 through the MUFU's ex2 (FA4's trick: at D = 64 the forward
-    needs as many MUFU cycles for its exp2s as tensor-core cycles for its two matmuls, so moving
-    some exponentials to the FMA pipe can relieve the bottleneck). The polynomial element:
-    x = max(x, -127); j = floor(x) via the 1.5·2^23 round-down trick; f = x - j;
-    2^x = bits(p(f)) + (j << 23), j added to the exponent field."""
-    c3, c2, c1 = (_f32_hex(c) for c in EXP2_POLY)
-    poly = ("{ .reg .f32 x, t, j, f, p; .reg .b32 e, pb;\n"
-            "max.ftz.f32 x, $%d, 0fC2FE0000;\n"          # -127: -inf (masked keys) gives ~2^-127, not NaN
-            "add.rm.ftz.f32 t, x, 0f4B400000;\n"          # 1.5·2^23 + floor(x), exact for |x| <= 127
-            "sub.ftz.f32 j, t, 0f4B400000;\n"
-            "sub.ftz.f32 f, x, j;\n"                      # f in [0, 1)
-            f"fma.rn.ftz.f32 p, f, {c3}, {c2};\n"
-            f"fma.rn.ftz.f32 p, p, f, {c1};\n"
-            "fma.rn.ftz.f32 p, p, f, 0f3F800000;\n"
-            "mov.b32 e, t;\nshl.b32 e, e, 23;\nmov.b32 pb, p;\n"
-            "add.s32 $%d, pb, e; }\n") % (pack, 0)
-    mufu = "".join("ex2.approx.ftz.f32 $%d, $%d;\n" % (i, pack + i) for i in range(1, pack))
-    return poly + mufu
-
-
 if HAVE_GLUON:
-    _EXP2_MIX2: gl.constexpr = gl.constexpr(exp2_mix_asm(2))
-    _EXP2_MIX4: gl.constexpr = gl.constexpr(exp2_mix_asm(4))
-    _EXP2_MIX8: gl.constexpr = gl.constexpr(exp2_mix_asm(8))
-
     @gluon.jit
-    def _exp2(x, EMU: gl.constexpr):
-        """exp2 of fp32 x <= 0 (or -inf -> 0 up to 2^-127); EMU = 0: all on the MUFU; EMU = 2/4/8:
-        one value in EMU through the polynomial of exp2_mix_asm."""
-        if EMU == 2:
-            return gl.inline_asm_elementwise(_EXP2_MIX2, "=f,=f,f,f", [x], dtype=gl.float32, is_pure=True, pack=2)
-        elif EMU == 4:
-            return gl.inline_asm_elementwise(_EXP2_MIX4, "=f,=f,=f,=f,f,f,f,f", [x], dtype=gl.float32, is_pure=True,
-                                             pack=4)
-        elif EMU == 8:
-            return gl.inline_asm_elementwise(_EXP2_MIX8, "=f,=f,=f,=f,=f,=f,=f,=f,f,f,f,f,f,f,f,f", [x],
-                                             dtype=gl.float32, is_pure=True, pack=8)
-        else:
-            return gl.exp2(x)
-
-    @gluon.jit
-    def _softmax_step(s, m_i, l_i, start_n, offs_m, offs_n, shift, qk_scale, MASK: gl.constexpr,
-                      EMU: gl.constexpr = 0):
+    def _softmax_step(s, m_i, l_i, start_n, offs_m, offs_n, shift, qk_scale, MASK: gl.constexpr):
         """Online-softmax update for one [BLOCK_M, BLOCK_N] block of raw scores s (q·k, fp32).
 
         Returns (p, alpha, m_new, l_new): p = exp2(s·scale − m_new) (0 where masked), alpha =
@@ -121,7 +69,7 @@ if HAVE_GLUON:
             vis = gl.expand_dims(start_n + offs_n, 0) <= gl.expand_dims(offs_m + shift, 1)  # [BLOCK_M, BLOCK_N]
             s = gl.where(vis, s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)                                 # [BLOCK_M]
-        p = _exp2(s * qk_scale - gl.expand_dims(m_new, 1), EMU)                           # [BLOCK_M, BLOCK_N]
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))                              # [BLOCK_M, BLOCK_N]
         alpha = gl.exp2(m_i - m_new)                                                      # [BLOCK_M]
         l_new = l_i * alpha + gl.sum(p, 1)                                                # [BLOCK_M]
         return p, alpha, m_new, l_new
@@ -139,7 +87,7 @@ if HAVE_GLUON:
         stride_lb, stride_lh,
         nheads, kv_group, seqlen_q, seqlen_k, qk_scale,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-        CAUSAL: gl.constexpr, LOOKAHEAD: gl.constexpr, num_warps: gl.constexpr, EMU: gl.constexpr = 0,
+        CAUSAL: gl.constexpr, LOOKAHEAD: gl.constexpr, num_warps: gl.constexpr,
     ):
         """One program per (Q block, batch·head), as the Triton kernel; see the module docstring."""
         pid_m = gl.program_id(0)
@@ -227,9 +175,9 @@ if HAVE_GLUON:
                 s_tok = warpgroup_mma(q_smem, k_smem.index(nstage).permute((1, 0)), s_zero, use_acc=False,
                                       is_async=True)
                 if j < n_full:
-                    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, False, EMU)
+                    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, False)
                 else:
-                    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, CAUSAL, EMU)
+                    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, CAUSAL)
                 # P_{j-1}·V_{j-1} retires (Q·K_{j+1}ᵀ may still run); its V slot takes V_{j-1+STAGES}
                 acc, b_p = warpgroup_mma_wait(num_outstanding=1, deps=(acc_tok, b_p))
                 _load_block(v_desc, v_bar.index((j + STAGES - 1) % STAGES), v_smem.index((j + STAGES - 1) % STAGES),
@@ -245,18 +193,18 @@ if HAVE_GLUON:
                             kv_col, j + 1 + STAGES < n_blocks)
             j_last = n_blocks - 1
             if j_last < n_full:
-                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j_last * BLOCK_N, offs_m, offs_n, shift, qk_scale, False, EMU)
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j_last * BLOCK_N, offs_m, offs_n, shift, qk_scale, False)
             else:
                 p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j_last * BLOCK_N, offs_m, offs_n, shift, qk_scale,
-                                                   CAUSAL, EMU)
+                                                   CAUSAL)
             acc, b_p = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, b_p))
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             b_p = gl.convert_layout(p.to(dtype), p_layout)
         else:
             if n_full > 0:
-                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, False, EMU)
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, False)
             else:
-                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, CAUSAL, EMU)
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, CAUSAL)
             b_p = gl.convert_layout(p.to(dtype), p_layout)                                     # [BLOCK_M, BLOCK_N]
 
             for j in range(1, n_blocks):
@@ -273,10 +221,10 @@ if HAVE_GLUON:
                 _load_block(k_desc, k_bar.index(stage), k_smem.index(stage), kv_row + (j + STAGES) * BLOCK_N, kv_col,
                             j + STAGES < n_blocks)
                 if j < n_full:
-                    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, False, EMU)
+                    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, False)
                 else:
                     p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale,
-                                                       CAUSAL, EMU)
+                                                       CAUSAL)
                 acc, b_p = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, b_p))
                 # V_{j-1} is consumed: its slot takes V_{j-1+STAGES}
                 _load_block(v_desc, v_bar.index(prev), v_smem.index(prev), kv_row + (j - 1 + STAGES) * BLOCK_N, kv_col,
@@ -338,7 +286,7 @@ if HAVE_GLUON:
     def _ws_consumer(q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
                      q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale,
                      C: gl.constexpr, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                     STAGES: gl.constexpr, CAUSAL: gl.constexpr, EMU: gl.constexpr):
+                     STAGES: gl.constexpr, CAUSAL: gl.constexpr):
         """Rows [start_m + C·HALF_M, +HALF_M): the schedule of _attn_fwd_sm90 on one warpgroup,
         with each issue of matmuls taken as a turn (see _ws_turn)."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -367,9 +315,9 @@ if HAVE_GLUON:
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))                                   # [HALF_M, BLOCK_N]
         mbarrier.arrive(k_empty.index(0), count=1)
         if n_full > 0:
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, False, EMU)
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, False)
         else:
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, CAUSAL, EMU)
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, CAUSAL)
         b_p = gl.convert_layout(p.to(dtype), p_layout)                                         # [HALF_M, BLOCK_N]
 
         for j in range(1, n_blocks):
@@ -384,9 +332,9 @@ if HAVE_GLUON:
             s, b_p = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, b_p))
             mbarrier.arrive(k_empty.index(stage), count=1)
             if j < n_full:
-                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, False, EMU)
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, False)
             else:
-                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, CAUSAL, EMU)
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, CAUSAL)
             acc, b_p = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, b_p))
             mbarrier.arrive(v_empty.index(prev), count=1)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
@@ -415,7 +363,7 @@ if HAVE_GLUON:
         stride_lb, stride_lh,
         nheads, kv_group, seqlen_q, seqlen_k, qk_scale,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, EMU: gl.constexpr = 0,
+        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     ):
         """One program per (128-row Q block, batch·head); q_desc/o_desc blocks are the 64-row halves."""
         HALF_M: gl.constexpr = BLOCK_M // 2
@@ -464,10 +412,10 @@ if HAVE_GLUON:
         gl.warp_specialize([
             (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
                             q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale,
-                            0, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, EMU)),
+                            0, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
             (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
                             q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale,
-                            1, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, EMU)),
+                            1, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
             (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty,
                             q_row, q_col, kv_row, kv_col, n_blocks, HALF_M, BLOCK_N, STAGES)),
         ], [4, 1], [CONSUMER_REGS, 24])
@@ -632,7 +580,7 @@ def _launch(q, k, v, out, lse, softmax_scale, causal, cfg):
             lse.stride(0), lse.stride(1),
             nheads, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E,
             HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-            CONSUMER_REGS=cfg.get("CONSUMER_REGS", 232), num_warps=4, EMU=cfg.get("EMU", 0),
+            CONSUMER_REGS=cfg.get("CONSUMER_REGS", 232), num_warps=4,
         )
         return out, lse
     _attn_fwd_sm90[grid](
@@ -641,6 +589,6 @@ def _launch(q, k, v, out, lse, softmax_scale, causal, cfg):
         lse.stride(0), lse.stride(1),
         nheads, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E,
         HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-        LOOKAHEAD=cfg.get("LOOKAHEAD", False), num_warps=cfg["num_warps"], EMU=cfg.get("EMU", 0),
+        LOOKAHEAD=cfg.get("LOOKAHEAD", False), num_warps=cfg["num_warps"],
     )
     return out, lse
