@@ -80,7 +80,7 @@ def compile_gluon(d, causal, cfg, dtype="fp16"):
     fn = G._attn_fwd_sm90_ws if ws else G._attn_fwd_sm90
     warps = 4 if ws else cfg["num_warps"]
     const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal, num_warps=warps)
-    const.update(dict(CONSUMER_REGS=232) if ws else dict(LOOKAHEAD=cfg.get("LOOKAHEAD", False)))
+    const.update(dict(CONSUMER_REGS=232, PINGPONG=cfg.get("PINGPONG", True)) if ws else dict(LOOKAHEAD=cfg.get("LOOKAHEAD", False)))
     sig = {}
     for name in fn.arg_names:
         if name in const:

@@ -24,7 +24,8 @@ def main():
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--configs", nargs="*", default=[],
                     help="extra Gluon tiles BLOCK_M/BLOCK_N/STAGES/warps[/la] timed beside the default, e.g. 128/64/4/8/la "
-                         "(la: the LOOKAHEAD schedule; ws: the warp-specialized ping-pong kernel, BLOCK_M split in two)")
+                         "(la: the LOOKAHEAD schedule; ws: the warp-specialized ping-pong kernel, BLOCK_M split in two; "
+                         "free: the same without the ping-pong turns)")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     rows = []
@@ -49,7 +50,9 @@ def main():
                     parts = spec.split("/")
                     bm, bn, st, w = (int(x) for x in parts[:4])
                     cfg = dict(BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=w, LOOKAHEAD="la" in parts[4:],
-                               WS="ws" in parts[4:])
+                               WS="ws" in parts[4:] or "free" in parts[4:])
+                    if "free" in parts[4:]:  # the warp-specialized kernel without ping-pong turns
+                        cfg["PINGPONG"] = False
                     try:
                         o2 = torch.full_like(q, float("nan"))
                         G.forward(q, k, v, o2, lse_g.clone(), scale, causal, cfg)

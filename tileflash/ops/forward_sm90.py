@@ -274,19 +274,28 @@ if HAVE_GLUON:
             _load_block(v_desc, v_full.index(slot), v_smem.index(slot), kv_row + j * BLOCK_N, kv_col, True)
 
     @gluon.jit
-    def _ws_turn(pp_bar, turn, C: gl.constexpr):
+    def _ws_turn(pp_bar, turn, C: gl.constexpr, PINGPONG: gl.constexpr):
         """Wait for this consumer's turn at the tensor cores: consumer 0's turn t follows consumer
-        1's turn t-1, consumer 1's turn t follows consumer 0's turn t (each arrival is one turn)."""
-        if C == 0:
+        1's turn t-1, consumer 1's turn t follows consumer 0's turn t (each arrival is one turn).
+        PINGPONG=False: no turns, the two consumers run free."""
+        if not PINGPONG:
+            pass
+        elif C == 0:
             mbarrier.wait(pp_bar.index(0), (turn - 1) & 1, pred=turn > 0)
         else:
             mbarrier.wait(pp_bar.index(1), turn & 1)
 
     @gluon.jit
+    def _ws_pass(pp_bar, C: gl.constexpr, PINGPONG: gl.constexpr):
+        """End this consumer's turn: the other consumer may issue its matmuls."""
+        if PINGPONG:
+            mbarrier.arrive(pp_bar.index(1 - C), count=1)
+
+    @gluon.jit
     def _ws_consumer(q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
                      q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale,
                      C: gl.constexpr, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                     STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                     STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
         """Rows [start_m + C·HALF_M, +HALF_M): the schedule of _attn_fwd_sm90 on one warpgroup,
         with each issue of matmuls taken as a turn (see _ws_turn)."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -308,10 +317,10 @@ if HAVE_GLUON:
         l_i = gl.zeros([HALF_M], gl.float32, row_s)
 
         mbarrier.wait(q_bar.index(C), 0)
-        _ws_turn(pp_bar, 0, C)
+        _ws_turn(pp_bar, 0, C, PINGPONG)
         mbarrier.wait(k_full.index(0), 0)
         s = warpgroup_mma(q_c, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        mbarrier.arrive(pp_bar.index(1 - C), count=1)
+        _ws_pass(pp_bar, C, PINGPONG)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))                                   # [HALF_M, BLOCK_N]
         mbarrier.arrive(k_empty.index(0), count=1)
         if n_full > 0:
@@ -323,12 +332,12 @@ if HAVE_GLUON:
         for j in range(1, n_blocks):
             stage = j % STAGES
             prev = (j - 1) % STAGES
-            _ws_turn(pp_bar, j, C)
+            _ws_turn(pp_bar, j, C, PINGPONG)
             mbarrier.wait(k_full.index(stage), (j // STAGES) & 1)
             s_tok = warpgroup_mma(q_c, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             mbarrier.wait(v_full.index(prev), ((j - 1) // STAGES) & 1)
             acc_tok = warpgroup_mma(b_p, v_smem.index(prev), acc, is_async=True)
-            mbarrier.arrive(pp_bar.index(1 - C), count=1)
+            _ws_pass(pp_bar, C, PINGPONG)
             s, b_p = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, b_p))
             mbarrier.arrive(k_empty.index(stage), count=1)
             if j < n_full:
@@ -341,10 +350,10 @@ if HAVE_GLUON:
             b_p = gl.convert_layout(p.to(dtype), p_layout)
 
         last = (n_blocks - 1) % STAGES
-        _ws_turn(pp_bar, n_blocks, C)
+        _ws_turn(pp_bar, n_blocks, C, PINGPONG)
         mbarrier.wait(v_full.index(last), ((n_blocks - 1) // STAGES) & 1)
         acc = warpgroup_mma(b_p, v_smem.index(last), acc, is_async=True)
-        mbarrier.arrive(pp_bar.index(1 - C), count=1)
+        _ws_pass(pp_bar, C, PINGPONG)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))                              # [HALF_M, HEAD_DIM]
         mbarrier.arrive(v_empty.index(last), count=1)
 
@@ -363,7 +372,7 @@ if HAVE_GLUON:
         stride_lb, stride_lh,
         nheads, kv_group, seqlen_q, seqlen_k, qk_scale,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, PINGPONG: gl.constexpr = True,
     ):
         """One program per (128-row Q block, batch·head); q_desc/o_desc blocks are the 64-row halves."""
         HALF_M: gl.constexpr = BLOCK_M // 2
@@ -412,10 +421,10 @@ if HAVE_GLUON:
         gl.warp_specialize([
             (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
                             q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale,
-                            0, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+                            0, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG)),
             (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
                             q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale,
-                            1, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+                            1, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG)),
             (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty,
                             q_row, q_col, kv_row, kv_col, n_blocks, HALF_M, BLOCK_N, STAGES)),
         ], [4, 1], [CONSUMER_REGS, 24])
@@ -580,7 +589,7 @@ def _launch(q, k, v, out, lse, softmax_scale, causal, cfg):
             lse.stride(0), lse.stride(1),
             nheads, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E,
             HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-            CONSUMER_REGS=cfg.get("CONSUMER_REGS", 232), num_warps=4,
+            CONSUMER_REGS=cfg.get("CONSUMER_REGS", 232), num_warps=4, PINGPONG=cfg.get("PINGPONG", True),
         )
         return out, lse
     _attn_fwd_sm90[grid](
