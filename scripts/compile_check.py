@@ -108,19 +108,25 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
     from tileflash.ops import backward_sm90 as GB
     from tileflash.ops import forward_sm90 as G
 
-    fn = GB._attn_bwd_sm90
+    ws = cfg.get("WS", False)
+    fn = GB._attn_bwd_sm90_ws if ws else GB._attn_bwd_sm90
     bm, bn, tdt = cfg["BLOCK_M"], cfg["BLOCK_N"], getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[dtype])
-    const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-                 DETERMINISTIC=deterministic, VEC=cfg.get("VEC", 2), WITH_DQ=cfg.get("WITH_DQ", False),
-                 CARRY_DK=cfg.get("CARRY_DK", True), num_warps=cfg["num_warps"])
-    if not const["WITH_DQ"]:
-        const.update(DQ=None, SEM=None)  # the launcher passes None for the unused dQ buffers
+    warps = 4 if ws else cfg["num_warps"]
+    if ws:  # dK/dV only; K/V blocks are the two halves of BLOCK_N
+        const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+                     CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=warps)
+    else:
+        const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+                     DETERMINISTIC=deterministic, VEC=cfg.get("VEC", 2), WITH_DQ=cfg.get("WITH_DQ", False),
+                     CARRY_DK=cfg.get("CARRY_DK", True), num_warps=warps)
+        if not const["WITH_DQ"]:
+            const.update(DQ=None, SEM=None)  # the launcher passes None for the unused dQ buffers
     sig = {}
     for name in fn.arg_names:
         if name in const:
             sig[name] = "constexpr"
         elif name.endswith("_desc"):
-            block = bm if name in ("q_desc", "do_desc") else bn
+            block = bm if name in ("q_desc", "do_desc") else (bn // 2 if ws else bn)
             sig[name] = f"tensordesc<{dtype}[{block}, {d}],{G._smem_layout(block, d, tdt)!r}>"
         elif name in ("LSE", "DELTA", "DQ"):
             sig[name] = "*fp32"
@@ -133,7 +139,7 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
         else:
             sig[name] = "i32"
     src = GluonASTSource(fn=fn, signature=sig, constexprs=const)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 128), options=dict(num_warps=cfg["num_warps"]))
+    return triton.compile(src, target=GPUTarget("cuda", 90, 128), options=dict(num_warps=warps))
 
 
 def main():

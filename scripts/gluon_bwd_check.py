@@ -45,8 +45,9 @@ def main():
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--configs", nargs="*", default=[], help="extra tiles BLOCK_M/BLOCK_N/STAGES/warps[/fused][/nd]"
-                    "[/nocarry] timed beside the default (fused: dQ inside the kernel by ordered atomic adds; nd: "
-                    "unordered; nocarry: dK waited every block, CARRY_DK=False)")
+                    "[/nocarry][/ws] timed beside the default (fused: dQ inside the kernel by ordered atomic adds; nd: "
+                    "unordered; nocarry: dK waited every block, CARRY_DK=False; ws: the warp-specialized dK/dV "
+                    "kernel, a producer warp and two consumer warpgroups)")
     ap.add_argument("--nondet", action="store_true", help="also time the fused mode, ordered and unordered")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
@@ -92,10 +93,11 @@ def main():
                     parts = spec.split("/")
                     bm, bn, st, w = (int(x) for x in parts[:4])
                     cfg = dict(BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=w,
-                               WITH_DQ="fused" in parts[4:] or "nd" in parts[4:], CARRY_DK="nocarry" not in parts[4:])
+                               WITH_DQ="fused" in parts[4:] or "nd" in parts[4:], CARRY_DK="nocarry" not in parts[4:],
+                               WS="ws" in parts[4:])
                     detm = "nd" not in parts[4:]
                     try:
-                        bufs = [torch.empty_like(x) for x in (q, k, v)]
+                        bufs = [torch.full_like(x, float("nan")) for x in (q, k, v)]
                         GB.backward(do, q, k, v, lse, delta, *bufs, scale, causal, cfg, detm)
                         pairs = list(zip(bufs, t1))[0 if cfg["WITH_DQ"] else 1:]  # dQ only in the fused mode
                         d2 = max((x.float() - y.float()).abs().max().item() for x, y in pairs)

@@ -247,6 +247,151 @@ if _f90.HAVE_GLUON:
         gl.store(DV + off_b.to(gl.int64) * stride_dvb + off_hk * stride_dvh + rows * stride_dvn + cols, dv.to(dtype))
 
 
+    # ------------------------------------------------------------------------------------------
+    # Warp-specialized dK/dV kernel: a 1-warp producer streams the Q/dO ring with TMA, and two
+    # 4-warp consumers own the two 64-key halves of the K/V block. Each consumer releases a ring
+    # slot through an mbarrier when its last matmul on it retires, instead of a CTA-wide barrier
+    # per Q block, so the two warpgroups drift apart and one's softmax overlaps the other's matmuls
+    # (the barrier was the largest stall of _attn_bwd_sm90 under Nsight Compute, docs/perf-notes.md §16).
+    # ------------------------------------------------------------------------------------------
+    @gluon.jit
+    def _bwd_ws_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
+                         q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh, q_ch,
+                         HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+        """K and V (two halves each) once, then the Q/dO blocks of iteration i into slot i % STAGES
+        once both consumers have released that slot's previous block."""
+        mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
+        for c in gl.static_range(2):
+            _f90._tma_load(k_desc, [kv_row + c * HALF_N, kv_col], kv_bar, k_smem.index(c))
+            _f90._tma_load(v_desc, [kv_row + c * HALF_N, kv_col], kv_bar, v_smem.index(c))
+        for i in range(total):
+            slot = i % STAGES
+            released = ((i // STAGES) & 1) ^ 1   # parity of the release of block i - STAGES
+            mbarrier.wait(q_empty.index(slot), released, pred=i >= STAGES)
+            _refill(q_desc, do_desc, q_full, q_smem, do_smem, slot, i, total, per_head, lo, off_b, off_hk,
+                    kv_group, q_rb, q_rh, q_ch, BLOCK_M)
+
+    @gluon.jit
+    def _bwd_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, q_full, q_empty, LSE, DELTA, DK, DV,
+                         off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale, sm_scale,
+                         stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+                         C: gl.constexpr, HALF_N: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                         STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+        """Keys [start_n + C·HALF_N, +HALF_N): the dK/dV schedule of _attn_bwd_sm90 (WITH_DQ=False,
+        CARRY_DK) on one warpgroup, releasing each ring slot when its dK matmul retires."""
+        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, BLOCK_M, 16])
+        dkv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, HEAD_DIM, 16])
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dkv_layout, k_width=2)
+        dtype: gl.constexpr = k_smem.dtype
+        k_c = k_smem.index(C)                                                             # [HALF_N, HEAD_DIM]
+        v_c = v_smem.index(C)                                                             # [HALF_N, HEAD_DIM]
+        start_c = start_n + C * HALF_N
+        offs_mb = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))              # [BLOCK_M]
+        offs_n = gl.arange(0, HALF_N, layout=gl.SliceLayout(1, st_layout))                # [HALF_N]
+        dk = warpgroup_mma_init(gl.zeros([HALF_N, HEAD_DIM], gl.float32, dkv_layout))     # [HALF_N, HEAD_DIM]
+        dv = gl.zeros([HALF_N, HEAD_DIM], gl.float32, dkv_layout)                         # [HALF_N, HEAD_DIM]
+        zero_st = gl.zeros([HALF_N, BLOCK_M], gl.float32, st_layout)
+        mbarrier.wait(kv_bar, 0)
+        for it in range(total):
+            stage = it % STAGES
+            h = off_hk * kv_group + it // per_head
+            start_m = lo + (it % per_head) * BLOCK_M
+            row_lse = off_b * stride_lb + h * stride_lh
+            q_s = q_smem.index(stage)                                                     # [BLOCK_M, HEAD_DIM]
+            do_s = do_smem.index(stage)                                                   # [BLOCK_M, HEAD_DIM]
+            mbarrier.wait(q_full.index(stage), (it // STAGES) & 1)
+            st_tok = warpgroup_mma(k_c, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+            dpt_tok = warpgroup_mma(v_c, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+            offs_m = start_m + offs_mb                                                    # [BLOCK_M]
+            lse = gl.load(LSE + row_lse + offs_m) * 1.4426950408889634                    # [BLOCK_M] base 2
+            delta = gl.load(DELTA + row_lse + offs_m)                                     # [BLOCK_M]
+            # dK of the previous block, then Sᵀ, retire (in order); dPᵀ runs on
+            st, dk = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok, dk))            # [HALF_N, BLOCK_M]
+            # every matmul of block it - 1 has retired: its slot is free as far as this consumer goes
+            mbarrier.arrive(q_empty.index((it + STAGES - 1) % STAGES), count=1, pred=it >= 1)
+            pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))                          # [HALF_N, BLOCK_M]
+            if CAUSAL:
+                if start_m < mask_end:  # bottom-right: key j visible to row i iff j <= i + shift
+                    vis = gl.expand_dims(start_c + offs_n, 1) <= gl.expand_dims(offs_m + shift, 0)
+                    pt = gl.where(vis, pt, 0.0)
+            dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt_tok,))                  # [HALF_N, BLOCK_M]
+            b_pt = gl.convert_layout(pt.to(dtype), op_layout)                             # [HALF_N, BLOCK_M]
+            dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                             # [HALF_N, HEAD_DIM]
+            dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)                       # [HALF_N, BLOCK_M]
+            dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)  # [HALF_N, HEAD_DIM]
+            dv = warpgroup_mma_wait(num_outstanding=1, deps=(dv,))                        # dK runs on
+        dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
+
+        offs_kn = gl.arange(0, HALF_N, layout=gl.SliceLayout(1, dkv_layout))
+        offs_kd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dkv_layout))
+        rows = gl.expand_dims(start_c + offs_kn, 1).to(gl.int64)
+        cols = gl.expand_dims(offs_kd, 0)
+        gl.store(DK + off_b.to(gl.int64) * stride_dkb + off_hk * stride_dkh + rows * stride_dkn + cols,
+                 (dk * sm_scale).to(dtype))
+        gl.store(DV + off_b.to(gl.int64) * stride_dvb + off_hk * stride_dvh + rows * stride_dvn + cols, dv.to(dtype))
+
+    @gluon.jit
+    def _attn_bwd_sm90_ws(
+        q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DK, DV,
+        q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
+        stride_lb, stride_lh,
+        stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+        nheads_k, kv_group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        """dK/dV only, one program per (batch·kv head, K/V block) as _attn_bwd_sm90; k_desc/v_desc
+        blocks are the BLOCK_N // 2-key halves."""
+        HALF_N: gl.constexpr = BLOCK_N // 2
+        pid_bhk = gl.program_id(0)
+        pid_n = gl.program_id(1)
+        off_b = pid_bhk // nheads_k
+        off_hk = pid_bhk % nheads_k
+        start_n = pid_n * BLOCK_N
+        shift = seqlen_k - seqlen_q
+        kv_row = off_b * kv_rb + off_hk * kv_rh + start_n
+        kv_col = off_hk * kv_ch
+        # Q blocks [lo, seqlen_q) see some key of this block; those before mask_end need the mask.
+        n_m = seqlen_q // BLOCK_M
+        if CAUSAL:
+            lo = gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M
+            mask_end = gl.minimum(gl.maximum(start_n + BLOCK_N - shift, 0), seqlen_q)
+        else:
+            lo = 0
+            mask_end = 0
+        per_head = n_m - lo // BLOCK_M
+        total = per_head * kv_group          # iterations: every Q block of every head of the group
+
+        dtype: gl.constexpr = q_desc.dtype
+        k_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, HEAD_DIM], v_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(q_full.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=2)   # one release per consumer
+
+        gl.warp_specialize([
+            (_bwd_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, q_full, q_empty, LSE, DELTA, DK, DV,
+                                off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale,
+                                sm_scale, stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb,
+                                stride_dvn, stride_dvh, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL)),
+            (_bwd_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, q_full, q_empty, LSE, DELTA, DK, DV,
+                                off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale,
+                                sm_scale, stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb,
+                                stride_dvn, stride_dvh, 1, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL)),
+            (_bwd_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
+                                q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh,
+                                q_ch, HALF_N, BLOCK_M, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+
 def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
     """Tiles and mode of the Gluon backward, from ``scripts/gluon_bwd_probe.py`` /
     ``gluon_bwd_check.py`` on the H200 (testing.md, sixth session, runs 1, 2 and 4; fp16):
@@ -347,6 +492,8 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     with_dq = cfg.get("WITH_DQ", False)
+    if with_dq and cfg.get("WS", False):
+        raise ValueError("the warp-specialized Gluon backward (WS) computes dK/dV only; WITH_DQ needs WS=False")
     q_desc, (q_rb, q_rh, q_ch) = _f90._desc(q, seqlen_q, nheads, bm)
     do_desc, _ = _f90._desc(dout, seqlen_q, nheads, bm)
     k_desc, (kv_rb, kv_rh, kv_ch) = _f90._desc(k, seqlen_k, nheads_k, bn)
@@ -358,6 +505,19 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
     else:
         dq_acc = sem = None  # unused (WITH_DQ is a constexpr): no allocation, no memset
     grid = (batch * nheads_k, seqlen_k // bn)
+    if cfg.get("WS", False):  # dK/dV only (supported() keeps WITH_DQ off for it)
+        k_desc, _ = _f90._desc(k, seqlen_k, nheads_k, bn // 2)
+        v_desc, _ = _f90._desc(v, seqlen_k, nheads_k, bn // 2)
+        _attn_bwd_sm90_ws[grid](
+            q_desc, k_desc, v_desc, do_desc, lse, delta, dk, dv,
+            q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
+            lse.stride(0), lse.stride(1),
+            dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+            nheads_k, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E, softmax_scale,
+            HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+            CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4,
+        )
+        return
     _attn_bwd_sm90[grid](
         q_desc, k_desc, v_desc, do_desc, lse, delta, dq_acc, sem, dk, dv,
         q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
