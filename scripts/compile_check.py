@@ -231,10 +231,12 @@ def main():
         for dtype in [a for a in sys.argv[1:] if a in ("fp16", "bf16")] or ["fp16", "bf16"]:
             for d in (64, 128):
                 for causal in (False, True):
-                    # the default (dK/dV only), the fused mode (dQ by ordered atomic adds), and the
-                    # dK/dV kernel with dK waited every block (CARRY_DK=False, not GPU-run yet)
+                    # the default (the warp-specialized dK/dV kernel), the 8-warp dK/dV kernel, the
+                    # fused mode (dQ by ordered atomic adds), and the 8-warp kernel with dK waited every
+                    # block (CARRY_DK=False, not GPU-run yet)
                     base = GB.config_for(d, causal, 4096)
-                    for cfg in (base, dict(base, WITH_DQ=True), dict(base, CARRY_DK=False)):
+                    lock = dict(base, WS=False)
+                    for cfg in (base, lock, dict(lock, WITH_DQ=True), dict(lock, CARRY_DK=False)):
                         try:
                             k = compile_gluon_bwd(d, causal, cfg, dtype)
                             print(f"ok   {dtype} gluon-bwd D={d} causal={causal!s:<5} {cfg} "

@@ -50,6 +50,17 @@ def test_bwd_head_offsets_must_fit_int32():
     assert gb._head_offsets_fit(below)
 
 
+def test_ws_kernel_refuses_the_fused_mode():
+    """The warp-specialized kernel computes dK/dV only: asking it for dQ is an error, not a silent
+    dK/dV-only result (raised before any launch, so CPU tensors do)."""
+    q = torch.empty(1, 128, 2, 64, dtype=torch.float16)
+    lse = torch.empty(1, 2, 128)
+    cfg = dict(gb.config_for(64, False, 128), WITH_DQ=True)
+    assert cfg["WS"]
+    with pytest.raises(ValueError, match="dK/dV only"):
+        gb._launch(q, q, q, q, lse, lse, q, q, q, 0.125, False, cfg, True)
+
+
 @needs_sm90
 def test_bwd_routing_rules_on_gpu(monkeypatch):
     monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
@@ -183,6 +194,27 @@ def test_gluon_fused_mode_matches_reference(case, d, causal):
     res, bufs = _direct(q, k, v, do, causal, FUSED)
     assert res is not None and res[0] is bufs[0]  # dq written by the kernel
     check_cuda_grads(res, q, k, v, do, causal)
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("case", CASES[:3], ids=lambda c: "x".join(map(str, c)))
+def test_ws_kernel_equals_the_eight_warp_kernel(case, d, causal):
+    """The warp-specialized dK/dV kernel (the default) and the 8-warp one do the same arithmetic per
+    element in the same order: their dK and dV agree bit for bit, and neither leaves a NaN of the
+    poisoned buffers."""
+    b, sq, sk, h, hk = case
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=sq + 3 * d)
+    do = torch.randn_like(q)
+    base = gb.config_for(d, causal, sq)
+    assert base["WS"] and not base["WITH_DQ"]
+    ws, _ = _direct(q, k, v, do, causal, base)
+    lock, _ = _direct(q, k, v, do, causal, dict(base, WS=False))
+    assert ws is not None and lock is not None and ws[0] is None  # dQ is left to the Triton kernel
+    for a, c in zip(ws[1:], lock[1:]):
+        assert not torch.isnan(a).any()
+        assert torch.equal(a, c)
 
 
 @needs_sm90

@@ -408,8 +408,16 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
     * D = 64: 128-row Q blocks (run 6): the dK/dV kernel alone 435 / 480 / 532 TFLOP/s-equivalent
       non-causal and 317 / 440 / 519 causal (N = 1k / 4k / 16k), against 377 / 431 / 460 and
       272 / 372 / 426 with 64-row blocks. At D = 128, 128-row blocks would need 256 registers of
-      accumulators per thread (dK, dV, Sᵀ, dPᵀ)."""
-    return dict(BLOCK_M=128 if head_dim <= 64 else 64, BLOCK_N=128, STAGES=2, num_warps=8, VEC=2, WITH_DQ=False)
+      accumulators per thread (dK, dV, Sᵀ, dPᵀ).
+    * ``WS=True``: the warp-specialized dK/dV kernel (``_attn_bwd_sm90_ws``: a producer warp, two
+      64-key consumer warpgroups that release ring slots through mbarriers) instead of the 8-warp
+      kernel whose two warpgroups meet at a CTA barrier per Q block. Same arithmetic per element,
+      so the same bits. Kernel alone (seventh session, run 4, TFLOP/s-equivalent, N = 4k / 16k):
+      D = 64 non-causal 515 / 565 against 495 / 548, causal 460 / 538 against 444 / 527; D = 128
+      non-causal 621 / 644 against 613 / 637, causal 577 / 622 against 546 / 634. The fused mode
+      needs ``WS=False``."""
+    return dict(BLOCK_M=128 if head_dim <= 64 else 64, BLOCK_N=128, STAGES=2, num_warps=8, VEC=2, WITH_DQ=False,
+                WS=True)
 
 
 _BROKEN: set = set()
