@@ -23,4 +23,6 @@ for c in $CASES; do case $c in
   c128)   run c128 '.' cudnn --d 128 --n 8192 ;;
   bwd128) run bwd128 '_attn_bwd_sm90|_bwd_dq' bwd --d 128 --n 8192 ;;
   cbwd128) run cbwd128 '.' cudnn-bwd --d 128 --n 8192 ;;
+  bwd64)  run bwd64 '_attn_bwd_sm90|_bwd_dq' bwd --d 64 --n 8192 ;;
+  cbwd64) run cbwd64 '.' cudnn-bwd --d 64 --n 8192 ;;
 esac; done
