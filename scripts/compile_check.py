@@ -114,7 +114,7 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
     warps = 4 if ws else cfg["num_warps"]
     if ws:  # dK/dV only; K/V blocks are the two halves of BLOCK_N
         const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-                     CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=warps)
+                     CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=warps, CARRY_DK=cfg.get("CARRY_DK", True))
     else:
         const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
                      DETERMINISTIC=deterministic, VEC=cfg.get("VEC", 2), WITH_DQ=cfg.get("WITH_DQ", False),

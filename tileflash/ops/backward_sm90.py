@@ -276,9 +276,11 @@ if _f90.HAVE_GLUON:
                          off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale, sm_scale,
                          stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
                          C: gl.constexpr, HALF_N: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                         STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-        """Keys [start_n + C·HALF_N, +HALF_N): the dK/dV schedule of _attn_bwd_sm90 (WITH_DQ=False,
-        CARRY_DK) on one warpgroup, releasing each ring slot when its dK matmul retires."""
+                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, CARRY_DK: gl.constexpr):
+        """Keys [start_n + C·HALF_N, +HALF_N): the dK/dV schedule of _attn_bwd_sm90 (WITH_DQ=False)
+        on one warpgroup, releasing each ring slot when its dK matmul retires. CARRY_DK as there:
+        True leaves dK in flight into the next block, which makes ptxas serialize every wgmma
+        (C7515); False waits for dK at the end of each block."""
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, BLOCK_M, 16])
         dkv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -290,7 +292,10 @@ if _f90.HAVE_GLUON:
         start_c = start_n + C * HALF_N
         offs_mb = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))              # [BLOCK_M]
         offs_n = gl.arange(0, HALF_N, layout=gl.SliceLayout(1, st_layout))                # [HALF_N]
-        dk = warpgroup_mma_init(gl.zeros([HALF_N, HEAD_DIM], gl.float32, dkv_layout))     # [HALF_N, HEAD_DIM]
+        if CARRY_DK:
+            dk = warpgroup_mma_init(gl.zeros([HALF_N, HEAD_DIM], gl.float32, dkv_layout))  # [HALF_N, HEAD_DIM]
+        else:
+            dk = gl.zeros([HALF_N, HEAD_DIM], gl.float32, dkv_layout)
         dv = gl.zeros([HALF_N, HEAD_DIM], gl.float32, dkv_layout)                         # [HALF_N, HEAD_DIM]
         zero_st = gl.zeros([HALF_N, BLOCK_M], gl.float32, st_layout)
         mbarrier.wait(kv_bar, 0)
@@ -307,10 +312,13 @@ if _f90.HAVE_GLUON:
             offs_m = start_m + offs_mb                                                    # [BLOCK_M]
             lse = gl.load(LSE + row_lse + offs_m) * 1.4426950408889634                    # [BLOCK_M] base 2
             delta = gl.load(DELTA + row_lse + offs_m)                                     # [BLOCK_M]
-            # dK of the previous block, then Sᵀ, retire (in order); dPᵀ runs on
-            st, dk = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok, dk))            # [HALF_N, BLOCK_M]
-            # every matmul of block it - 1 has retired: its slot is free as far as this consumer goes
-            mbarrier.arrive(q_empty.index((it + STAGES - 1) % STAGES), count=1, pred=it >= 1)
+            if CARRY_DK:
+                # dK of the previous block, then Sᵀ, retire (in order); dPᵀ runs on
+                st, dk = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok, dk))        # [HALF_N, BLOCK_M]
+                # every matmul of block it - 1 has retired: its slot is free as far as this consumer goes
+                mbarrier.arrive(q_empty.index((it + STAGES - 1) % STAGES), count=1, pred=it >= 1)
+            else:
+                st = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok,))               # [HALF_N, BLOCK_M]
             pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))                          # [HALF_N, BLOCK_M]
             if CAUSAL:
                 if start_m < mask_end:  # bottom-right: key j visible to row i iff j <= i + shift
@@ -321,8 +329,13 @@ if _f90.HAVE_GLUON:
             dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                             # [HALF_N, HEAD_DIM]
             dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)                       # [HALF_N, BLOCK_M]
             dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)  # [HALF_N, HEAD_DIM]
-            dv = warpgroup_mma_wait(num_outstanding=1, deps=(dv,))                        # dK runs on
-        dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
+            if CARRY_DK:
+                dv = warpgroup_mma_wait(num_outstanding=1, deps=(dv,))                    # dK runs on
+            else:
+                dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+                mbarrier.arrive(q_empty.index(stage), count=1)                            # block it is done
+        if CARRY_DK:
+            dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
 
         offs_kn = gl.arange(0, HALF_N, layout=gl.SliceLayout(1, dkv_layout))
         offs_kd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dkv_layout))
@@ -340,7 +353,7 @@ if _f90.HAVE_GLUON:
         stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
         nheads_k, kv_group, seqlen_q, seqlen_k, qk_scale, sm_scale,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, CARRY_DK: gl.constexpr = True,
     ):
         """dK/dV only, one program per (batch·kv head, K/V block) as _attn_bwd_sm90; k_desc/v_desc
         blocks are the BLOCK_N // 2-key halves."""
@@ -381,11 +394,11 @@ if _f90.HAVE_GLUON:
             (_bwd_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, q_full, q_empty, LSE, DELTA, DK, DV,
                                 off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale,
                                 sm_scale, stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb,
-                                stride_dvn, stride_dvh, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL)),
+                                stride_dvn, stride_dvh, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK)),
             (_bwd_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, q_full, q_empty, LSE, DELTA, DK, DV,
                                 off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale,
                                 sm_scale, stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb,
-                                stride_dvn, stride_dvh, 1, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL)),
+                                stride_dvn, stride_dvh, 1, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK)),
             (_bwd_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
                                 q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh,
                                 q_ch, HALF_N, BLOCK_M, STAGES)),
@@ -523,7 +536,7 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
             dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
             nheads_k, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E, softmax_scale,
             HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-            CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4,
+            CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True),
         )
         return
     _attn_bwd_sm90[grid](
