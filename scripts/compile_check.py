@@ -233,9 +233,9 @@ def main():
                 for causal in (False, True):
                     # the default (the warp-specialized dK/dV kernel), the 8-warp dK/dV kernel, the
                     # fused mode (dQ by ordered atomic adds), and the 8-warp kernel with dK waited every
-                    # block (CARRY_DK=False, not GPU-run yet)
+                    # block (CARRY_DK=False)
                     base = GB.config_for(d, causal, 4096)
-                    lock = dict(base, WS=False)
+                    lock = dict(base, WS=False, CARRY_DK=True)
                     for cfg in (base, lock, dict(lock, WITH_DQ=True), dict(lock, CARRY_DK=False)):
                         try:
                             k = compile_gluon_bwd(d, causal, cfg, dtype)

@@ -201,20 +201,26 @@ def test_gluon_fused_mode_matches_reference(case, d, causal):
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("case", CASES[:3], ids=lambda c: "x".join(map(str, c)))
 def test_ws_kernel_equals_the_eight_warp_kernel(case, d, causal):
-    """The warp-specialized dK/dV kernel (the default) and the 8-warp one do the same arithmetic per
-    element in the same order: their dK and dV agree bit for bit, and neither leaves a NaN of the
-    poisoned buffers."""
+    """The warp-specialized dK/dV kernel (the default) and the 8-warp one, each with dK carried in
+    flight across blocks or waited every block (CARRY_DK), do the same arithmetic per element in
+    the same order: all four give the same dK and dV bits, and none leaves a NaN of the poisoned
+    buffers."""
     b, sq, sk, h, hk = case
     q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=sq + 3 * d)
     do = torch.randn_like(q)
     base = gb.config_for(d, causal, sq)
     assert base["WS"] and not base["WITH_DQ"]
     ws, _ = _direct(q, k, v, do, causal, base)
-    lock, _ = _direct(q, k, v, do, causal, dict(base, WS=False))
-    assert ws is not None and lock is not None and ws[0] is None  # dQ is left to the Triton kernel
-    for a, c in zip(ws[1:], lock[1:]):
+    assert ws is not None and ws[0] is None  # dQ is left to the Triton kernel
+    for a in ws[1:]:
         assert not torch.isnan(a).any()
-        assert torch.equal(a, c)
+    others = [dict(base, WS=False, CARRY_DK=True), dict(base, WS=False, CARRY_DK=False),
+              dict(base, CARRY_DK=not base["CARRY_DK"])]
+    for cfg in others:
+        res, _ = _direct(q, k, v, do, causal, cfg)
+        assert res is not None
+        for a, c in zip(ws[1:], res[1:]):
+            assert torch.equal(a, c), f"{cfg} differs from the default"
 
 
 @needs_sm90

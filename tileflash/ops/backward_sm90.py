@@ -428,9 +428,15 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
       so the same bits. Kernel alone (seventh session, run 4, TFLOP/s-equivalent, N = 4k / 16k):
       D = 64 non-causal 515 / 565 against 495 / 548, causal 460 / 538 against 444 / 527; D = 128
       non-causal 621 / 644 against 613 / 637, causal 577 / 622 against 546 / 634. The fused mode
-      needs ``WS=False``."""
+      needs ``WS=False``.
+    * ``CARRY_DK``: at D = 128 dK is waited for at the end of each block (False). Carrying it in
+      flight into the next block makes ptxas serialize every wgmma (advisory C7515; in the SASS a
+      wait follows each of the 48 HGMMAs, against 4 without the carry). Run 9 of the seventh
+      session, kernel alone, N = 4k / 16k: non-causal 673 / 709 against 629 / 670, causal
+      634 / 692 against 576 / 654. At D = 64 the carry stays (True): without it ptxas spills
+      56-216 bytes and the kernel measured 2-5% slower (490 / 547 against 516 / 558 non-causal)."""
     return dict(BLOCK_M=128 if head_dim <= 64 else 64, BLOCK_N=128, STAGES=2, num_warps=8, VEC=2, WITH_DQ=False,
-                WS=True)
+                WS=True, CARRY_DK=head_dim <= 64)
 
 
 _BROKEN: set = set()
