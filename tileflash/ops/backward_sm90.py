@@ -1,33 +1,41 @@
-"""Hopper (sm90) backward in Gluon: the dK/dV kernel (default), or fused with ordered dQ sums.
+"""Hopper (sm90) backward in Gluon: a warp-specialized dK/dV kernel (default), an 8-warp dK/dV
+kernel, and the 8-warp kernel fused with ordered dQ sums.
 
 Why a second backward. In ``tileflash.ops.backward`` (plain Triton), as in the forward
 (``forward_sm90``), every ``tl.dot`` on Hopper waits for its result, so the elementwise work
-never overlaps the tensor cores. This kernel uses asynchronous wgmma: one program per (K/V
+never overlaps the tensor cores. These kernels use asynchronous wgmma: one program per (K/V
 block, batch·kv head) keeps K, V and the fp32 dK, dV accumulators on chip and streams the Q and
 dO blocks of every query head of its GQA group through a TMA ring. Per Q block (transposed form,
-rows = keys):
+rows = keys), on each warpgroup's 64 keys:
 
     issue Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ        (async)
-    wait Sᵀ (and the previous dK);  Pᵀ = exp2(Sᵀ·scale − lse)   (dPᵀ still runs)
+    wait Sᵀ;  Pᵀ = exp2(Sᵀ·scale − lse)                          (dPᵀ still runs)
     wait dPᵀ; issue dV += Pᵀ·dO                                  (async)
     dSᵀ = Pᵀ∘(dPᵀ − delta)                                      (dV's matmul runs)
-    issue dK += dSᵀ·Q                                            (async, waited next block)
+    issue dK += dSᵀ·Q                                            (async)
+    CARRY_DK: wait dK in the next block's first wait; else wait dV and dK now
     WITH_DQ only: dSᵀ to shared memory, dQ_part = dS·K, add dQ_part into an fp32 dQ buffer
 
-Caveat (found after the last GPU run, docs/perf-notes.md §15): ptxas serializes these wgmmas
-(performance advisory C7515) because dK stays in flight across the loop's back-edge, so the
-overlap above is what the code asks for, not what the GPU does. ``CARRY_DK=False`` (a config
-key) waits for dK within each iteration instead: that removes the advisory for every
-configuration, but it has not run on a GPU yet, so the default keeps ``CARRY_DK=True`` (whose
-generated code the flag did not change: identical PTX apart from debug line numbers).
+Two kernels run this loop. ``_attn_bwd_sm90_ws`` (``WS=True``, the default): a 1-warp producer
+partition streams K/V and the Q/dO ring with TMA, two 4-warp consumer partitions own the two
+64-key halves and release a ring slot through an mbarrier once their last matmul on it retired.
+``_attn_bwd_sm90`` (``WS=False``): 8 warps in one partition, whose two warpgroups meet at a CTA
+barrier before each refill; it also has the fused mode. Both do the same arithmetic per element
+in the same order, so their dK and dV are the same bits (GPU-tested).
+
+``CARRY_DK``: when dK stays in flight across the loop's back edge, ptxas serializes every wgmma
+(performance advisory C7515: a wait after each HGMMA in the SASS), so the overlap above does not
+happen. Waiting for dK within the block removes that; it measured 6–10% faster at D = 128 and is
+the default there, while at D = 64 it spills and is slower, so D = 64 keeps the carry
+(docs/perf-notes.md §16).
 
 Two modes (``WITH_DQ``, a constexpr):
 
 * ``False``, the default (:func:`config_for`): dK and dV only. ``tileflash.ops.backward`` then
   runs its Triton dQ kernel, which recomputes S and dP per (Q block, K block): 7 matmuls per
-  pair in all, no atomics, bitwise deterministic. Measured 17–27% faster than the Triton dK/dV
-  kernel at D=128 (docs/perf-notes.md §15).
-* ``True``, the fused FA2/FA3 schedule (5 matmuls per pair): the dQ buffer is shared by every K
+  pair in all, no atomics, bitwise deterministic. The default kernel measured 1.1–1.25× the
+  Triton dK/dV kernel's speed at D=128 (docs/perf-notes.md §15–16).
+* ``True`` (``WS=False`` only), the fused FA2/FA3 schedule (5 matmuls per pair): the dQ buffer is shared by every K
   block, so its updates are atomic adds. By default they are **ordered** (FA3's deterministic
   mode): the program of K block n adds to Q block m only after the programs of K blocks 0..n-1
   have added theirs (a per-(b, h, Q block) counter in global memory, released after each add),
