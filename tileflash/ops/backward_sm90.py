@@ -111,6 +111,55 @@ if _f90.HAVE_GLUON:
             gl.atomic_add(sem_ptr, 1, sem="release")
 
     @gluon.jit
+    def _q_range(start_n, shift, seqlen_q, kv_group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 CAUSAL: gl.constexpr):
+        """The Q blocks a K/V block at start_n works through: (n_m, lo, mask_end, per_head, total).
+        Q blocks [lo, seqlen_q) see some key of the block, those starting before mask_end need the
+        causal mask; per_head blocks per query head, total over the GQA group's heads."""
+        n_m = seqlen_q // BLOCK_M
+        if CAUSAL:
+            lo = gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M
+            mask_end = gl.minimum(gl.maximum(start_n + BLOCK_N - shift, 0), seqlen_q)
+        else:
+            lo = 0
+            mask_end = 0
+        per_head = n_m - lo // BLOCK_M
+        total = per_head * kv_group          # iterations: every Q block of every head of the group
+        return n_m, lo, mask_end, per_head, total
+
+    @gluon.jit
+    def _lse_delta(LSE, DELTA, row_lse, offs_m):
+        """The base-2 LSE and delta of rows offs_m ([BLOCK_M] each)."""
+        lse = gl.load(LSE + row_lse + offs_m) * 1.4426950408889634                        # [BLOCK_M] base 2
+        delta = gl.load(DELTA + row_lse + offs_m)                                         # [BLOCK_M]
+        return lse, delta
+
+    @gluon.jit
+    def _probs_t(st, lse, qk_scale, start_k, offs_n, start_m, offs_m, mask_end, shift, CAUSAL: gl.constexpr):
+        """Pᵀ = exp2(Sᵀ·scale − lse) for keys start_k + offs_n (rows) and queries offs_m (columns),
+        0 where the bottom-right causal mask hides a key (only Q blocks before mask_end need it)."""
+        pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))                              # [keys, BLOCK_M]
+        if CAUSAL:
+            if start_m < mask_end:  # bottom-right: key j visible to row i iff j <= i + shift
+                vis = gl.expand_dims(start_k + offs_n, 1) <= gl.expand_dims(offs_m + shift, 0)
+                pt = gl.where(vis, pt, 0.0)
+        return pt
+
+    @gluon.jit
+    def _store_dkdv(DK, DV, dk, dv, start_k, off_b, off_hk, sm_scale,
+                    stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+                    ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, LAYOUT: gl.constexpr):
+        """dK = scale · Σ dSᵀ·Q and dV as accumulated, for keys [start_k, +ROWS): plain stores."""
+        offs_kn = gl.arange(0, ROWS, layout=gl.SliceLayout(1, LAYOUT))
+        offs_kd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, LAYOUT))
+        rows = gl.expand_dims(start_k + offs_kn, 1).to(gl.int64)
+        cols = gl.expand_dims(offs_kd, 0)
+        dtype: gl.constexpr = DK.dtype.element_ty
+        gl.store(DK + off_b.to(gl.int64) * stride_dkb + off_hk * stride_dkh + rows * stride_dkn + cols,
+                 (dk * sm_scale).to(dtype))
+        gl.store(DV + off_b.to(gl.int64) * stride_dvb + off_hk * stride_dvh + rows * stride_dvn + cols, dv.to(dtype))
+
+    @gluon.jit
     def _attn_bwd_sm90(
         q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ, SEM, DK, DV,
         q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,       # 2-D view offsets (forward_sm90._view_params)
@@ -153,16 +202,7 @@ if _f90.HAVE_GLUON:
         for i in gl.static_range(STAGES):
             mbarrier.init(q_bar.index(i), count=1)
 
-        # Q blocks [lo, seqlen_q) see some key of this block; those before mask_end need the mask.
-        n_m = seqlen_q // BLOCK_M
-        if CAUSAL:
-            lo = gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M
-            mask_end = gl.minimum(gl.maximum(start_n + BLOCK_N - shift, 0), seqlen_q)
-        else:
-            lo = 0
-            mask_end = 0
-        per_head = n_m - lo // BLOCK_M
-        total = per_head * kv_group          # iterations: every Q block of every head of the group
+        n_m, lo, mask_end, per_head, total = _q_range(start_n, shift, seqlen_q, kv_group, BLOCK_M, BLOCK_N, CAUSAL)
 
         kv_bytes: gl.constexpr = 2 * k_desc.block_type.nbytes
         mbarrier.expect(kv_bar, kv_bytes)
@@ -198,8 +238,7 @@ if _f90.HAVE_GLUON:
             st_tok = warpgroup_mma(k_smem, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
             dpt_tok = warpgroup_mma(v_smem, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
             offs_m = start_m + offs_mb                                                    # [BLOCK_M]
-            lse = gl.load(LSE + row_lse + offs_m) * 1.4426950408889634                    # [BLOCK_M] base 2
-            delta = gl.load(DELTA + row_lse + offs_m)                                     # [BLOCK_M]
+            lse, delta = _lse_delta(LSE, DELTA, row_lse, offs_m)                          # [BLOCK_M] each
             # groups retire in order: dK of the previous block (if carried), then Sᵀ; dPᵀ runs on
             if CARRY_DK:
                 st, dk = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok, dk))        # [BLOCK_N, BLOCK_M]
@@ -210,11 +249,7 @@ if _f90.HAVE_GLUON:
             _cta_barrier()
             _refill(q_desc, do_desc, q_bar, q_smem, do_smem, (it + STAGES - 1) % STAGES, it - 1 + STAGES,
                     gl.where(it >= 1, total, 0), per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh, q_ch, BLOCK_M)
-            pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))                          # [BLOCK_N, BLOCK_M]
-            if CAUSAL:
-                if start_m < mask_end:  # bottom-right: key j visible to row i iff j <= i + shift
-                    vis = gl.expand_dims(start_n + offs_n, 1) <= gl.expand_dims(offs_m + shift, 0)
-                    pt = gl.where(vis, pt, 0.0)
+            pt = _probs_t(st, lse, qk_scale, start_n, offs_n, start_m, offs_m, mask_end, shift, CAUSAL)  # [BLOCK_N, BLOCK_M]
             dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt_tok,))                  # [BLOCK_N, BLOCK_M]
             b_pt = gl.convert_layout(pt.to(dtype), op_layout)                             # [BLOCK_N, BLOCK_M]
             dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                             # [BLOCK_N, HEAD_DIM]
@@ -245,14 +280,8 @@ if _f90.HAVE_GLUON:
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(q_bar.index(i))
 
-        # dK = scale · Σ dSᵀ·Q; dV as accumulated. Plain stores ([BLOCK_N, HEAD_DIM] each).
-        offs_kn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, dkv_layout))
-        offs_kd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dkv_layout))
-        rows = gl.expand_dims(start_n + offs_kn, 1).to(gl.int64)
-        cols = gl.expand_dims(offs_kd, 0)
-        gl.store(DK + off_b.to(gl.int64) * stride_dkb + off_hk * stride_dkh + rows * stride_dkn + cols,
-                 (dk * sm_scale).to(dtype))
-        gl.store(DV + off_b.to(gl.int64) * stride_dvb + off_hk * stride_dvh + rows * stride_dvn + cols, dv.to(dtype))
+        _store_dkdv(DK, DV, dk, dv, start_n, off_b, off_hk, sm_scale, stride_dkb, stride_dkn, stride_dkh,
+                    stride_dvb, stride_dvn, stride_dvh, BLOCK_N, HEAD_DIM, dkv_layout)
 
 
     # ------------------------------------------------------------------------------------------
@@ -318,8 +347,7 @@ if _f90.HAVE_GLUON:
             st_tok = warpgroup_mma(k_c, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
             dpt_tok = warpgroup_mma(v_c, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
             offs_m = start_m + offs_mb                                                    # [BLOCK_M]
-            lse = gl.load(LSE + row_lse + offs_m) * 1.4426950408889634                    # [BLOCK_M] base 2
-            delta = gl.load(DELTA + row_lse + offs_m)                                     # [BLOCK_M]
+            lse, delta = _lse_delta(LSE, DELTA, row_lse, offs_m)                          # [BLOCK_M] each
             if CARRY_DK:
                 # dK of the previous block, then Sᵀ, retire (in order); dPᵀ runs on
                 st, dk = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok, dk))        # [HALF_N, BLOCK_M]
@@ -327,11 +355,7 @@ if _f90.HAVE_GLUON:
                 mbarrier.arrive(q_empty.index((it + STAGES - 1) % STAGES), count=1, pred=it >= 1)
             else:
                 st = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok,))               # [HALF_N, BLOCK_M]
-            pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))                          # [HALF_N, BLOCK_M]
-            if CAUSAL:
-                if start_m < mask_end:  # bottom-right: key j visible to row i iff j <= i + shift
-                    vis = gl.expand_dims(start_c + offs_n, 1) <= gl.expand_dims(offs_m + shift, 0)
-                    pt = gl.where(vis, pt, 0.0)
+            pt = _probs_t(st, lse, qk_scale, start_c, offs_n, start_m, offs_m, mask_end, shift, CAUSAL)  # [HALF_N, BLOCK_M]
             dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt_tok,))                  # [HALF_N, BLOCK_M]
             b_pt = gl.convert_layout(pt.to(dtype), op_layout)                             # [HALF_N, BLOCK_M]
             dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                             # [HALF_N, HEAD_DIM]
@@ -345,13 +369,8 @@ if _f90.HAVE_GLUON:
         if CARRY_DK:
             dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
 
-        offs_kn = gl.arange(0, HALF_N, layout=gl.SliceLayout(1, dkv_layout))
-        offs_kd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dkv_layout))
-        rows = gl.expand_dims(start_c + offs_kn, 1).to(gl.int64)
-        cols = gl.expand_dims(offs_kd, 0)
-        gl.store(DK + off_b.to(gl.int64) * stride_dkb + off_hk * stride_dkh + rows * stride_dkn + cols,
-                 (dk * sm_scale).to(dtype))
-        gl.store(DV + off_b.to(gl.int64) * stride_dvb + off_hk * stride_dvh + rows * stride_dvn + cols, dv.to(dtype))
+        _store_dkdv(DK, DV, dk, dv, start_c, off_b, off_hk, sm_scale, stride_dkb, stride_dkn, stride_dkh,
+                    stride_dvb, stride_dvn, stride_dvh, HALF_N, HEAD_DIM, dkv_layout)
 
     @gluon.jit
     def _attn_bwd_sm90_ws(
@@ -374,16 +393,7 @@ if _f90.HAVE_GLUON:
         shift = seqlen_k - seqlen_q
         kv_row = off_b * kv_rb + off_hk * kv_rh + start_n
         kv_col = off_hk * kv_ch
-        # Q blocks [lo, seqlen_q) see some key of this block; those before mask_end need the mask.
-        n_m = seqlen_q // BLOCK_M
-        if CAUSAL:
-            lo = gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M
-            mask_end = gl.minimum(gl.maximum(start_n + BLOCK_N - shift, 0), seqlen_q)
-        else:
-            lo = 0
-            mask_end = 0
-        per_head = n_m - lo // BLOCK_M
-        total = per_head * kv_group          # iterations: every Q block of every head of the group
+        n_m, lo, mask_end, per_head, total = _q_range(start_n, shift, seqlen_q, kv_group, BLOCK_M, BLOCK_N, CAUSAL)
 
         dtype: gl.constexpr = q_desc.dtype
         k_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, HEAD_DIM], k_desc.layout)
