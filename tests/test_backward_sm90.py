@@ -270,3 +270,35 @@ def test_bwd_compile_failure_falls_back_to_triton(monkeypatch):
     check_cuda_grads(grads, q, k, v, do, False)
     _grads(q, k, v, do, False)
     assert len(attempts) == 1, "a configuration that failed to compile must not be retried"
+
+
+@pytest.mark.skipif(not gb._f90.HAVE_GLUON, reason="this triton has no Gluon")
+def test_default_kernels_keep_wgmma_asynchronous():
+    """No GPU needed: compile every default Gluon configuration for sm_90 and read the SASS
+    (scripts/sass_check.py, cuobjdump from triton's wheel). ptxas serializes wgmma when an
+    accumulator is touched by other instructions while in flight (advisory C7515): a full wait
+    then follows each HGMMA. That happened to the backward while it carried dK across blocks; the
+    forward kernels and the D=128 backward must keep a handful of full waits, not one per HGMMA.
+    (The D=64 backward still carries dK, which measured faster there: perf-notes §16.)"""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import triton
+
+    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")):
+        pytest.skip("this triton wheel ships no cuobjdump")
+    root = Path(__file__).resolve().parent.parent
+    env = {key: val for key, val in os.environ.items() if key != "TRITON_INTERPRET"}  # compile, not interpret
+    env["PYTHONPATH"] = str(root)
+    res = subprocess.run([sys.executable, str(root / "scripts" / "sass_check.py"), "--json"],
+                         capture_output=True, text=True, env=env, timeout=900)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = json.loads(res.stdout.strip().splitlines()[-1])
+    assert len(rows) == 12 and {"bwd D=64 causal=0", "bwd D=64 causal=1"} <= set(rows)
+    for name, r in rows.items():
+        assert r["hgmma"] >= 16 and r["loop"] > 0, (name, r)
+        if name.startswith("fwd") or "D=128" in name:
+            assert r["waits0"] * 4 <= r["hgmma"], f"{name}: wgmmas serialized ({r})"
