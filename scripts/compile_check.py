@@ -142,6 +142,37 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
     return triton.compile(src, target=GPUTarget("cuda", 90, 128), options=dict(num_warps=warps))
 
 
+def compile_gluon_bwd_dq(d, causal, cfg, dtype="fp16"):
+    """Compile the Gluon dQ kernel (tileflash.ops.backward_sm90, not routed yet) for sm_90."""
+    import torch
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from tileflash.ops import backward_sm90 as GB
+    from tileflash.ops import forward_sm90 as G
+
+    fn = GB._attn_bwd_dq_sm90_ws
+    bm, bn, tdt = cfg["BLOCK_M"], cfg["BLOCK_N"], getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[dtype])
+    const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+                 CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4)
+    sig = {}
+    for name in fn.arg_names:
+        if name in const:
+            sig[name] = "constexpr"
+        elif name.endswith("_desc"):
+            block = bm // 2 if name in ("q_desc", "do_desc") else bn
+            sig[name] = f"tensordesc<{dtype}[{block}, {d}],{G._smem_layout(block, d, tdt)!r}>"
+        elif name in ("LSE", "DELTA"):
+            sig[name] = "*fp32"
+        elif name == "DQ":
+            sig[name] = f"*{dtype}"
+        elif name in ("qk_scale", "sm_scale"):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    src = GluonASTSource(fn=fn, signature=sig, constexprs=const)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 128), options=dict(num_warps=4))
+
+
 def main():
     # imported here, so that compile_one/signature also serve older trees (scripts/spill_check.py)
     from tileflash.ops import backward as B
@@ -245,6 +276,19 @@ def main():
                             failures += 1
                             print(f"FAIL {dtype} gluon-bwd D={d} causal={causal} {cfg}: {type(e).__name__}: "
                                   f"{str(e)[:600]}", flush=True)
+        # the Gluon dQ kernel (not routed to yet): D 64/128 x causal
+        for dtype in [a for a in sys.argv[1:] if a in ("fp16", "bf16")] or ["fp16", "bf16"]:
+            for d in (64, 128):
+                for causal in (False, True):
+                    cfg = GB.dq_config_for(d, causal)
+                    try:
+                        k = compile_gluon_bwd_dq(d, causal, cfg, dtype)
+                        print(f"ok   {dtype} gluon-dq D={d} causal={causal!s:<5} {cfg} smem={k.metadata.shared}",
+                              flush=True)
+                    except Exception as e:  # noqa: BLE001
+                        failures += 1
+                        print(f"FAIL {dtype} gluon-dq D={d} causal={causal} {cfg}: {type(e).__name__}: "
+                              f"{str(e)[:600]}", flush=True)
     print(f"triton {triton.__version__}: {failures} failure(s)")
     return 1 if failures else 0
 

@@ -45,7 +45,8 @@ def main():
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--configs", nargs="*", default=[], help="extra tiles BLOCK_M/BLOCK_N/STAGES/warps[/fused][/nd]"
-                    "[/nocarry][/ws] timed beside the default (fused: dQ inside the kernel by ordered atomic adds; nd: "
+                    "[/nocarry][/ws], or BLOCK_M/BLOCK_N/STAGES/dq for the Gluon dQ kernel, timed beside the default "
+                    "(fused: dQ inside the kernel by ordered atomic adds; nd: "
                     "unordered; nocarry: dK waited every block, CARRY_DK=False; ws: the warp-specialized dK/dV "
                     "kernel, a producer warp and two consumer warpgroups)")
     ap.add_argument("--nondet", action="store_true", help="also time the fused mode, ordered and unordered")
@@ -91,6 +92,20 @@ def main():
                 extra = list(args.configs) + (["64/128/2/8/fused", "64/128/2/8/fused/nd"] if args.nondet else [])
                 for spec in extra:
                     parts = spec.split("/")
+                    if "dq" in parts[3:]:  # BLOCK_M/BLOCK_N/STAGES/dq: the Gluon dQ kernel alone
+                        cfg = dict(BLOCK_M=int(parts[0]), BLOCK_N=int(parts[1]), STAGES=int(parts[2]))
+                        try:
+                            dq2 = torch.full_like(q, float("nan"))
+                            GB.backward_dq(do, q, k, v, lse, delta, dq2, scale, causal, cfg)
+                            d2 = (dq2.float() - t1[0].float()).abs().max().item()
+                            ms = do_bench(lambda: GB.backward_dq(do, q, k, v, lse, delta, dq2, scale, causal, cfg),
+                                          warmup=25, rep=100)
+                            print(f"  D={d} causal={int(causal)} N={n} gluon dQ {spec}: {flops / ms * 1e-9:.0f} "
+                                  f"TFLOP/s (this kernel alone) max|dQ - Triton dQ| {d2:.3g}", flush=True)
+                        except Exception as e:  # noqa: BLE001
+                            print(f"  D={d} causal={int(causal)} N={n} gluon dQ {spec}: FAILED {repr(e)[:300]}",
+                                  flush=True)
+                        continue
                     bm, bn, st, w = (int(x) for x in parts[:4])
                     cfg = dict(BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=w,
                                WITH_DQ="fused" in parts[4:] or "nd" in parts[4:], CARRY_DK="nocarry" not in parts[4:],

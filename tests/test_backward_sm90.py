@@ -223,6 +223,35 @@ def test_ws_kernel_equals_the_eight_warp_kernel(case, d, causal):
             assert torch.equal(a, c), f"{cfg} differs from the default"
 
 
+def test_gluon_dq_kernel_checks_its_tiles():
+    """backward_dq (the Gluon dQ kernel, not routed yet) refuses lengths that are not multiples of
+    its tiles with a message, before any launch (CPU tensors do)."""
+    q = torch.empty(1, 192, 2, 64, dtype=torch.float16)
+    k = torch.empty(1, 256, 2, 64, dtype=torch.float16)
+    lse = torch.empty(1, 2, 192)
+    with pytest.raises(ValueError, match="multiples of BLOCK_M=128"):
+        gb.backward_dq(q, q, k, k, lse, lse, torch.empty_like(q), 0.125, False)
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("case", CASES[:3], ids=lambda c: "x".join(map(str, c)))
+def test_gluon_dq_kernel_matches_reference(case, d, causal):
+    """The Gluon dQ kernel (``backward_dq``, not routed to yet) under the fp32 rule, writing every
+    element of a NaN-poisoned buffer; dK and dV from the default Gluon kernel."""
+    b, sq, sk, h, hk = case
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.float16, "cuda", seed=sq + 5 * d)
+    do = torch.randn_like(q)
+    scale = d ** -0.5
+    out, lse = fwd_mod.flash_attn_forward(q, k, v, scale, causal)
+    delta = (out.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
+    dkv, _ = _direct(q, k, v, do, causal, gb.config_for(d, causal, sq))
+    dq = torch.full_like(q, float("nan"))
+    assert gb.backward_dq(do, q, k, v, lse, delta, dq, scale, causal) is dq
+    check_cuda_grads((dq, dkv[1], dkv[2]), q, k, v, do, causal)
+
+
 @needs_sm90
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gluon_backward_bitwise_deterministic(causal, gluon_bwd_calls):

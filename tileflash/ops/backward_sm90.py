@@ -29,6 +29,11 @@ happen. Waiting for dK within the block removes that; it measured 6–10% faster
 the default there, while at D = 64 it spills and is slower, so D = 64 keeps the carry
 (docs/perf-notes.md §16).
 
+A third kernel, ``_attn_bwd_dq_sm90_ws`` (:func:`backward_dq`), computes dQ with the forward's
+warp-specialized structure (Q-stationary, K/V streamed). It has **not run on a GPU yet** and
+nothing routes to it: it compiles for sm_90 without spills and with asynchronous wgmma (CPU
+tests), and its GPU test and timing are ready for the next H200 run.
+
 Two modes (``WITH_DQ``, a constexpr):
 
 * ``False``, the default (:func:`config_for`): dK and dV only. ``tileflash.ops.backward`` then
@@ -423,6 +428,141 @@ if _f90.HAVE_GLUON:
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
+    # ------------------------------------------------------------------------------------------
+    # dQ kernel (NOT GPU-run yet, not routed to: reachable only through backward_dq()). The
+    # forward's warp-specialized structure with the backward's dQ math: one program per (128-row
+    # Q block, batch·head), the forward's producer streams Q (and, here, dO) halves once and the
+    # K/V ring, two consumer warpgroups own 64 rows each. Per K/V block: S = Q·Kᵀ and dP = dO·Vᵀ
+    # (async), P = exp2(S·scale − lse), dS = P∘(dP − delta), dQ += dS·K, waited within the block
+    # (no accumulator carried across the loop, so ptxas keeps the wgmmas asynchronous).
+    # ------------------------------------------------------------------------------------------
+    @gluon.jit
+    def _dq_ws_producer(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, q_bar, do_bar,
+                        k_full, v_full, k_empty, v_empty, q_row, q_col, kv_row, kv_col, n_blocks,
+                        HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """The two dO halves, then the forward's producer: the Q halves and the K/V ring."""
+        for c in gl.static_range(2):
+            _f90._load_block(do_desc, do_bar.index(c), do_smem.index(c), q_row + c * HALF_M, q_col, True)
+        _f90._ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty,
+                          q_row, q_col, kv_row, kv_col, n_blocks, HALF_M, BLOCK_N, STAGES)
+
+    @gluon.jit
+    def _dq_ws_consumer(q_smem, k_smem, v_smem, do_smem, q_bar, do_bar, k_full, v_full, k_empty, v_empty,
+                        LSE, DELTA, DQ, row_lse, start_m, n_blocks, n_full, shift, qk_scale, sm_scale,
+                        off_b, off_h, stride_dqb, stride_dqm, stride_dqh,
+                        C: gl.constexpr, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                        STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+        """dQ of rows [start_m + C·HALF_M, +HALF_M) of one (batch, head)."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, HEAD_DIM, 16])
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
+        dtype: gl.constexpr = k_smem.dtype
+        q_c = q_smem.index(C)                                                             # [HALF_M, HEAD_DIM]
+        do_c = do_smem.index(C)                                                           # [HALF_M, HEAD_DIM]
+        offs_m = start_m + C * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, s_layout))  # [HALF_M]
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))               # [BLOCK_N]
+        lse, delta = _lse_delta(LSE, DELTA, row_lse, offs_m)                              # [HALF_M] each
+        s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, s_layout)
+        dq = gl.zeros([HALF_M, HEAD_DIM], gl.float32, dq_layout)                          # [HALF_M, HEAD_DIM]
+        mbarrier.wait(q_bar.index(C), 0)
+        mbarrier.wait(do_bar.index(C), 0)
+        for j in range(n_blocks):
+            stage = j % STAGES
+            phase = (j // STAGES) & 1
+            mbarrier.wait(k_full.index(stage), phase)
+            s_tok = warpgroup_mma(q_c, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            mbarrier.wait(v_full.index(stage), phase)
+            dp_tok = warpgroup_mma(do_c, v_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))                     # [HALF_M, BLOCK_N]
+            p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 1))                            # [HALF_M, BLOCK_N]
+            if CAUSAL:
+                if j >= n_full:  # bottom-right: key j visible to row i iff j <= i + shift
+                    vis = gl.expand_dims(j * BLOCK_N + offs_n, 0) <= gl.expand_dims(offs_m + shift, 1)
+                    p = gl.where(vis, p, 0.0)
+            dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok,))                   # [HALF_M, BLOCK_N]
+            mbarrier.arrive(v_empty.index(stage), count=1)                                # V_j no longer read
+            ds = gl.convert_layout((p * (dp - gl.expand_dims(delta, 1))).to(dtype), op_layout)  # [HALF_M, BLOCK_N]
+            dq = warpgroup_mma(ds, k_smem.index(stage), dq, is_async=True)               # [HALF_M, HEAD_DIM]
+            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+            mbarrier.arrive(k_empty.index(stage), count=1)                                # K_j no longer read
+
+        offs_qm = start_m + C * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, dq_layout))
+        offs_qd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
+        ptrs = DQ + off_b.to(gl.int64) * stride_dqb + off_h * stride_dqh \
+            + gl.expand_dims(offs_qm, 1).to(gl.int64) * stride_dqm + gl.expand_dims(offs_qd, 0)
+        gl.store(ptrs, (dq * sm_scale).to(DQ.dtype.element_ty))
+
+    @gluon.jit
+    def _attn_bwd_dq_sm90_ws(
+        q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ,
+        q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
+        stride_lb, stride_lh, stride_dqb, stride_dqm, stride_dqh,
+        nheads, kv_group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        """dQ only; one program per (BLOCK_M-row Q block, batch·head); q_desc/do_desc blocks are
+        the BLOCK_M // 2-row halves."""
+        HALF_M: gl.constexpr = BLOCK_M // 2
+        pid_m = gl.program_id(0)
+        if CAUSAL:  # the last Q blocks see the most keys: launch them first
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        pid_bh = gl.program_id(1)
+        off_b = pid_bh // nheads
+        off_h = pid_bh % nheads
+        off_hk = off_h // kv_group
+        start_m = pid_m * BLOCK_M
+        q_row = off_b * q_rb + off_h * q_rh + start_m
+        q_col = off_h * q_ch
+        kv_row = off_b * kv_rb + off_hk * kv_rh
+        kv_col = off_hk * kv_ch
+        shift = seqlen_k - seqlen_q
+        row_lse = off_b * stride_lb + off_h * stride_lh
+        if CAUSAL:  # both halves run the block's key range (the ring counts two releases per slot)
+            hi = gl.minimum(start_m + BLOCK_M + shift, seqlen_k)
+            n_full = (start_m + shift + 1) // BLOCK_N
+        else:
+            hi = seqlen_k
+            n_full = seqlen_k // BLOCK_N
+        n_blocks = (hi + BLOCK_N - 1) // BLOCK_N
+
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_DIM], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_DIM], do_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        do_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(q_bar.index(i), count=1)
+            mbarrier.init(do_bar.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_full.index(i), count=1)
+            mbarrier.init(v_full.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)   # one release per consumer
+            mbarrier.init(v_empty.index(i), count=2)
+
+        gl.warp_specialize([
+            (_dq_ws_consumer, (q_smem, k_smem, v_smem, do_smem, q_bar, do_bar, k_full, v_full, k_empty, v_empty,
+                               LSE, DELTA, DQ, row_lse, start_m, n_blocks, n_full, shift, qk_scale, sm_scale,
+                               off_b, off_h, stride_dqb, stride_dqm, stride_dqh,
+                               0, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+            (_dq_ws_consumer, (q_smem, k_smem, v_smem, do_smem, q_bar, do_bar, k_full, v_full, k_empty, v_empty,
+                               LSE, DELTA, DQ, row_lse, start_m, n_blocks, n_full, shift, qk_scale, sm_scale,
+                               off_b, off_h, stride_dqb, stride_dqm, stride_dqh,
+                               1, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+            (_dq_ws_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, q_bar, do_bar,
+                               k_full, v_full, k_empty, v_empty, q_row, q_col, kv_row, kv_col, n_blocks,
+                               HALF_M, BLOCK_N, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+
 def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
     """Tiles and mode of the Gluon backward, from ``scripts/gluon_bwd_probe.py`` /
     ``gluon_bwd_check.py`` on the H200 (testing.md, sixth session, runs 1, 2 and 4; fp16):
@@ -575,3 +715,39 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
     )
     if with_dq:  # dq = scale · dq_acc, in q's layout and dtype
         dq.copy_(dq_acc.view(batch, nheads, seqlen_q, d).transpose(1, 2).mul_(softmax_scale))
+
+
+def dq_config_for(head_dim: int, causal: bool) -> dict:
+    """Tiles of the Gluon dQ kernel: 128-row Q blocks in two 64-row halves, 64-key K/V blocks, a
+    3-slot ring. A first guess that keeps S, dP and dQ of a consumer within its registers at
+    D = 128; NOT measured (the kernel has not run on a GPU yet)."""
+    return dict(BLOCK_M=128, BLOCK_N=64, STAGES=3)
+
+
+def backward_dq(dout, q, k, v, lse, delta, dq, softmax_scale: float, causal: bool, cfg: dict | None = None):
+    """dQ by the warp-specialized Gluon dQ kernel (``_attn_bwd_dq_sm90_ws``) into dq, in place of
+    the Triton dQ kernel. NOT GPU-run yet and not routed to by ``flash_attn_backward``: for timing
+    and testing on an H200 (``scripts/gluon_bwd_check.py --configs .../dq``). Same scope as
+    :func:`supported` (the caller checks it); lengths must be multiples of the tiles."""
+    cfg = cfg or dq_config_for(q.shape[-1], causal)
+    batch, seqlen_q, nheads, d = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    if not _head_offsets_fit(dq):
+        raise ValueError("backward_dq: dq's head offsets overflow int32; use the Triton dQ kernel")
+    if seqlen_q % bm or seqlen_k % bn:
+        raise ValueError(f"backward_dq: seqlen_q ({seqlen_q}) and seqlen_k ({seqlen_k}) must be multiples of "
+                         f"BLOCK_M={bm} and BLOCK_N={bn}")
+    q_desc, (q_rb, q_rh, q_ch) = _f90._desc(q, seqlen_q, nheads, bm // 2)
+    do_desc, _ = _f90._desc(dout, seqlen_q, nheads, bm // 2)
+    k_desc, (kv_rb, kv_rh, kv_ch) = _f90._desc(k, seqlen_k, nheads_k, bn)
+    v_desc, _ = _f90._desc(v, seqlen_k, nheads_k, bn)
+    _attn_bwd_dq_sm90_ws[(seqlen_q // bm, batch * nheads)](
+        q_desc, k_desc, v_desc, do_desc, lse, delta, dq,
+        q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
+        lse.stride(0), lse.stride(1), dq.stride(0), dq.stride(1), dq.stride(2),
+        nheads, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E, softmax_scale,
+        HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+        CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4,
+    )
+    return dq
