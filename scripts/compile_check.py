@@ -100,77 +100,63 @@ def compile_gluon(d, causal, cfg, dtype="fp16"):
     return triton.compile(src, target=GPUTarget("cuda", 90, 128), options=dict(num_warps=warps))
 
 
-def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
-    """Compile the Hopper Gluon backward (tileflash.ops.backward_sm90) for sm_90 at one config."""
+def _compile_gluon_sm90(fn, const, dtype, d, desc_rows, ptr_types):
+    """Compile a Gluon kernel for sm_90: constexprs `const`, tensor descriptors of [rows, d] tiles
+    (rows from desc_rows[name]), pointers typed by ptr_types[name], fp32 scales, i32 the rest."""
     import torch
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from tileflash.ops import backward_sm90 as GB
     from tileflash.ops import forward_sm90 as G
 
-    ws = cfg.get("WS", False)
-    fn = GB._attn_bwd_sm90_ws if ws else GB._attn_bwd_sm90
-    bm, bn, tdt = cfg["BLOCK_M"], cfg["BLOCK_N"], getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[dtype])
-    warps = 4 if ws else cfg["num_warps"]
-    if ws:  # dK/dV only; K/V blocks are the two halves of BLOCK_N
-        const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-                     CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=warps, CARRY_DK=cfg.get("CARRY_DK", True))
-    else:
-        const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-                     DETERMINISTIC=deterministic, VEC=cfg.get("VEC", 2), WITH_DQ=cfg.get("WITH_DQ", False),
-                     CARRY_DK=cfg.get("CARRY_DK", True), num_warps=warps)
-        if not const["WITH_DQ"]:
-            const.update(DQ=None, SEM=None)  # the launcher passes None for the unused dQ buffers
+    tdt = getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[dtype])
     sig = {}
     for name in fn.arg_names:
         if name in const:
             sig[name] = "constexpr"
         elif name.endswith("_desc"):
-            block = bm if name in ("q_desc", "do_desc") else (bn // 2 if ws else bn)
-            sig[name] = f"tensordesc<{dtype}[{block}, {d}],{G._smem_layout(block, d, tdt)!r}>"
-        elif name in ("LSE", "DELTA", "DQ"):
-            sig[name] = "*fp32"
-        elif name == "SEM":
-            sig[name] = "*i32"
-        elif name in ("DK", "DV"):
-            sig[name] = f"*{dtype}"
+            rows = desc_rows[name]
+            sig[name] = f"tensordesc<{dtype}[{rows}, {d}],{G._smem_layout(rows, d, tdt)!r}>"
+        elif name in ptr_types:
+            sig[name] = ptr_types[name].replace("DTYPE", dtype)
         elif name in ("qk_scale", "sm_scale"):
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
     src = GluonASTSource(fn=fn, signature=sig, constexprs=const)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 128), options=dict(num_warps=warps))
+    return triton.compile(src, target=GPUTarget("cuda", 90, 128), options=dict(num_warps=const["num_warps"]))
+
+
+def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
+    """Compile the Hopper Gluon dK/dV backward (tileflash.ops.backward_sm90) for sm_90 at one config."""
+    from tileflash.ops import backward_sm90 as GB
+
+    ws = cfg.get("WS", False)
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    if ws:  # dK/dV only; K/V blocks are the two halves of BLOCK_N
+        const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+                     CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True))
+    else:
+        const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+                     DETERMINISTIC=deterministic, VEC=cfg.get("VEC", 2), WITH_DQ=cfg.get("WITH_DQ", False),
+                     CARRY_DK=cfg.get("CARRY_DK", True), num_warps=cfg["num_warps"])
+        if not const["WITH_DQ"]:
+            const.update(DQ=None, SEM=None)  # the launcher passes None for the unused dQ buffers
+    kv_rows = bn // 2 if ws else bn
+    return _compile_gluon_sm90(GB._attn_bwd_sm90_ws if ws else GB._attn_bwd_sm90, const, dtype, d,
+                               dict(q_desc=bm, do_desc=bm, k_desc=kv_rows, v_desc=kv_rows),
+                               dict(LSE="*fp32", DELTA="*fp32", DQ="*fp32", SEM="*i32", DK="*DTYPE", DV="*DTYPE"))
 
 
 def compile_gluon_bwd_dq(d, causal, cfg, dtype="fp16"):
     """Compile the Gluon dQ kernel (tileflash.ops.backward_sm90, not routed yet) for sm_90."""
-    import torch
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     from tileflash.ops import backward_sm90 as GB
-    from tileflash.ops import forward_sm90 as G
 
-    fn = GB._attn_bwd_dq_sm90_ws
-    bm, bn, tdt = cfg["BLOCK_M"], cfg["BLOCK_N"], getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[dtype])
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
                  CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4)
-    sig = {}
-    for name in fn.arg_names:
-        if name in const:
-            sig[name] = "constexpr"
-        elif name.endswith("_desc"):
-            block = bm // 2 if name in ("q_desc", "do_desc") else bn
-            sig[name] = f"tensordesc<{dtype}[{block}, {d}],{G._smem_layout(block, d, tdt)!r}>"
-        elif name in ("LSE", "DELTA"):
-            sig[name] = "*fp32"
-        elif name == "DQ":
-            sig[name] = f"*{dtype}"
-        elif name in ("qk_scale", "sm_scale"):
-            sig[name] = "fp32"
-        else:
-            sig[name] = "i32"
-    src = GluonASTSource(fn=fn, signature=sig, constexprs=const)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 128), options=dict(num_warps=4))
+    return _compile_gluon_sm90(GB._attn_bwd_dq_sm90_ws, const, dtype, d,
+                               dict(q_desc=bm // 2, do_desc=bm // 2, k_desc=bn, v_desc=bn),
+                               dict(LSE="*fp32", DELTA="*fp32", DQ="*DTYPE"))
 
 
 def main():

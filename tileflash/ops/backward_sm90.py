@@ -506,27 +506,11 @@ if _f90.HAVE_GLUON:
         """dQ only; one program per (BLOCK_M-row Q block, batch·head); q_desc/do_desc blocks are
         the BLOCK_M // 2-row halves."""
         HALF_M: gl.constexpr = BLOCK_M // 2
-        pid_m = gl.program_id(0)
-        if CAUSAL:  # the last Q blocks see the most keys: launch them first
-            pid_m = gl.num_programs(0) - 1 - pid_m
-        pid_bh = gl.program_id(1)
-        off_b = pid_bh // nheads
-        off_h = pid_bh % nheads
-        off_hk = off_h // kv_group
-        start_m = pid_m * BLOCK_M
-        q_row = off_b * q_rb + off_h * q_rh + start_m
-        q_col = off_h * q_ch
-        kv_row = off_b * kv_rb + off_hk * kv_rh
-        kv_col = off_hk * kv_ch
-        shift = seqlen_k - seqlen_q
+        off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift = _f90._q_block_coords(
+            nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, BLOCK_M, CAUSAL)
         row_lse = off_b * stride_lb + off_h * stride_lh
-        if CAUSAL:  # both halves run the block's key range (the ring counts two releases per slot)
-            hi = gl.minimum(start_m + BLOCK_M + shift, seqlen_k)
-            n_full = (start_m + shift + 1) // BLOCK_N
-        else:
-            hi = seqlen_k
-            n_full = seqlen_k // BLOCK_N
-        n_blocks = (hi + BLOCK_N - 1) // BLOCK_N
+        # both halves run the block's key range (the ring counts two releases per slot)
+        n_full, n_blocks = _f90._key_blocks(start_m, shift, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
 
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_DIM], q_desc.layout)

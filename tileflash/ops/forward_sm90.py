@@ -75,6 +75,41 @@ if HAVE_GLUON:
         return p, alpha, m_new, l_new
 
     @gluon.jit
+    def _q_block_coords(nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
+                        BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
+        """Which (batch, head, Q block) this program owns (grid: Q blocks x batch·heads; causal:
+        the last Q blocks, which see the most keys, first) and where its Q and K/V tiles start in
+        the 2-D views: (off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift)."""
+        pid_m = gl.program_id(0)
+        if CAUSAL:
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        pid_bh = gl.program_id(1)
+        off_b = pid_bh // nheads
+        off_h = pid_bh % nheads
+        off_hk = off_h // kv_group
+        start_m = pid_m * BLOCK_M
+        q_row = off_b * q_rb + off_h * q_rh + start_m
+        q_col = off_h * q_ch
+        kv_row = off_b * kv_rb + off_hk * kv_rh
+        kv_col = off_hk * kv_ch
+        shift = seqlen_k - seqlen_q
+        return off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift
+
+    @gluon.jit
+    def _key_blocks(start_m, shift, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """(n_full, n_blocks): the K/V blocks a Q block at start_m works through (keys [0, hi) are
+        visible to some row; every row sees key 0, so n_blocks >= 1), of which the first n_full
+        need no causal mask."""
+        if CAUSAL:
+            hi = gl.minimum(start_m + BLOCK_M + shift, seqlen_k)
+            n_full = (start_m + shift + 1) // BLOCK_N
+        else:
+            hi = seqlen_k
+            n_full = seqlen_k // BLOCK_N
+        n_blocks = (hi + BLOCK_N - 1) // BLOCK_N
+        return n_full, n_blocks
+
+    @gluon.jit
     def _load_block(desc, bar, smem, row, col, pred):
         """TMA copy of the [rows, HEAD_DIM] block at (row, col) into smem, signalled on bar (if pred)."""
         mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
@@ -90,19 +125,8 @@ if HAVE_GLUON:
         CAUSAL: gl.constexpr, LOOKAHEAD: gl.constexpr, num_warps: gl.constexpr,
     ):
         """One program per (Q block, batch·head), as the Triton kernel; see the module docstring."""
-        pid_m = gl.program_id(0)
-        if CAUSAL:  # the last Q blocks see the most keys: launch them first
-            pid_m = gl.num_programs(0) - 1 - pid_m
-        pid_bh = gl.program_id(1)
-        off_b = pid_bh // nheads
-        off_h = pid_bh % nheads
-        off_hk = off_h // kv_group
-        start_m = pid_m * BLOCK_M
-        q_row = off_b * q_rb + off_h * q_rh + start_m
-        q_col = off_h * q_ch
-        kv_row = off_b * kv_rb + off_hk * kv_rh
-        kv_col = off_hk * kv_ch
-        shift = seqlen_k - seqlen_q
+        off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift = _q_block_coords(
+            nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, BLOCK_M, CAUSAL)
 
         # Register layouts of the two wgmma results: S [BLOCK_M, BLOCK_N] and O [BLOCK_M, HEAD_DIM];
         # P is fed to the second wgmma from registers.
@@ -127,14 +151,7 @@ if HAVE_GLUON:
             mbarrier.init(k_bar.index(i), count=1)
             mbarrier.init(v_bar.index(i), count=1)
 
-        # Keys [0, hi) are visible to some row of this block; blocks before n_full need no mask.
-        if CAUSAL:
-            hi = gl.minimum(start_m + BLOCK_M + shift, seqlen_k)
-            n_full = (start_m + shift + 1) // BLOCK_N
-        else:
-            hi = seqlen_k
-            n_full = seqlen_k // BLOCK_N
-        n_blocks = (hi + BLOCK_N - 1) // BLOCK_N      # >= 1: every row sees key 0
+        n_full, n_blocks = _key_blocks(start_m, shift, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
 
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
         _tma_load(q_desc, [q_row, q_col], q_bar, q_smem)
@@ -376,28 +393,11 @@ if HAVE_GLUON:
     ):
         """One program per (128-row Q block, batch·head); q_desc/o_desc blocks are the 64-row halves."""
         HALF_M: gl.constexpr = BLOCK_M // 2
-        pid_m = gl.program_id(0)
-        if CAUSAL:
-            pid_m = gl.num_programs(0) - 1 - pid_m
-        pid_bh = gl.program_id(1)
-        off_b = pid_bh // nheads
-        off_h = pid_bh % nheads
-        off_hk = off_h // kv_group
-        start_m = pid_m * BLOCK_M
-        q_row = off_b * q_rb + off_h * q_rh + start_m
-        q_col = off_h * q_ch
-        kv_row = off_b * kv_rb + off_hk * kv_rh
-        kv_col = off_hk * kv_ch
-        shift = seqlen_k - seqlen_q
+        off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift = _q_block_coords(
+            nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, BLOCK_M, CAUSAL)
         lse_base = off_b * stride_lb + off_h * stride_lh
         # both halves run the same number of turns: the block's key range, masked per row
-        if CAUSAL:
-            hi = gl.minimum(start_m + BLOCK_M + shift, seqlen_k)
-            n_full = (start_m + shift + 1) // BLOCK_N
-        else:
-            hi = seqlen_k
-            n_full = seqlen_k // BLOCK_N
-        n_blocks = (hi + BLOCK_N - 1) // BLOCK_N
+        n_full, n_blocks = _key_blocks(start_m, shift, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
 
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_DIM], q_desc.layout)        # Q halves, then O
