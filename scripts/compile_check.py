@@ -228,53 +228,32 @@ def main():
                     except Exception as e:  # noqa: BLE001
                         failures += 1
                         print(f"FAIL {dtype} D={d} {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
-    # the Hopper Gluon forward: every config the dispatcher picks
+    # the Hopper Gluon kernels: every config the dispatcher picks, plus the backward's other modes
     from tileflash.ops import forward_sm90 as G
     if G.HAVE_GLUON:
-        for dtype in [a for a in sys.argv[1:] if a in ("fp16", "bf16")] or ["fp16", "bf16"]:
-            for d in (64, 128):
-                for causal in (False, True):
-                    for n in (1024, 2048, 4096):
-                        cfg = G.config_for(d, causal, n)
-                        try:
-                            k = compile_gluon(d, causal, cfg, dtype)
-                            print(f"ok   {dtype} gluon D={d} causal={causal!s:<5} N={n} {cfg} smem={k.metadata.shared}",
-                                  flush=True)
-                        except Exception as e:  # noqa: BLE001
-                            failures += 1
-                            print(f"FAIL {dtype} gluon D={d} causal={causal} {cfg}: {type(e).__name__}: {str(e)[:300]}",
-                                  flush=True)
         from tileflash.ops import backward_sm90 as GB
+        cases = []  # (tag, d, causal, cfg, build)
+        for d in (64, 128):
+            for causal in (False, True):
+                for n in (1024, 2048, 4096):
+                    cases.append((f"gluon D={d} causal={causal!s:<5} N={n}", G.config_for(d, causal, n), compile_gluon))
+                # the default (the warp-specialized dK/dV kernel), the 8-warp dK/dV kernel, the fused
+                # mode (dQ by ordered atomic adds), the 8-warp kernel with dK waited every block
+                # (CARRY_DK=False), and the Gluon dQ kernel (not routed to yet)
+                base = GB.config_for(d, causal, 4096)
+                lock = dict(base, WS=False, CARRY_DK=True)
+                for cfg in (base, lock, dict(lock, WITH_DQ=True), dict(lock, CARRY_DK=False)):
+                    cases.append((f"gluon-bwd D={d} causal={causal!s:<5}", cfg, compile_gluon_bwd))
+                cases.append((f"gluon-dq D={d} causal={causal!s:<5}", GB.dq_config_for(d, causal), compile_gluon_bwd_dq))
         for dtype in [a for a in sys.argv[1:] if a in ("fp16", "bf16")] or ["fp16", "bf16"]:
-            for d in (64, 128):
-                for causal in (False, True):
-                    # the default (the warp-specialized dK/dV kernel), the 8-warp dK/dV kernel, the
-                    # fused mode (dQ by ordered atomic adds), and the 8-warp kernel with dK waited every
-                    # block (CARRY_DK=False)
-                    base = GB.config_for(d, causal, 4096)
-                    lock = dict(base, WS=False, CARRY_DK=True)
-                    for cfg in (base, lock, dict(lock, WITH_DQ=True), dict(lock, CARRY_DK=False)):
-                        try:
-                            k = compile_gluon_bwd(d, causal, cfg, dtype)
-                            print(f"ok   {dtype} gluon-bwd D={d} causal={causal!s:<5} {cfg} "
-                                  f"smem={k.metadata.shared}", flush=True)
-                        except Exception as e:  # noqa: BLE001
-                            failures += 1
-                            print(f"FAIL {dtype} gluon-bwd D={d} causal={causal} {cfg}: {type(e).__name__}: "
-                                  f"{str(e)[:600]}", flush=True)
-        # the Gluon dQ kernel (not routed to yet): D 64/128 x causal
-        for dtype in [a for a in sys.argv[1:] if a in ("fp16", "bf16")] or ["fp16", "bf16"]:
-            for d in (64, 128):
-                for causal in (False, True):
-                    cfg = GB.dq_config_for(d, causal)
-                    try:
-                        k = compile_gluon_bwd_dq(d, causal, cfg, dtype)
-                        print(f"ok   {dtype} gluon-dq D={d} causal={causal!s:<5} {cfg} smem={k.metadata.shared}",
-                              flush=True)
-                    except Exception as e:  # noqa: BLE001
-                        failures += 1
-                        print(f"FAIL {dtype} gluon-dq D={d} causal={causal} {cfg}: {type(e).__name__}: "
-                              f"{str(e)[:600]}", flush=True)
+            for tag, cfg, build in cases:
+                d, causal = int(tag.split("D=")[1].split()[0]), "True" in tag
+                try:
+                    k = build(d, causal, cfg, dtype)
+                    print(f"ok   {dtype} {tag} {cfg} smem={k.metadata.shared}", flush=True)
+                except Exception as e:  # noqa: BLE001
+                    failures += 1
+                    print(f"FAIL {dtype} {tag} {cfg}: {type(e).__name__}: {str(e)[:600]}", flush=True)
     print(f"triton {triton.__version__}: {failures} failure(s)")
     return 1 if failures else 0
 
