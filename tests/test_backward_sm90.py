@@ -252,6 +252,33 @@ def test_gluon_dq_kernel_matches_reference(case, d, causal):
     check_cuda_grads((dq, dkv[1], dkv[2]), q, k, v, do, causal)
 
 
+def test_gluon_dq_is_opt_in(monkeypatch):
+    """The Gluon dQ kernel has not run on a GPU yet: only TILEFLASH_GLUON_DQ=1 routes to it."""
+    monkeypatch.delenv("TILEFLASH_GLUON_DQ", raising=False)
+    assert not gb.dq_enabled()
+    monkeypatch.setenv("TILEFLASH_GLUON_DQ", "1")
+    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
+    assert gb.dq_enabled() == gb._f90.HAVE_GLUON
+    q = torch.empty(1, 256, 2, 64, dtype=torch.float16)
+    assert gb.dq_supported(q, q, torch.empty_like(q), False)
+    assert not gb.dq_supported(q[:, :192], q, torch.empty_like(q[:, :192]), False)   # not a tile multiple
+    assert not gb.dq_supported(q, q, torch.empty(1, 256, 2, 128, dtype=torch.float16)[..., ::2], False)
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gluon_dq_route_through_the_public_api(causal, monkeypatch, gluon_bwd_calls):
+    """With TILEFLASH_GLUON_DQ=1, flash_attn_func's backward runs both Gluon kernels and still
+    meets the fp32 rule."""
+    monkeypatch.setenv("TILEFLASH_GLUON_DQ", "1")
+    dq_calls = count_calls(monkeypatch, gb, "backward_dq")
+    q, k, v = make_qkv(2, 512, 640, 4, 2, 128, torch.bfloat16, "cuda", seed=21)
+    do = torch.randn_like(q)
+    grads = _grads(q, k, v, do, causal)
+    assert gluon_bwd_calls and dq_calls
+    check_cuda_grads(grads, q, k, v, do, causal)
+
+
 @needs_sm90
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gluon_backward_bitwise_deterministic(causal, gluon_bwd_calls):

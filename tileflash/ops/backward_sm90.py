@@ -30,9 +30,9 @@ the default there, while at D = 64 it spills and is slower, so D = 64 keeps the 
 (docs/perf-notes.md §16).
 
 A third kernel, ``_attn_bwd_dq_sm90_ws`` (:func:`backward_dq`), computes dQ with the forward's
-warp-specialized structure (Q-stationary, K/V streamed). It has **not run on a GPU yet** and
-nothing routes to it: it compiles for sm_90 without spills and with asynchronous wgmma (CPU
-tests), and its GPU test and timing are ready for the next H200 run.
+warp-specialized structure (Q-stationary, K/V streamed). It has **not run on a GPU yet**, so only
+``TILEFLASH_GLUON_DQ=1`` routes to it: it compiles for sm_90 without spills and with
+asynchronous wgmma (CPU tests), and its GPU tests and timing are ready for the next H200 run.
 
 Two modes (``WITH_DQ``, a constexpr):
 
@@ -708,11 +708,26 @@ def dq_config_for(head_dim: int, causal: bool) -> dict:
     return dict(BLOCK_M=128, BLOCK_N=64, STAGES=3)
 
 
+def dq_enabled() -> bool:
+    """TILEFLASH_GLUON_DQ=1 routes dQ to the Gluon dQ kernel after the Gluon dK/dV kernel. Opt-in
+    because that kernel has not run on a GPU yet (off: the Triton dQ kernel runs)."""
+    return enabled() and os.environ.get("TILEFLASH_GLUON_DQ", "0") == "1"
+
+
+def dq_supported(q, k, dq, causal: bool) -> bool:
+    """Whether a call that took the Gluon dK/dV kernel can also take the Gluon dQ kernel: lengths
+    that are multiples of its tiles, and a dq buffer with contiguous rows and int32 head offsets."""
+    cfg = dq_config_for(q.shape[-1], causal)
+    return (q.shape[1] % cfg["BLOCK_M"] == 0 and k.shape[1] % cfg["BLOCK_N"] == 0 and dq.stride(-1) == 1
+            and _head_offsets_fit(dq))
+
+
 def backward_dq(dout, q, k, v, lse, delta, dq, softmax_scale: float, causal: bool, cfg: dict | None = None):
     """dQ by the warp-specialized Gluon dQ kernel (``_attn_bwd_dq_sm90_ws``) into dq, in place of
-    the Triton dQ kernel. NOT GPU-run yet and not routed to by ``flash_attn_backward``: for timing
-    and testing on an H200 (``scripts/gluon_bwd_check.py --configs .../dq``). Same scope as
-    :func:`supported` (the caller checks it); lengths must be multiples of the tiles."""
+    the Triton dQ kernel. NOT GPU-run yet: ``flash_attn_backward`` routes to it only with
+    ``TILEFLASH_GLUON_DQ=1`` (:func:`dq_enabled`); ``scripts/gluon_bwd_check.py --configs .../dq``
+    times it. Same scope as :func:`supported` (the caller checks it); lengths must be multiples
+    of the tiles."""
     cfg = cfg or dq_config_for(q.shape[-1], causal)
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
