@@ -223,6 +223,31 @@ def test_ws_kernel_equals_the_eight_warp_kernel(case, d, causal):
             assert torch.equal(a, c), f"{cfg} differs from the default"
 
 
+def test_gluon_dq_falls_back_when_it_does_not_compile(monkeypatch):
+    """A compile failure of the Gluon dQ kernel warns, returns None (the caller then runs the Triton
+    dQ kernel) and is not retried (CPU tensors: the launch is replaced before any GPU work)."""
+    if not gb._f90.HAVE_GLUON:
+        pytest.skip("this triton has no Gluon")
+    attempts = []
+
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                attempts.append(1)
+                raise RuntimeError("PassManager::run failed (simulated)")
+            return launch
+
+    monkeypatch.setattr(gb, "_attn_bwd_dq_sm90_ws", Broken())
+    monkeypatch.setattr(gb, "_BROKEN", set())
+    monkeypatch.setattr(gb._f90, "_desc", lambda t, s, h, rows: (None, (0, 0, 0)))
+    q = torch.empty(1, 128, 2, 64, dtype=torch.float16)
+    lse = torch.empty(1, 2, 128)
+    with pytest.warns(RuntimeWarning, match="Gluon dQ kernel failed to compile"):
+        assert gb.backward_dq(q, q, q, q, lse, lse, torch.empty_like(q), 0.125, False) is None
+    assert gb.backward_dq(q, q, q, q, lse, lse, torch.empty_like(q), 0.125, False) is None
+    assert len(attempts) == 1
+
+
 def test_gluon_dq_kernel_checks_its_tiles():
     """backward_dq (the Gluon dQ kernel, not routed yet) refuses lengths that are not multiples of
     its tiles with a message, before any launch (CPU tensors do)."""
@@ -266,13 +291,16 @@ def test_gluon_dq_is_opt_in(monkeypatch):
 
 
 @needs_sm90
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_gluon_dq_route_through_the_public_api(causal, monkeypatch, gluon_bwd_calls):
+def test_gluon_dq_route_through_the_public_api(causal, layout, monkeypatch, gluon_bwd_calls):
     """With TILEFLASH_GLUON_DQ=1, flash_attn_func's backward runs both Gluon kernels and still
-    meets the fp32 rule."""
+    meets the fp32 rule, in (B, S, H, D) memory and in SDPA's (B, H, S, D) memory (other dq strides)."""
     monkeypatch.setenv("TILEFLASH_GLUON_DQ", "1")
     dq_calls = count_calls(monkeypatch, gb, "backward_dq")
     q, k, v = make_qkv(2, 512, 640, 4, 2, 128, torch.bfloat16, "cuda", seed=21)
+    if layout == "bhsd":
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     do = torch.randn_like(q)
     grads = _grads(q, k, v, do, causal)
     assert gluon_bwd_calls and dq_calls

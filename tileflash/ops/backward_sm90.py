@@ -485,7 +485,7 @@ if _f90.HAVE_GLUON:
             mbarrier.arrive(v_empty.index(stage), count=1)                                # V_j no longer read
             ds = gl.convert_layout((p * (dp - gl.expand_dims(delta, 1))).to(dtype), op_layout)  # [HALF_M, BLOCK_N]
             dq = warpgroup_mma(ds, k_smem.index(stage), dq, is_async=True)               # [HALF_M, HEAD_DIM]
-            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+            dq, ds = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds))               # ds: a register operand
             mbarrier.arrive(k_empty.index(stage), count=1)                                # K_j no longer read
 
         offs_qm = start_m + C * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, dq_layout))
@@ -718,8 +718,8 @@ def dq_supported(q, k, dq, causal: bool) -> bool:
     """Whether a call that took the Gluon dK/dV kernel can also take the Gluon dQ kernel: lengths
     that are multiples of its tiles, and a dq buffer with contiguous rows and int32 head offsets."""
     cfg = dq_config_for(q.shape[-1], causal)
-    return (q.shape[1] % cfg["BLOCK_M"] == 0 and k.shape[1] % cfg["BLOCK_N"] == 0 and dq.stride(-1) == 1
-            and _head_offsets_fit(dq))
+    return (q.shape[1] % cfg["BLOCK_M"] == 0 and k.shape[1] % cfg["BLOCK_N"] == 0 and dq.shape == q.shape
+            and dq.stride(-1) == 1 and _head_offsets_fit(dq))
 
 
 def backward_dq(dout, q, k, v, lse, delta, dq, softmax_scale: float, causal: bool, cfg: dict | None = None):
@@ -727,8 +727,11 @@ def backward_dq(dout, q, k, v, lse, delta, dq, softmax_scale: float, causal: boo
     the Triton dQ kernel. NOT GPU-run yet: ``flash_attn_backward`` routes to it only with
     ``TILEFLASH_GLUON_DQ=1`` (:func:`dq_enabled`); ``scripts/gluon_bwd_check.py --configs .../dq``
     times it. Same scope as :func:`supported` (the caller checks it); lengths must be multiples
-    of the tiles."""
+    of the tiles. Returns dq, or None after a warning if the kernel does not compile with the
+    installed triton (the caller then runs the Triton dQ kernel)."""
     cfg = cfg or dq_config_for(q.shape[-1], causal)
+    if delta.stride() != lse.stride():
+        raise ValueError("backward_dq: delta must have lse's strides (the kernel addresses both alike)")
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
@@ -741,12 +744,24 @@ def backward_dq(dout, q, k, v, lse, delta, dq, softmax_scale: float, causal: boo
     do_desc, _ = _f90._desc(dout, seqlen_q, nheads, bm // 2)
     k_desc, (kv_rb, kv_rh, kv_ch) = _f90._desc(k, seqlen_k, nheads_k, bn)
     v_desc, _ = _f90._desc(v, seqlen_k, nheads_k, bn)
-    _attn_bwd_dq_sm90_ws[(seqlen_q // bm, batch * nheads)](
-        q_desc, k_desc, v_desc, do_desc, lse, delta, dq,
-        q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
-        lse.stride(0), lse.stride(1), dq.stride(0), dq.stride(1), dq.stride(2),
-        nheads, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E, softmax_scale,
-        HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-        CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4,
-    )
+    key = ("dq",) + _f90._key(d, causal, q.dtype, cfg)
+    if key in _BROKEN:
+        return None
+    try:
+        _attn_bwd_dq_sm90_ws[(seqlen_q // bm, batch * nheads)](
+            q_desc, k_desc, v_desc, do_desc, lse, delta, dq,
+            q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
+            lse.stride(0), lse.stride(1), dq.stride(0), dq.stride(1), dq.stride(2),
+            nheads, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E, softmax_scale,
+            HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+            CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4,
+        )
+    except Exception as e:  # noqa: BLE001  (anything but a compile failure is re-raised)
+        if not _f90._compile_error(e):
+            raise
+        _BROKEN.add(key)
+        warnings.warn(f"tileflash: the Gluon dQ kernel failed to compile with triton {triton.__version__} "
+                      f"({type(e).__name__}: {str(e)[:200]}); using the Triton dQ kernel for this configuration.",
+                      RuntimeWarning, stacklevel=3)
+        return None
     return dq
