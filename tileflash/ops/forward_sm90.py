@@ -486,6 +486,23 @@ def _compile_error(e: Exception) -> bool:
     return isinstance(e, CompilationError) or (isinstance(e, RuntimeError) and "PassManager" in str(e))
 
 
+def launch_or_fall_back(broken: set, key, what: str, hint: str, launch) -> bool:
+    """Run launch() (every launch may compile: triton specializes on argument values, e.g. a GQA
+    group of 1). True if it ran. If triton fails to build the kernel (Gluon's API changes between
+    releases), warn, record key in `broken` (the callers' routing then skips that configuration)
+    and return False, so that the caller runs its Triton kernel; any other error propagates."""
+    try:
+        launch()
+    except Exception as e:  # noqa: BLE001  (anything but a compile failure is re-raised)
+        if not _compile_error(e):
+            raise
+        broken.add(key)
+        warnings.warn(f"tileflash: {what} failed to compile with triton {triton.__version__} "
+                      f"({type(e).__name__}: {str(e)[:200]}); {hint}", RuntimeWarning, stacklevel=4)
+        return False
+    return True
+
+
 def enabled() -> bool:
     """TILEFLASH_GLUON=0 turns the Gluon kernel off (the Triton kernel then runs everywhere)."""
     return HAVE_GLUON and os.environ.get("TILEFLASH_GLUON", "1") != "0"
@@ -555,17 +572,10 @@ def forward(q, k, v, out, lse, softmax_scale: float, causal: bool, cfg: dict | N
     later calls skip this configuration."""
     d = q.shape[-1]
     cfg = cfg or config_for(d, causal, q.shape[1])
-    try:  # every launch may compile (triton specializes on argument values, e.g. a GQA group of 1)
-        _launch(q, k, v, out, lse, softmax_scale, causal, cfg)
-    except Exception as e:  # noqa: BLE001  (anything but a compile failure is re-raised)
-        if not _compile_error(e):
-            raise
-        _BROKEN.add(_key(d, causal, q.dtype, cfg))
-        warnings.warn(f"tileflash: the Hopper Gluon forward failed to compile with triton {triton.__version__} "
-                      f"({type(e).__name__}: {str(e)[:200]}); using the Triton kernel for this configuration. "
-                      "TILEFLASH_GLUON=0 turns the Gluon kernel off.", RuntimeWarning, stacklevel=3)
-        return None
-    return out, lse
+    ran = launch_or_fall_back(_BROKEN, _key(d, causal, q.dtype, cfg), "the Hopper Gluon forward",
+                              "using the Triton kernel for this configuration. TILEFLASH_GLUON=0 turns the Gluon "
+                              "kernel off.", lambda: _launch(q, k, v, out, lse, softmax_scale, causal, cfg))
+    return (out, lse) if ran else None
 
 
 def _key(d, causal, dtype, cfg):
