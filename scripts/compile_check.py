@@ -148,7 +148,7 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
 
 
 def compile_gluon_bwd_dq(d, causal, cfg, dtype="fp16"):
-    """Compile the Gluon dQ kernel (tileflash.ops.backward_sm90, not routed yet) for sm_90."""
+    """Compile the Gluon dQ kernel (tileflash.ops.backward_sm90) for sm_90."""
     from tileflash.ops import backward_sm90 as GB
 
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]

@@ -14,6 +14,7 @@ The table is printed last.
 """
 
 import argparse
+import os
 
 import torch
 import torch.nn.functional as Fn
@@ -50,6 +51,8 @@ def main():
                     "unordered; nocarry: dK waited every block, CARRY_DK=False; ws: the warp-specialized dK/dV "
                     "kernel, a producer warp and two consumer warpgroups)")
     ap.add_argument("--nondet", action="store_true", help="also time the fused mode, ordered and unordered")
+    ap.add_argument("--gluon-dq", action="store_true", help="also time (and check) the whole backward with dQ by "
+                    "the Gluon dQ kernel (TILEFLASH_GLUON_DQ=1), printed as gluon+gdq")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     rows = []
@@ -88,6 +91,23 @@ def main():
                         errs.append((eg, et))
                     ok = "ok" if all(eg <= 2 * et + 1e-3 for eg, et in errs) else "FAIL " + str(errs)
                 t = {"gluon": do_bench(glu, warmup=25, rep=100), "triton": do_bench(tri, warmup=25, rep=100)}
+                if args.gluon_dq:
+                    os.environ["TILEFLASH_GLUON_DQ"] = "1"
+                    try:
+                        h1 = glu()
+                        hd = max((x.float() - y.float()).abs().max().item() for x, y in zip(h1, t1))
+                        hok = "n/a"
+                        if ref is not None:
+                            hok = "ok" if all((hh[:1].float() - rr).abs().max().item()
+                                              <= 2 * (tt[:1].float() - rr).abs().max().item() + 1e-3
+                                              for hh, tt, rr in zip(h1, t1, ref)) else "FAIL"
+                        hdet = all(torch.equal(x, y) for x, y in zip(h1, glu()))
+                        t["gdq"] = do_bench(glu, warmup=25, rep=100)
+                        print(f"  D={d} causal={int(causal)} N={n} gluon+gdq (whole backward, Gluon dQ): "
+                              f"{flops / t['gdq'] * 1e-9:.0f} TFLOP/s max|diff to Triton| {hd:.3g} "
+                              f"bitwise rerun {hdet} vs fp32 {hok}", flush=True)
+                    finally:
+                        os.environ.pop("TILEFLASH_GLUON_DQ")
                 delta = (out.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
                 extra = list(args.configs) + (["64/128/2/8/fused", "64/128/2/8/fused/nd"] if args.nondet else [])
                 for spec in extra:
@@ -131,17 +151,19 @@ def main():
                         t[name] = do_bench(lambda: torch.autograd.grad(o, (qt, kt, vt), dot, retain_graph=True),
                                            warmup=25, rep=100)
                 tf = {key: flops / ms * 1e-9 for key, ms in t.items()}
-                row = (d, int(causal), n, tf["gluon"], tf["triton"], tf["cudnn"], tf["flash"], diff, det, nan, ok)
+                row = (d, int(causal), n, tf["gluon"], tf["triton"], tf["cudnn"], tf["flash"], diff, det, nan, ok,
+                       tf.get("gdq", float("nan")))
                 rows.append(row)
                 print("D={} causal={} N={}: gluon {:.0f} triton {:.0f} cudnn {:.0f} flash {:.0f} TFLOP/s; "
-                      "max|gluon-triton| {:.3g} deterministic {} nan {} vs fp32 {}".format(*row), flush=True)
+                      "max|gluon-triton| {:.3g} deterministic {} nan {} vs fp32 {}; gluon+gdq {:.0f}".format(*row), flush=True)
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}; backward TFLOP/s "
           "(do_bench median, whole backward incl. delta)")
-    print("| D | causal | N | gluon | triton | cuDNN | SDPA-flash | gluon/cuDNN | gluon/triton | max diff | bitwise rerun | fp32 rule |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for d, c, n, g, tr, cu, fl, diff, det, nan, ok in rows:
-        print(f"| {d} | {c} | {n} | {g:.0f} | {tr:.0f} | {cu:.0f} | {fl:.0f} | {g / cu:.2f} | {g / tr:.2f} | "
-              f"{diff:.2g} | {'same' if det else 'DIFFERENT'}{' NaN' if nan else ''} | {ok} |")
+    print("| D | causal | N | gluon | gluon+gdq | triton | cuDNN | SDPA-flash | gluon/cuDNN | gluon+gdq/cuDNN | gluon/triton "
+          "| max diff | bitwise rerun | fp32 rule |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for d, c, n, g, tr, cu, fl, diff, det, nan, ok, gq in rows:
+        print(f"| {d} | {c} | {n} | {g:.0f} | {gq:.0f} | {tr:.0f} | {cu:.0f} | {fl:.0f} | {g / cu:.2f} | {gq / cu:.2f} | "
+              f"{g / tr:.2f} | {diff:.2g} | {'same' if det else 'DIFFERENT'}{' NaN' if nan else ''} | {ok} |")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import tempfile
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compile_check import compile_gluon, compile_gluon_bwd  # noqa: E402
+from compile_check import compile_gluon, compile_gluon_bwd, compile_gluon_bwd_dq  # noqa: E402
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
 _INSTR = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s*(?:@!?U?P[0-9T]\s+)?([A-Z0-9_]+)(\.[A-Z0-9_.]+)?\s*(.*?);")
@@ -64,6 +64,8 @@ def cases():
                 yield f"fwd D={d} causal={causal:d} N={n}", (lambda d=d, c=causal, cfg=cfg: compile_gluon(d, c, cfg))
             cfg = GB.config_for(d, causal, 4096)
             yield f"bwd D={d} causal={causal:d}", (lambda d=d, c=causal, cfg=cfg: compile_gluon_bwd(d, c, cfg))
+            cfg = GB.dq_config_for(d, causal)
+            yield f"dq D={d} causal={causal:d}", (lambda d=d, c=causal, cfg=cfg: compile_gluon_bwd_dq(d, c, cfg))
 
 
 def main():

@@ -249,7 +249,7 @@ def test_gluon_dq_falls_back_when_it_does_not_compile(monkeypatch):
 
 
 def test_gluon_dq_kernel_checks_its_tiles():
-    """backward_dq (the Gluon dQ kernel, not routed yet) refuses lengths that are not multiples of
+    """backward_dq (the Gluon dQ kernel) refuses lengths that are not multiples of
     its tiles with a message, before any launch (CPU tensors do)."""
     q = torch.empty(1, 192, 2, 64, dtype=torch.float16)
     k = torch.empty(1, 256, 2, 64, dtype=torch.float16)
@@ -263,7 +263,7 @@ def test_gluon_dq_kernel_checks_its_tiles():
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("case", CASES[:3], ids=lambda c: "x".join(map(str, c)))
 def test_gluon_dq_kernel_matches_reference(case, d, causal):
-    """The Gluon dQ kernel (``backward_dq``, not routed to yet) under the fp32 rule, writing every
+    """The Gluon dQ kernel (``backward_dq``) under the fp32 rule, writing every
     element of a NaN-poisoned buffer; dK and dV from the default Gluon kernel."""
     b, sq, sk, h, hk = case
     q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.float16, "cuda", seed=sq + 5 * d)
@@ -277,11 +277,17 @@ def test_gluon_dq_kernel_matches_reference(case, d, causal):
     check_cuda_grads((dq, dkv[1], dkv[2]), q, k, v, do, causal)
 
 
-def test_gluon_dq_is_opt_in(monkeypatch):
-    """The Gluon dQ kernel has not run on a GPU yet: only TILEFLASH_GLUON_DQ=1 routes to it."""
+def test_gluon_dq_is_the_default_and_can_be_turned_off(monkeypatch):
+    """The Gluon dQ kernel follows the Gluon dK/dV kernel unless TILEFLASH_GLUON_DQ=0 (or the whole
+    Gluon backward is off); it applies to lengths that are multiples of its tiles."""
     monkeypatch.delenv("TILEFLASH_GLUON_DQ", raising=False)
+    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
+    assert gb.dq_enabled() == gb._f90.HAVE_GLUON
+    monkeypatch.setenv("TILEFLASH_GLUON_DQ", "0")
     assert not gb.dq_enabled()
     monkeypatch.setenv("TILEFLASH_GLUON_DQ", "1")
+    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "0")
+    assert not gb.dq_enabled()
     monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
     assert gb.dq_enabled() == gb._f90.HAVE_GLUON
     q = torch.empty(1, 256, 2, 64, dtype=torch.float16)
@@ -294,9 +300,9 @@ def test_gluon_dq_is_opt_in(monkeypatch):
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gluon_dq_route_through_the_public_api(causal, layout, monkeypatch, gluon_bwd_calls):
-    """With TILEFLASH_GLUON_DQ=1, flash_attn_func's backward runs both Gluon kernels and still
-    meets the fp32 rule, in (B, S, H, D) memory and in SDPA's (B, H, S, D) memory (other dq strides)."""
-    monkeypatch.setenv("TILEFLASH_GLUON_DQ", "1")
+    """By default flash_attn_func's backward runs both Gluon kernels and meets the fp32 rule, in
+    (B, S, H, D) memory and in SDPA's (B, H, S, D) memory (other dq strides)."""
+    monkeypatch.delenv("TILEFLASH_GLUON_DQ", raising=False)
     dq_calls = count_calls(monkeypatch, gb, "backward_dq")
     q, k, v = make_qkv(2, 512, 640, 4, 2, 128, torch.bfloat16, "cuda", seed=21)
     if layout == "bhsd":
@@ -362,8 +368,9 @@ def test_default_kernels_keep_wgmma_asynchronous():
     (scripts/sass_check.py, cuobjdump from triton's wheel). ptxas serializes wgmma when an
     accumulator is touched by other instructions while in flight (advisory C7515): a full wait
     then follows each HGMMA. That happened to the backward while it carried dK across blocks; the
-    forward kernels and the D=128 backward must keep a handful of full waits, not one per HGMMA.
-    (The D=64 backward still carries dK, which measured faster there: perf-notes §16.)"""
+    forward kernels, the dQ kernel and the backward except at D=64 non-causal must keep a handful
+    of full waits, not one per HGMMA. (The D=64 non-causal backward still carries dK, which
+    measured faster there: perf-notes §16.)"""
     import json
     import os
     import subprocess
@@ -381,8 +388,8 @@ def test_default_kernels_keep_wgmma_asynchronous():
                          capture_output=True, text=True, env=env, timeout=900)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     rows = json.loads(res.stdout.strip().splitlines()[-1])
-    assert len(rows) == 12 and {"bwd D=64 causal=0", "bwd D=64 causal=1"} <= set(rows)
+    assert len(rows) == 16 and {"bwd D=64 causal=0", "bwd D=64 causal=1", "dq D=128 causal=1"} <= set(rows)
     for name, r in rows.items():
         assert r["hgmma"] >= 16 and r["loop"] > 0, (name, r)
-        if name.startswith("fwd") or "D=128" in name:
+        if name != "bwd D=64 causal=0":
             assert r["waits0"] * 4 <= r["hgmma"], f"{name}: wgmmas serialized ({r})"

@@ -73,7 +73,7 @@ def test_gluon_kernels_compile_for_sm90(dtype):
     assert len([ln for ln in lines if ln.startswith("ok") and " gluon D=" in ln]) == 12
     assert len([ln for ln in lines if ln.startswith("ok") and "gluon-bwd" in ln]) == 16
     assert len([ln for ln in lines if ln.startswith("ok") and "gluon-bwd" in ln and "'WS': True" in ln]) == 4
-    # the Gluon dQ kernel (not routed to yet): D 64/128 x causal
+    # the Gluon dQ kernel: D 64/128 x causal
     assert len([ln for ln in lines if ln.startswith("ok") and "gluon-dq" in ln]) == 4
     # the ping-pong kernel runs three partitions: 4 + 4 consumer warps and a producer warp (12 warps)
     assert any("'WS': True" in ln for ln in lines)

@@ -437,8 +437,8 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
     gluon_done = gluon and backward_sm90.backward(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale,
                                                   causal) is not None
     if gluon_done and backward_sm90.dq_enabled() and backward_sm90.dq_supported(q, k, dq, causal):
-        # opt-in (TILEFLASH_GLUON_DQ=1, not GPU-run yet): dQ by the Gluon dQ kernel too (None: it
-        # did not compile, the Triton dQ kernel runs)
+        # dQ by the Gluon dQ kernel too (TILEFLASH_GLUON_DQ=0 turns it off; None: it did not
+        # compile, the Triton dQ kernel runs)
         if backward_sm90.backward_dq(dout, q, k, v, lse, delta, dq, softmax_scale, causal) is not None:
             return dq, dk, dv
     common = dict(**flags, IS_VARLEN=varlen, HEAD_DIM=head_dim, BLOCK_D=block_d, DOT_PRECISION=precision,

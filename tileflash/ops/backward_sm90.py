@@ -30,14 +30,15 @@ the default there, while at D = 64 it spills and is slower, so D = 64 keeps the 
 (docs/perf-notes.md §16).
 
 A third kernel, ``_attn_bwd_dq_sm90_ws`` (:func:`backward_dq`), computes dQ with the forward's
-warp-specialized structure (Q-stationary, K/V streamed). It has **not run on a GPU yet**, so only
-``TILEFLASH_GLUON_DQ=1`` routes to it: it compiles for sm_90 without spills and with
-asynchronous wgmma (CPU tests), and its GPU tests and timing are ready for the next H200 run.
+warp-specialized structure (Q-stationary, K/V streamed). It is the default dQ path after the
+Gluon dK/dV kernel (``TILEFLASH_GLUON_DQ=0``: the Triton dQ kernel instead); on the H200 it
+measured 5–10% faster than the Triton dQ kernel (docs/perf-notes.md §17).
 
 Two modes (``WITH_DQ``, a constexpr):
 
 * ``False``, the default (:func:`config_for`): dK and dV only. ``tileflash.ops.backward`` then
-  runs its Triton dQ kernel, which recomputes S and dP per (Q block, K block): 7 matmuls per
+  runs the Gluon dQ kernel above (or its Triton dQ kernel where that one does not apply), which
+  recomputes S and dP per (Q block, K block): 7 matmuls per
   pair in all, no atomics, bitwise deterministic. At D=128 the first Gluon dK/dV kernel measured
   17–27% faster than the Triton dK/dV kernel (session 6), and the default is 9–13% faster than
   that one (session 7, run 9; docs/perf-notes.md §15–16).
@@ -428,7 +429,7 @@ if _f90.HAVE_GLUON:
 
 
     # ------------------------------------------------------------------------------------------
-    # dQ kernel (NOT GPU-run yet, not routed to: reachable only through backward_dq()). The
+    # dQ kernel (backward_dq(); the default dQ path after the dK/dV kernel). The
     # forward's warp-specialized structure with the backward's dQ math: one program per (128-row
     # Q block, batch·head), the forward's producer streams Q (and, here, dO) halves once and the
     # K/V ring, two consumer warpgroups own 64 rows each. Per K/V block: S = Q·Kᵀ and dP = dO·Vᵀ
@@ -575,9 +576,14 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
       wait follows each of the 48 HGMMAs, against 4 without the carry). Run 9 of the seventh
       session, kernel alone, N = 4k / 16k: non-causal 673 / 709 against 629 / 670, causal
       634 / 692 against 576 / 654. At D = 64 the carry stays (True): without it ptxas spills
-      56-216 bytes and the kernel measured 2-5% slower (490 / 547 against 516 / 558 non-causal)."""
-    return dict(BLOCK_M=128 if head_dim <= 64 else 64, BLOCK_N=128, STAGES=2, num_warps=8, VEC=2, WITH_DQ=False,
-                WS=True, CARRY_DK=head_dim <= 64)
+      56-216 bytes and the kernel measured 2-5% slower (490 / 547 against 516 / 558 non-causal).
+    * D = 64 causal: 64-row Q blocks without the carry (no spills, 4 full waits for 32 HGMMAs).
+      Eighth session, run 1, N = 4k / 16k: 481 / 562 against 404 / 485 with the carry at 64 rows
+      and 460 / 528 for 128 rows with the carry (run 9 of the seventh session); non-causal it
+      measured 473 / 514, below the 128-row kernel, which stays the non-causal default."""
+    wide = head_dim <= 64 and not causal  # 128-row Q blocks with dK carried: D = 64 non-causal only
+    return dict(BLOCK_M=128 if wide else 64, BLOCK_N=128, STAGES=2, num_warps=8, VEC=2, WITH_DQ=False, WS=True,
+                CARRY_DK=wide)
 
 
 _BROKEN: set = set()
@@ -695,16 +701,21 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
 
 
 def dq_config_for(head_dim: int, causal: bool) -> dict:
-    """Tiles of the Gluon dQ kernel: 128-row Q blocks in two 64-row halves, 64-key K/V blocks, a
-    3-slot ring. A first guess that keeps S, dP and dQ of a consumer within its registers at
-    D = 128; NOT measured (the kernel has not run on a GPU yet)."""
-    return dict(BLOCK_M=128, BLOCK_N=64, STAGES=3)
+    """Tiles of the Gluon dQ kernel: 128-row Q blocks in two 64-row halves, 128-key K/V blocks, a
+    2-slot ring. Measured (eighth session, run 1, fp16, the kernel alone, TFLOP/s-equivalent =
+    whole-backward flops over this kernel's time, N = 4k / 16k): D = 128 non-causal 1165 / 1116
+    against 1106 / 1087 with 64-key blocks and 3 slots; causal 1022 / 1088 against 951 / 991;
+    D = 64 non-causal 959 / 985 against 901 / 892, causal 852 / 923 against 786 / 843. The Triton
+    dQ kernel it replaces ran at ~1020 (D = 128 non-causal 16k, from the whole backward minus the
+    dK/dV kernel)."""
+    return dict(BLOCK_M=128, BLOCK_N=128, STAGES=2)
 
 
 def dq_enabled() -> bool:
-    """TILEFLASH_GLUON_DQ=1 routes dQ to the Gluon dQ kernel after the Gluon dK/dV kernel. Opt-in
-    because that kernel has not run on a GPU yet (off: the Triton dQ kernel runs)."""
-    return enabled() and os.environ.get("TILEFLASH_GLUON_DQ", "0") == "1"
+    """Whether dQ goes to the Gluon dQ kernel after the Gluon dK/dV kernel (the default on Hopper).
+    TILEFLASH_GLUON_DQ=0 keeps the Triton dQ kernel (as does TILEFLASH_GLUON_BWD=0, which turns
+    the whole Gluon backward off)."""
+    return enabled() and os.environ.get("TILEFLASH_GLUON_DQ", "1") != "0"
 
 
 def dq_supported(q, k, dq, causal: bool) -> bool:
@@ -717,9 +728,8 @@ def dq_supported(q, k, dq, causal: bool) -> bool:
 
 def backward_dq(dout, q, k, v, lse, delta, dq, softmax_scale: float, causal: bool, cfg: dict | None = None):
     """dQ by the warp-specialized Gluon dQ kernel (``_attn_bwd_dq_sm90_ws``) into dq, in place of
-    the Triton dQ kernel. NOT GPU-run yet: ``flash_attn_backward`` routes to it only with
-    ``TILEFLASH_GLUON_DQ=1`` (:func:`dq_enabled`); ``scripts/gluon_bwd_check.py --configs .../dq``
-    times it. Same scope as :func:`supported` (the caller checks it); lengths must be multiples
+    the Triton dQ kernel (``flash_attn_backward`` routes here by default on Hopper, see
+    :func:`dq_enabled`; ``scripts/gluon_bwd_check.py --configs .../dq`` times other tiles). Same scope as :func:`supported` (the caller checks it); lengths must be multiples
     of the tiles. Returns dq, or None after a warning if the kernel does not compile with the
     installed triton (the caller then runs the Triton dQ kernel)."""
     cfg = cfg or dq_config_for(q.shape[-1], causal)
