@@ -580,10 +580,14 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
     * D = 64 causal: 64-row Q blocks without the carry (no spills, 4 full waits for 32 HGMMAs).
       Eighth session, run 1, N = 4k / 16k: 481 / 562 against 404 / 485 with the carry at 64 rows
       and 460 / 528 for 128 rows with the carry (run 9 of the seventh session); non-causal it
-      measured 473 / 514, below the 128-row kernel, which stays the non-causal default."""
+      measured 473 / 514, below the 128-row kernel, which stays the non-causal default.
+    * D = 128: a 3-slot Q/dO ring (eighth session, run 4, N = 1k / 4k / 16k): non-causal
+      532 / 590 / 712 against 530 / 573 / 695 with 2 slots, causal 413 / 568 / 701 against
+      423 / 565 / 681. At D = 64 a third slot was mixed (non-causal 429 / 491 / 569 against
+      440 / 511 / 554; causal 331 / 407 / 555 against 333 / 471 / 549): 2 slots stay."""
     wide = head_dim <= 64 and not causal  # 128-row Q blocks with dK carried: D = 64 non-causal only
-    return dict(BLOCK_M=128 if wide else 64, BLOCK_N=128, STAGES=2, num_warps=8, VEC=2, WITH_DQ=False, WS=True,
-                CARRY_DK=wide)
+    return dict(BLOCK_M=128 if wide else 64, BLOCK_N=128, STAGES=2 if head_dim <= 64 else 3, num_warps=8, VEC=2,
+                WITH_DQ=False, WS=True, CARRY_DK=wide)
 
 
 _BROKEN: set = set()
