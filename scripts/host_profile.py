@@ -97,6 +97,19 @@ def main():
         prof.disable()
         torch.cuda.synchronize()
         pstats.Stats(prof).sort_stats("tottime").print_stats(22)
+        print("backward (torch.autograd.grad of flash_attn_func), same shape:")
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = tileflash.flash_attn_func(*leaves)
+        do = torch.randn_like(out)
+        for _ in range(20):
+            torch.autograd.grad(out, leaves, do, retain_graph=True)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(100):
+            torch.autograd.grad(out, leaves, do, retain_graph=True)
+        prof.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(22)
 
 
 if __name__ == "__main__":

@@ -583,11 +583,15 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
       measured 473 / 514, below the 128-row kernel, which stays the non-causal default.
     * D = 128: a 3-slot Q/dO ring (eighth session, run 4, N = 1k / 4k / 16k): non-causal
       532 / 590 / 712 against 530 / 573 / 695 with 2 slots, causal 413 / 568 / 701 against
-      423 / 565 / 681. At D = 64 a third slot was mixed (non-causal 429 / 491 / 569 against
-      440 / 511 / 554; causal 331 / 407 / 555 against 333 / 471 / 549): 2 slots stay."""
+      423 / 565 / 681. Causal keeps 2 slots: the gains were within noise there (−2% to +3%), and
+      the third slot raises the causal kernel's spills from 72 to 100 bytes (ptxas, triton 3.6;
+      non-causal: none with either). At D = 64 a third slot was mixed (non-causal
+      429 / 491 / 569 against 440 / 511 / 554; causal 331 / 407 / 555 against 333 / 471 / 549):
+      2 slots stay."""
     wide = head_dim <= 64 and not causal  # 128-row Q blocks with dK carried: D = 64 non-causal only
-    return dict(BLOCK_M=128 if wide else 64, BLOCK_N=128, STAGES=2 if head_dim <= 64 else 3, num_warps=8, VEC=2,
-                WITH_DQ=False, WS=True, CARRY_DK=wide)
+    stages = 3 if head_dim > 64 and not causal else 2
+    return dict(BLOCK_M=128 if wide else 64, BLOCK_N=128, STAGES=stages, num_warps=8, VEC=2, WITH_DQ=False, WS=True,
+                CARRY_DK=wide)
 
 
 _BROKEN: set = set()
@@ -663,13 +667,14 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    with_dq = cfg.get("WITH_DQ", False)
-    if with_dq and cfg.get("WS", False):
+    with_dq, ws = cfg.get("WITH_DQ", False), cfg.get("WS", False)
+    if with_dq and ws:
         raise ValueError("the warp-specialized Gluon backward (WS) computes dK/dV only; WITH_DQ needs WS=False")
     q_desc, (q_rb, q_rh, q_ch) = _f90._desc(q, seqlen_q, nheads, bm)
     do_desc, _ = _f90._desc(dout, seqlen_q, nheads, bm)
-    k_desc, (kv_rb, kv_rh, kv_ch) = _f90._desc(k, seqlen_k, nheads_k, bn)
-    v_desc, _ = _f90._desc(v, seqlen_k, nheads_k, bn)
+    # the WS kernel loads K/V as the two 64-key halves of BLOCK_N
+    k_desc, (kv_rb, kv_rh, kv_ch) = _f90._desc(k, seqlen_k, nheads_k, bn // 2 if ws else bn)
+    v_desc, _ = _f90._desc(v, seqlen_k, nheads_k, bn // 2 if ws else bn)
     if with_dq:
         # fp32 dQ, (B·H, Sq, D), summed over K blocks; one counter per (b, h, Q block) orders the sums
         dq_acc = torch.zeros((batch * nheads, seqlen_q, d), dtype=torch.float32, device=q.device)
@@ -677,9 +682,7 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
     else:
         dq_acc = sem = None  # unused (WITH_DQ is a constexpr): no allocation, no memset
     grid = (batch * nheads_k, seqlen_k // bn)
-    if cfg.get("WS", False):  # dK/dV only (supported() keeps WITH_DQ off for it)
-        k_desc, _ = _f90._desc(k, seqlen_k, nheads_k, bn // 2)
-        v_desc, _ = _f90._desc(v, seqlen_k, nheads_k, bn // 2)
+    if ws:  # dK/dV only (supported() keeps WITH_DQ off for it)
         _attn_bwd_sm90_ws[grid](
             q_desc, k_desc, v_desc, do_desc, lse, delta, dk, dv,
             q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
