@@ -134,7 +134,8 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     if ws:  # dK/dV only; K/V blocks are the two halves of BLOCK_N
         const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-                     CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True))
+                     CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True),
+                     PINGPONG=cfg.get("PINGPONG", False))
     else:
         const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
                      DETERMINISTIC=deterministic, VEC=cfg.get("VEC", 2), WITH_DQ=cfg.get("WITH_DQ", False),

@@ -1,7 +1,7 @@
 """The Hopper Gluon backward against the Triton backward, cuDNN and SDPA-flash, in one run.
 
 Usage: PYTHONPATH=. python3 scripts/gluon_bwd_check.py [--dtype float16] [--sizes 1024 4096 16384] [--d 64 128]
-       [--configs 64/128/2/8 ...] [--nondet]
+       [--configs 64/128/2/8 ...] [--nondet] [--gluon-dq]
 For each (D, causal, N), B·N = 16k tokens and H = 2048 / D (as gluon_check.py):
 * accuracy: the Gluon dq/dk/dv against an fp32 autograd reference (flash-attn's rule: error at most
   2x that of the Triton backward, which the test suite holds to the same rule, plus 1e-3), and the
@@ -46,10 +46,11 @@ def main():
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--configs", nargs="*", default=[], help="extra tiles BLOCK_M/BLOCK_N/STAGES/warps[/fused][/nd]"
-                    "[/nocarry][/ws], or BLOCK_M/BLOCK_N/STAGES/dq for the Gluon dQ kernel, timed beside the default "
+                    "[/nocarry][/ws][/pp], or BLOCK_M/BLOCK_N/STAGES/dq for the Gluon dQ kernel, timed beside the default "
                     "(fused: dQ inside the kernel by ordered atomic adds; nd: "
                     "unordered; nocarry: dK waited every block, CARRY_DK=False; ws: the warp-specialized dK/dV "
-                    "kernel, a producer warp and two consumer warpgroups)")
+                    "kernel, a producer warp and two consumer warpgroups; pp: with ws, the two consumers take turns at "
+                    "issuing their matmuls, PINGPONG=True)")
     ap.add_argument("--nondet", action="store_true", help="also time the fused mode, ordered and unordered")
     ap.add_argument("--gluon-dq", action="store_true", help="also time (and check) the whole backward with dQ by "
                     "the Gluon dQ kernel (TILEFLASH_GLUON_DQ=1), printed as gluon+gdq")
@@ -129,7 +130,7 @@ def main():
                     bm, bn, st, w = (int(x) for x in parts[:4])
                     cfg = dict(BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=w,
                                WITH_DQ="fused" in parts[4:] or "nd" in parts[4:], CARRY_DK="nocarry" not in parts[4:],
-                               WS="ws" in parts[4:])
+                               WS="ws" in parts[4:], PINGPONG="pp" in parts[4:])
                     detm = "nd" not in parts[4:]
                     try:
                         bufs = [torch.full_like(x, float("nan")) for x in (q, k, v)]

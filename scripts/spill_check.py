@@ -9,7 +9,7 @@ Usage: PYTHONPATH=<tree> python scripts/spill_check.py HEAD_DIM CAUSAL(0/1)
 emit PTX newer than the ptxas they bundle).
 
 --gluon: the Hopper Gluon kernels instead (forward and backward, every dispatched configuration
-plus the backward's fused and CARRY_DK=False modes), with ptxas's performance advisories: C7515
+plus the backward's fused, CARRY_DK-flipped and PINGPONG modes, and the dQ kernel), with ptxas's performance advisories: C7515
 ("wgmma ... serialized") means the asynchronous schedule is not what runs (docs/perf-notes.md §15).
 """
 import os
@@ -45,7 +45,7 @@ def compile_fn(fn, const, w, s):
 
 def gluon_report():
     """Registers, spills and performance advisories of the Gluon kernels' configurations."""
-    from compile_check import compile_gluon, compile_gluon_bwd
+    from compile_check import compile_gluon, compile_gluon_bwd, compile_gluon_bwd_dq
 
     from tileflash.ops import backward_sm90 as GB
     from tileflash.ops import forward_sm90 as G
@@ -57,10 +57,14 @@ def gluon_report():
                 cases.append((f"fwd D={d} causal={causal:d} N={n}", lambda d=d, c=causal, n=n:
                               compile_gluon(d, c, G.config_for(d, c, n))))
             base = GB.config_for(d, causal, 4096)
-            for tag, cfg in (("bwd", base), ("bwd fused", dict(base, WITH_DQ=True)),
-                             ("bwd CARRY_DK=False", dict(base, CARRY_DK=False))):
+            flip = not base["CARRY_DK"]
+            for tag, cfg in (("bwd", base), ("bwd fused (8 warps)", dict(base, WITH_DQ=True, WS=False)),
+                             (f"bwd CARRY_DK={flip}", dict(base, CARRY_DK=flip)),
+                             ("bwd PINGPONG", dict(base, PINGPONG=True))):
                 cases.append((f"{tag} D={d} causal={causal:d}", lambda d=d, c=causal, cfg=cfg:
                               compile_gluon_bwd(d, c, cfg)))
+            cases.append((f"dq D={d} causal={causal:d}", lambda d=d, c=causal:
+                          compile_gluon_bwd_dq(d, c, GB.dq_config_for(d, c))))
     for name, build in cases:
         try:
             txt = ptxas_report(build().asm["ptx"])

@@ -202,9 +202,9 @@ def test_gluon_fused_mode_matches_reference(case, d, causal):
 @pytest.mark.parametrize("case", CASES[:3], ids=lambda c: "x".join(map(str, c)))
 def test_ws_kernel_equals_the_eight_warp_kernel(case, d, causal):
     """The warp-specialized dK/dV kernel (the default) and the 8-warp one, each with dK carried in
-    flight across blocks or waited every block (CARRY_DK), do the same arithmetic per element in
-    the same order: all four give the same dK and dV bits, and none leaves a NaN of the poisoned
-    buffers."""
+    flight across blocks or waited every block (CARRY_DK), and the WS kernel with turns
+    (PINGPONG), do the same arithmetic per element in the same order: all five give the same dK
+    and dV bits, and none leaves a NaN of the poisoned buffers."""
     b, sq, sk, h, hk = case
     q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=sq + 3 * d)
     do = torch.randn_like(q)
@@ -215,7 +215,7 @@ def test_ws_kernel_equals_the_eight_warp_kernel(case, d, causal):
     for a in ws[1:]:
         assert not torch.isnan(a).any()
     others = [dict(base, WS=False, CARRY_DK=True), dict(base, WS=False, CARRY_DK=False),
-              dict(base, CARRY_DK=not base["CARRY_DK"])]
+              dict(base, CARRY_DK=not base["CARRY_DK"]), dict(base, PINGPONG=True)]
     for cfg in others:
         res, _ = _direct(q, k, v, do, causal, cfg)
         assert res is not None

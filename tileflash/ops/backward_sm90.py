@@ -314,15 +314,18 @@ if _f90.HAVE_GLUON:
                     kv_group, q_rb, q_rh, q_ch, BLOCK_M)
 
     @gluon.jit
-    def _bwd_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, q_full, q_empty, LSE, DELTA, DK, DV,
+    def _bwd_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, q_full, q_empty, pp_bar, LSE, DELTA, DK, DV,
                          off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale, sm_scale,
                          stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
                          C: gl.constexpr, HALF_N: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, CARRY_DK: gl.constexpr):
+                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, CARRY_DK: gl.constexpr, PINGPONG: gl.constexpr):
         """Keys [start_n + C·HALF_N, +HALF_N): the dK/dV schedule of _attn_bwd_sm90 (WITH_DQ=False)
         on one warpgroup, releasing each ring slot when its dK matmul retires. CARRY_DK as there:
         True leaves dK in flight into the next block, which makes ptxas serialize every wgmma
-        (C7515); False waits for dK at the end of each block."""
+        (C7515); False waits for dK at the end of each block. PINGPONG: each of the block's two
+        matmul issues (Sᵀ and dPᵀ; dV and dK) is a turn taken alternately with the other consumer
+        (the forward's _ws_turn / _ws_pass, two turns per block), so one consumer's elementwise
+        work runs while the other's matmuls do; False: the consumers run free."""
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, BLOCK_M, 16])
         dkv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -349,8 +352,10 @@ if _f90.HAVE_GLUON:
             q_s = q_smem.index(stage)                                                     # [BLOCK_M, HEAD_DIM]
             do_s = do_smem.index(stage)                                                   # [BLOCK_M, HEAD_DIM]
             mbarrier.wait(q_full.index(stage), (it // STAGES) & 1)
+            _f90._ws_turn(pp_bar, 2 * it, C, PINGPONG)
             st_tok = warpgroup_mma(k_c, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
             dpt_tok = warpgroup_mma(v_c, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+            _f90._ws_pass(pp_bar, C, PINGPONG)
             offs_m = start_m + offs_mb                                                    # [BLOCK_M]
             lse, delta = _lse_delta(LSE, DELTA, row_lse, offs_m)                          # [BLOCK_M] each
             if CARRY_DK:
@@ -363,9 +368,16 @@ if _f90.HAVE_GLUON:
             pt = _probs_t(st, lse, qk_scale, start_c, offs_n, start_m, offs_m, mask_end, shift, CAUSAL)  # [HALF_N, BLOCK_M]
             dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt_tok,))                  # [HALF_N, BLOCK_M]
             b_pt = gl.convert_layout(pt.to(dtype), op_layout)                             # [HALF_N, BLOCK_M]
-            dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                             # [HALF_N, HEAD_DIM]
-            dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)                       # [HALF_N, BLOCK_M]
-            dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)  # [HALF_N, HEAD_DIM]
+            if PINGPONG:  # dSᵀ first, then both matmuls in one turn
+                dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)                   # [HALF_N, BLOCK_M]
+                _f90._ws_turn(pp_bar, 2 * it + 1, C, PINGPONG)
+                dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                         # [HALF_N, HEAD_DIM]
+                dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
+                _f90._ws_pass(pp_bar, C, PINGPONG)
+            else:  # dV runs while dSᵀ is computed
+                dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                         # [HALF_N, HEAD_DIM]
+                dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)                   # [HALF_N, BLOCK_M]
+                dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)  # [HALF_N, HEAD_DIM]
             if CARRY_DK:
                 dv = warpgroup_mma_wait(num_outstanding=1, deps=(dv,))                    # dK runs on
             else:
@@ -386,6 +398,7 @@ if _f90.HAVE_GLUON:
         nheads_k, kv_group, seqlen_q, seqlen_k, qk_scale, sm_scale,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, CARRY_DK: gl.constexpr = True,
+        PINGPONG: gl.constexpr = False,
     ):
         """dK/dV only, one program per (batch·kv head, K/V block) as _attn_bwd_sm90; k_desc/v_desc
         blocks are the BLOCK_N // 2-key halves."""
@@ -408,20 +421,25 @@ if _f90.HAVE_GLUON:
         kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        pp_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # PINGPONG turns
         mbarrier.init(kv_bar, count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(q_full.index(i), count=1)
             mbarrier.init(q_empty.index(i), count=2)   # one release per consumer
+        for i in gl.static_range(2):
+            mbarrier.init(pp_bar.index(i), count=1)
 
         gl.warp_specialize([
-            (_bwd_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, q_full, q_empty, LSE, DELTA, DK, DV,
+            (_bwd_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, q_full, q_empty, pp_bar, LSE, DELTA, DK, DV,
                                 off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale,
                                 sm_scale, stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb,
-                                stride_dvn, stride_dvh, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK)),
-            (_bwd_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, q_full, q_empty, LSE, DELTA, DK, DV,
+                                stride_dvn, stride_dvh, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK,
+                                PINGPONG)),
+            (_bwd_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, q_full, q_empty, pp_bar, LSE, DELTA, DK, DV,
                                 off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale,
                                 sm_scale, stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb,
-                                stride_dvn, stride_dvh, 1, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK)),
+                                stride_dvn, stride_dvh, 1, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK,
+                                PINGPONG)),
             (_bwd_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
                                 q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh,
                                 q_ch, HALF_N, BLOCK_M, STAGES)),
@@ -691,6 +709,7 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
             nheads_k, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E, softmax_scale,
             HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
             CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True),
+            PINGPONG=cfg.get("PINGPONG", False),
         )
         return
     _attn_bwd_sm90[grid](
