@@ -605,7 +605,10 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
       the third slot raises the causal kernel's spills from 72 to 100 bytes (ptxas, triton 3.6;
       non-causal: none with either). At D = 64 a third slot was mixed (non-causal
       429 / 491 / 569 against 440 / 511 / 554; causal 331 / 407 / 555 against 333 / 471 / 549):
-      2 slots stay."""
+      2 slots stay.
+    * ``PINGPONG`` (WS only, off): the consumers take turns at issuing their matmuls, as the
+      forward's ping-pong. Same bits; eighth session, run 7, D = 128: non-causal −1% to +3%,
+      causal 0 to −16% against no turns, so it is not used."""
     wide = head_dim <= 64 and not causal  # 128-row Q blocks with dK carried: D = 64 non-causal only
     stages = 3 if head_dim > 64 and not causal else 2
     return dict(BLOCK_M=128 if wide else 64, BLOCK_N=128, STAGES=stages, num_warps=8, VEC=2, WITH_DQ=False, WS=True,
