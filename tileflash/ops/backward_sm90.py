@@ -31,8 +31,9 @@ the default there, while at D = 64 it spills and is slower, so D = 64 keeps the 
 
 A third kernel, ``_attn_bwd_dq_sm90_ws`` (:func:`backward_dq`), computes dQ with the forward's
 warp-specialized structure (Q-stationary, K/V streamed). It is the default dQ path after the
-Gluon dK/dV kernel (``TILEFLASH_GLUON_DQ=0``: the Triton dQ kernel instead); on the H200 it
-measured 5–10% faster than the Triton dQ kernel (docs/perf-notes.md §17).
+Gluon dK/dV kernel (``TILEFLASH_GLUON_DQ=0``: the Triton dQ kernel instead). On the H200 it
+runs at 1061–1165 TFLOP/s-equivalent alone at D = 128, N = 4k–16k, where the Triton dQ kernel
+ran at ~1020 (derived from the whole backward; docs/perf-notes.md §17).
 
 Two modes (``WITH_DQ``, a constexpr):
 
@@ -569,8 +570,9 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
     """Tiles and mode of the Gluon backward, from ``scripts/gluon_bwd_probe.py`` /
     ``gluon_bwd_check.py`` on the H200 (testing.md, sixth session, runs 1, 2 and 4; fp16):
 
-    * ``WITH_DQ=False`` (the default): the kernel computes dK and dV only, and the Triton dQ
-      kernel of ``tileflash.ops.backward`` runs after it. Kernel time at D=128, N = 4k / 16k:
+    * ``WITH_DQ=False`` (the default): the kernel computes dK and dV only, and a dQ kernel runs
+      after it (the Gluon one of :func:`backward_dq`; the Triton dQ kernel of
+      ``tileflash.ops.backward`` in session 6, when these timings were taken). Kernel time at D=128, N = 4k / 16k:
       2092 / 7924 µs against 2518 / 10163 for the Triton dK/dV kernel (non-causal), 1210 / 4119
       against 1651 / 5650 (causal). The fused mode (``WITH_DQ=True``, dQ summed in fp32 by
       ordered atomic adds) took 5570 / 21353 µs: its dQ matmul, with dS staged through shared
@@ -672,7 +674,7 @@ def backward(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal
              deterministic: bool = True):
     """Launch the Gluon kernel; the caller checked :func:`supported` and computed delta
     ((B, H, Sq) fp32, like lse). Writes dk and dv, and dq too when ``cfg["WITH_DQ"]`` (the fused
-    mode; the default config leaves dq to the Triton dQ kernel). Returns (dq or None, dk, dv), or
+    mode; the default config leaves dq to a dQ kernel, :func:`backward_dq` or the Triton one). Returns (dq or None, dk, dv), or
     None after a warning if the kernel does not compile with the installed triton (the caller
     then runs the Triton backward)."""
     d = q.shape[-1]
