@@ -37,6 +37,20 @@ def test_bwd_routing_rules_on_cpu_tensors():
     assert not gb.supported(q, q, k, v, q, lse, 0.125, False, 0, _flags(), False, None)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_dq_tiles_cover_every_routed_length(d, causal):
+    """Every length the dK/dV kernel takes (Sq a multiple of 128, Sk of its BLOCK_N) must also fit
+    the dQ kernel's tiles, or the default route would silently fall back to the Triton dQ kernel
+    there; and the dK/dV tiles must divide those lengths too."""
+    dkdv, dq = gb.config_for(d, causal, 4096), gb.dq_config_for(d, causal)
+    assert 128 % dkdv["BLOCK_M"] == 0
+    assert 128 % dq["BLOCK_M"] == 0 and dkdv["BLOCK_N"] % dq["BLOCK_N"] == 0
+    q = torch.empty(1, 384, 2, d, dtype=torch.float16)
+    k = torch.empty(1, 3 * dkdv["BLOCK_N"], 2, d, dtype=torch.float16)
+    assert gb.dq_supported(q, k, torch.empty_like(q), causal)
+
+
 def test_bwd_head_offsets_must_fit_int32():
     """The kernel stores dK/dV at kv_head · head_stride in int32: buffers whose last head starts
     at or past 2^31 elements are not routed (meta tensors: no memory needed)."""
