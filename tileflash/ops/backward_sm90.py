@@ -26,8 +26,9 @@ in the same order, so their dK and dV are the same bits (GPU-tested).
 ``CARRY_DK``: when dK stays in flight across the loop's back edge, ptxas serializes every wgmma
 (performance advisory C7515: a wait after each HGMMA in the SASS), so the overlap above does not
 happen. Waiting for dK within the block removes that; it measured 6–10% faster at D = 128 and is
-the default there, while at D = 64 it spills and is slower, so D = 64 keeps the carry
-(docs/perf-notes.md §16).
+the default there, while at D = 64 with 128-row Q blocks it spills and is slower, so D = 64
+non-causal keeps the carry; D = 64 causal uses 64-row Q blocks without it (docs/perf-notes.md
+§16–17).
 
 A third kernel, ``_attn_bwd_dq_sm90_ws`` (:func:`backward_dq`), computes dQ with the forward's
 warp-specialized structure (Q-stationary, K/V streamed). It is the default dQ path after the
@@ -572,8 +573,8 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
 
     * ``WITH_DQ=False`` (the default): the kernel computes dK and dV only, and a dQ kernel runs
       after it (the Gluon one of :func:`backward_dq`; the Triton dQ kernel of
-      ``tileflash.ops.backward`` in session 6, when these timings were taken). Kernel time at D=128, N = 4k / 16k:
-      2092 / 7924 µs against 2518 / 10163 for the Triton dK/dV kernel (non-causal), 1210 / 4119
+      ``tileflash.ops.backward`` in session 6, when these timings were taken). Kernel time at
+      D=128, N = 4k / 16k: 2092 / 7924 µs against 2518 / 10163 for the Triton dK/dV kernel (non-causal), 1210 / 4119
       against 1651 / 5650 (causal). The fused mode (``WITH_DQ=True``, dQ summed in fp32 by
       ordered atomic adds) took 5570 / 21353 µs: its dQ matmul, with dS staged through shared
       memory, doubled the kernel time (4119 -> 8275 µs even with the adds replaced by stores).
@@ -674,9 +675,9 @@ def backward(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal
              deterministic: bool = True):
     """Launch the Gluon kernel; the caller checked :func:`supported` and computed delta
     ((B, H, Sq) fp32, like lse). Writes dk and dv, and dq too when ``cfg["WITH_DQ"]`` (the fused
-    mode; the default config leaves dq to a dQ kernel, :func:`backward_dq` or the Triton one). Returns (dq or None, dk, dv), or
-    None after a warning if the kernel does not compile with the installed triton (the caller
-    then runs the Triton backward)."""
+    mode; the default config leaves dq to a dQ kernel, :func:`backward_dq` or the Triton one).
+    Returns (dq or None, dk, dv), or None after a warning if the kernel does not compile with the
+    installed triton (the caller then runs the Triton backward)."""
     d = q.shape[-1]
     cfg = cfg or config_for(d, causal, q.shape[1])
     ran = _f90.launch_or_fall_back(
@@ -760,7 +761,8 @@ def dq_supported(q, k, dq, causal: bool) -> bool:
 def backward_dq(dout, q, k, v, lse, delta, dq, softmax_scale: float, causal: bool, cfg: dict | None = None):
     """dQ by the warp-specialized Gluon dQ kernel (``_attn_bwd_dq_sm90_ws``) into dq, in place of
     the Triton dQ kernel (``flash_attn_backward`` routes here by default on Hopper, see
-    :func:`dq_enabled`; ``scripts/gluon_bwd_check.py --configs .../dq`` times other tiles). Same scope as :func:`supported` (the caller checks it); lengths must be multiples
+    :func:`dq_enabled`; ``scripts/gluon_bwd_check.py --configs .../dq`` times other tiles). Same
+    scope as :func:`supported` (the caller checks it); lengths must be multiples
     of the tiles. Returns dq, or None after a warning if the kernel does not compile with the
     installed triton (the caller then runs the Triton dQ kernel)."""
     cfg = cfg or dq_config_for(q.shape[-1], causal)
