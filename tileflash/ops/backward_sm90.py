@@ -118,6 +118,20 @@ if _f90.HAVE_GLUON:
             gl.atomic_add(sem_ptr, 1, sem="release")
 
     @gluon.jit
+    def _kv_block_coords(nheads_k, seqlen_q, seqlen_k, kv_rb, kv_rh, kv_ch, BLOCK_N: gl.constexpr):
+        """Which (batch, kv head, K/V block) a dK/dV program owns (grid: batch·kv heads x K/V
+        blocks) and where its K/V tile starts in the 2-D views:
+        (off_b, off_hk, start_n, shift, kv_row, kv_col)."""
+        pid_bhk = gl.program_id(0)
+        pid_n = gl.program_id(1)
+        off_b = pid_bhk // nheads_k
+        off_hk = pid_bhk % nheads_k
+        start_n = pid_n * BLOCK_N
+        shift = seqlen_k - seqlen_q
+        kv_row = off_b * kv_rb + off_hk * kv_rh + start_n
+        return off_b, off_hk, start_n, shift, kv_row, off_hk * kv_ch
+
+    @gluon.jit
     def _q_range(start_n, shift, seqlen_q, kv_group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  CAUSAL: gl.constexpr):
         """The Q blocks a K/V block at start_n works through: (n_m, lo, mask_end, per_head, total).
@@ -180,14 +194,8 @@ if _f90.HAVE_GLUON:
         """One program per (batch·kv head, K/V block): grid axis 0 is batch·kv head, so the
         programs of K block n of every head are launched before those of block n + 1 (the
         deterministic mode waits on lower blocks only: no deadlock, little waiting)."""
-        pid_bhk = gl.program_id(0)
-        pid_n = gl.program_id(1)
-        off_b = pid_bhk // nheads_k
-        off_hk = pid_bhk % nheads_k
-        start_n = pid_n * BLOCK_N
-        shift = seqlen_k - seqlen_q
-        kv_row = off_b * kv_rb + off_hk * kv_rh + start_n
-        kv_col = off_hk * kv_ch
+        off_b, off_hk, start_n, shift, kv_row, kv_col = _kv_block_coords(nheads_k, seqlen_q, seqlen_k, kv_rb, kv_rh,
+                                                                         kv_ch, BLOCK_N)
 
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                             instr_shape=[16, BLOCK_M, 16])
@@ -271,7 +279,7 @@ if _f90.HAVE_GLUON:
                 dq_part, dv = warpgroup_mma_wait(num_outstanding=1, deps=(dq_tok, dv))   # [BLOCK_M, HEAD_DIM]
                 ptrs = DQ + bh.to(gl.int64) * seqlen_q * dq_stride + gl.expand_dims(start_m + dq_m, 1) * dq_stride \
                     + gl.expand_dims(dq_d, 0)                                             # [BLOCK_M, HEAD_DIM]
-                _dq_ordered_add(ptrs, dq_part, SEM + bh * n_m + start_m // BLOCK_M, pid_n, DETERMINISTIC, VEC)
+                _dq_ordered_add(ptrs, dq_part, SEM + bh * n_m + start_m // BLOCK_M, gl.program_id(1), DETERMINISTIC, VEC)
                 if not CARRY_DK:
                     dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
             else:  # dQ is left to another kernel
@@ -405,14 +413,8 @@ if _f90.HAVE_GLUON:
         """dK/dV only, one program per (batch·kv head, K/V block) as _attn_bwd_sm90; k_desc/v_desc
         blocks are the BLOCK_N // 2-key halves."""
         HALF_N: gl.constexpr = BLOCK_N // 2
-        pid_bhk = gl.program_id(0)
-        pid_n = gl.program_id(1)
-        off_b = pid_bhk // nheads_k
-        off_hk = pid_bhk % nheads_k
-        start_n = pid_n * BLOCK_N
-        shift = seqlen_k - seqlen_q
-        kv_row = off_b * kv_rb + off_hk * kv_rh + start_n
-        kv_col = off_hk * kv_ch
+        off_b, off_hk, start_n, shift, kv_row, kv_col = _kv_block_coords(nheads_k, seqlen_q, seqlen_k, kv_rb, kv_rh,
+                                                                         kv_ch, BLOCK_N)
         n_m, lo, mask_end, per_head, total = _q_range(start_n, shift, seqlen_q, kv_group, BLOCK_M, BLOCK_N, CAUSAL)
 
         dtype: gl.constexpr = q_desc.dtype
@@ -539,18 +541,10 @@ if _f90.HAVE_GLUON:
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         do_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(q_bar.index(i), count=1)
             mbarrier.init(do_bar.index(i), count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_full.index(i), count=1)
-            mbarrier.init(v_full.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=2)   # one release per consumer
-            mbarrier.init(v_empty.index(i), count=2)
+        k_full, v_full, k_empty, v_empty = _f90._kv_ring_bars(STAGES)
 
         gl.warp_specialize([
             (_dq_ws_consumer, (q_smem, k_smem, v_smem, do_smem, q_bar, do_bar, k_full, v_full, k_empty, v_empty,

@@ -96,6 +96,22 @@ if HAVE_GLUON:
         return off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift
 
     @gluon.jit
+    def _kv_ring_bars(STAGES: gl.constexpr):
+        """The mbarriers of a K/V ring of STAGES slots streamed by a producer warp to two consumer
+        warpgroups: (k_full, v_full, k_empty, v_empty), full on the TMA's bytes, empty after both
+        consumers' releases."""
+        k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_full.index(i), count=1)
+            mbarrier.init(v_full.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)   # one release per consumer
+            mbarrier.init(v_empty.index(i), count=2)
+        return k_full, v_full, k_empty, v_empty
+
+    @gluon.jit
     def _key_blocks(start_m, shift, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
         """(n_full, n_blocks): the K/V blocks a Q block at start_m works through (keys [0, hi) are
         visible to some row; every row sees key 0, so n_blocks >= 1), of which the first n_full
@@ -405,18 +421,10 @@ if HAVE_GLUON:
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         pp_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(q_bar.index(i), count=1)
             mbarrier.init(pp_bar.index(i), count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_full.index(i), count=1)
-            mbarrier.init(v_full.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=2)   # one release per consumer
-            mbarrier.init(v_empty.index(i), count=2)
+        k_full, v_full, k_empty, v_empty = _kv_ring_bars(STAGES)
 
         gl.warp_specialize([
             (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
