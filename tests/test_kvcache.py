@@ -336,6 +336,123 @@ def test_choose_num_splits_rule():
     assert choose_num_splits(1, 4, 8192, cpu, waves=2, full_unsplit=0.9) == 4   # 4 do not
 
 
+def _stream_k_pieces(n_bh, tiles_bh, n_prog):
+    """The stream-K partition, brute force: pieces[bh] = the programs whose tile range meets pair bh
+    (program p takes tiles [p·total // P, (p+1)·total // P) of the pairs laid end to end)."""
+    total = n_bh * tiles_bh
+    pieces = [set() for _ in range(n_bh)]
+    for p in range(n_prog):
+        for u in range(p * total // n_prog, (p + 1) * total // n_prog):
+            pieces[u // tiles_bh].add(p)
+    return pieces
+
+
+def test_stream_k_rule():
+    """When decode_forward takes the stream-K grid (8 stand-in SMs off CUDA), and the bound on the
+    pieces of one pair that sizes the partial buffers, against the brute-force partition."""
+    from tileflash.ops.decode import stream_k_max_pieces, stream_k_programs
+
+    cpu = torch.device("cpu")
+    assert stream_k_programs(9, 4, cpu) == 16        # 9 pairs, 8 SMs: two waves of 8 programs, 2-3 tiles each
+    assert stream_k_programs(128, 64, cpu) == 0      # a multiple of the SMs: the plain grid is balanced
+    assert stream_k_programs(9, 1, cpu) == 0         # 9 tiles cannot feed 16 programs
+    assert stream_k_programs(12, 4, cpu) == 16       # 3 tiles per program, against 2 waves of 4
+    assert stream_k_programs(12, 2, cpu) == 0        # 2 tiles per program: no less than the plain grid
+    assert stream_k_programs(7, 10, cpu) == 8        # 8 programs of 8-9 tiles, against 10
+    g = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        n_bh, tiles, n_prog = (int(x) for x in torch.randint(1, 40, (3,), generator=g))
+        if n_bh * tiles < n_prog:
+            continue
+        pieces = _stream_k_pieces(n_bh, tiles, n_prog)
+        assert all(pieces), "every pair is covered"
+        assert max(map(len, pieces)) <= stream_k_max_pieces(tiles, n_bh * tiles // n_prog, n_prog)
+
+
+@pytest.mark.parametrize("b,hk,group,n,n_prog,sq,feats", [
+    (3, 3, 2, 37, 16, "1", "plain"),          # the auto choice's shape off CUDA: 9 pairs on 16 programs
+    (1, 2, 4, 160, 7, "1", "plain"),          # a pair cut into several pieces
+    (2, 2, 2, 100, 3, "1", "window"),         # programs spanning several pairs
+    (2, 1, 4, 75, 5, "3", "softcap_alibi"),   # 3 new tokens, causal, ALiBi, softcap
+    (2, 1, 16, 90, 6, "5", "plain"),          # 80 packed rows: two row blocks
+])
+def test_stream_k_matches_reference(backend, b, hk, group, n, n_prog, sq, feats):
+    """The stream-K grid (forced through decode_forward's config) against the fp64 reference, out and
+    LSE; every piece count from 1 to several per pair, and programs that span pairs."""
+    if backend == "tiled":
+        pytest.skip("the stream-K grid is in the Triton kernel")
+    from tileflash.ops.decode import decode_forward
+
+    dev = backend_device(backend)
+    g = torch.Generator().manual_seed(n + n_prog)
+    dt, sq = _dtype(dev), int(sq)
+    q = torch.randn(b, sq, hk * group, D, generator=g).to(dev, dt)
+    kc = torch.randn(b, n + 7, hk, D, generator=g).to(dev, dt)
+    vc = torch.randn(b, n + 7, hk, D, generator=g).to(dev, dt)
+    kw = {"plain": {}, "window": dict(window_size=(30, 0)),
+          "softcap_alibi": dict(softcap=5.0, causal=True,
+                                alibi_slopes=torch.rand(hk * group, generator=g))}[feats]
+    dkw = dict(window=kw.get("window_size", (-1, -1)), softcap=kw.get("softcap", 0.0),
+               alibi_slopes=kw["alibi_slopes"].to(dev) if "alibi_slopes" in kw else None)
+    out, lse = decode_forward(q, kc, vc, None, D ** -0.5, kw.get("causal", False), max_seqlen_k=n,
+                              config=dict(stream_k_programs=n_prog), **dkw)
+    one, lse1 = decode_forward(q, kc, vc, None, D ** -0.5, kw.get("causal", False), max_seqlen_k=n,
+                               num_splits=1, **dkw)
+    _assert_same(out, one)
+    torch.testing.assert_close(lse, lse1, rtol=0, atol=1e-5)
+    _assert_matches(out, q, kc[:, :n], vc[:, :n], 3e-5, **kw)
+    _, lse_ref = attention_ref(q.cpu().double(), kc[:, :n].cpu().double(), vc[:, :n].cpu().double(), **kw)
+    torch.testing.assert_close(lse.cpu().double(), lse_ref, rtol=0, atol=1e-4)
+
+
+def test_stream_k_auto_and_rejected(backend, monkeypatch):
+    """With an int cache_seqlens and (batch, kv head) pairs that nearly fill the SMs but are not a
+    multiple of them, the public call takes the stream-K grid; a forced stream-K grid that cannot
+    apply (a length tensor) is an error, not a silent fallback."""
+    if backend == "tiled":
+        pytest.skip("the stream-K grid is in the Triton kernel")
+    from tileflash.ops import decode as dec
+
+    dev = backend_device(backend)
+    chosen = []
+    real = dec.stream_k_programs
+    monkeypatch.setattr(dec, "stream_k_programs", lambda *a: chosen.append(real(*a)) or chosen[-1])
+    sms = dec._sm_count(torch.cuda.current_device()) if dev == "cuda" else 8
+    hk = 3
+    b = sms // hk + 1 if (sms // hk + 1) * hk % sms else sms // hk + 2   # pairs > SMs, not a multiple
+    g = torch.Generator().manual_seed(21)
+    kc = torch.randn(b, 40, hk, D, generator=g).to(dev, _dtype(dev))
+    vc = torch.randn(b, 40, hk, D, generator=g).to(dev, _dtype(dev))
+    q = torch.randn(b, 1, 2 * hk, D, generator=g).to(dev, kc.dtype)
+    out = tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=33)
+    assert chosen and chosen[-1] == sms * -(-b * hk // sms), chosen
+    _assert_matches(out, q, kc[:, :33], vc[:, :33], 3e-5)
+    with pytest.raises(ValueError, match="stream_k_programs"):
+        dec.decode_forward(q, kc, vc, torch.full((b,), 33, dtype=torch.int32, device=dev), D ** -0.5, False,
+                           config=dict(stream_k_programs=4))
+
+
+def test_stream_k_merge_under_concurrency(backend):
+    """Stream-K pieces racing for the merge ticket on a GPU: 20 repeats equal the first bitwise."""
+    if backend != "cuda":
+        pytest.skip("the ticket race needs programs running concurrently (GPU)")
+    from tileflash.ops.decode import decode_forward
+
+    g = torch.Generator().manual_seed(6)
+    b, hk, n = 5, 8, 8192                                  # 40 pairs of 64 tiles on 132 programs
+    kc = torch.randn(b, n, hk, 128, generator=g).to("cuda", torch.bfloat16)
+    vc = torch.randn(b, n, hk, 128, generator=g).to("cuda", torch.bfloat16)
+    q = torch.randn(b, 1, 4 * hk, 128, generator=g).to("cuda", torch.bfloat16)
+    run = lambda: decode_forward(q, kc, vc, None, 128 ** -0.5, False, max_seqlen_k=n,  # noqa: E731
+                                 config=dict(stream_k_programs=132))
+    first = run()
+    for _ in range(20):
+        out, lse = run()
+        assert torch.equal(out, first[0]) and torch.equal(lse, first[1])
+    one = decode_forward(q, kc, vc, None, 128 ** -0.5, False, max_seqlen_k=n, num_splits=1)[0]
+    torch.testing.assert_close(first[0].float(), one.float(), rtol=0, atol=2e-2)
+
+
 @pytest.mark.parametrize("page", [6, 16, 64, 128, 256])
 def test_paged_page_sizes_match_contiguous(backend, page):
     """Every page size against the same keys in a contiguous cache (see test_paged_tiling_rule for
