@@ -221,10 +221,6 @@ def main():
                                cfg["num_stages"]),
                               (f"split {tile}", DEC._decode_split, dict(base, SPLIT=True, BLOCK_S=128, S_CHUNK=4096 // bd,
                                                                 HAS_SEQLENS=False), cfg["num_warps"], cfg["num_stages"])]
-                    if not feats["PAGED"]:  # the stream-K grid (contiguous caches, one length for every row)
-                        cases.append((f"stream-K {tile}", DEC._decode_split,
-                                      dict(base, SPLIT=True, STREAM_K=True, BLOCK_S=4, S_CHUNK=4, HAS_SEQLENS=False),
-                                      cfg["num_warps"], cfg["num_stages"]))
                 for name, fn, const, w, s_ in cases:
                     try:
                         compile_one(fn, dtype, const, w, s_)

@@ -6,7 +6,7 @@ exceeds twice the 60 MB L2. Every time is a CUDA-graph replay of one call per ro
 (kernels only, as a serving loop that captures its decode step runs them); the public call is
 also timed from Python. SDPA flash / cuDNN are timed the same way in the same run.
 
-Usage: PYTHONPATH=. python3 scripts/decode_sweep.py [--defaults-only [--stream-k-ab]] [--pages 16 64 256]
+Usage: PYTHONPATH=. python3 scripts/decode_sweep.py [--defaults-only] [--pages 16 64 256]
        [--shapes 16:8192 1:131072]
 """
 
@@ -36,8 +36,6 @@ def main():
     ap.add_argument("--shapes", nargs="*", default=["16:8192", "16:65536", "1:8192", "1:131072"], help="B:L")
     ap.add_argument("--waves", type=int, nargs="*", default=[2, 4, 8], help="target programs per SM (split counts)")
     ap.add_argument("--configs", nargs="*", default=None, help="contiguous configs as BLOCK_N/WARPS/STAGES")
-    ap.add_argument("--stream-k-ab", action="store_true",
-                    help="with --defaults-only, also time the contiguous default with stream-K off")
     args = ap.parse_args()
     dev, dt, h, hk, d = "cuda", torch.bfloat16, 32, 8, 128
     contiguous = [dict(block_n=bn, num_warps=w, num_stages=s)
@@ -74,8 +72,6 @@ def main():
                 configs = contiguous
             if args.defaults_only:
                 configs, waves = [None], (None,)  # decode_forward's own choice of config and splits
-                if args.stream_k_ab and not page:
-                    configs.append(dict(stream_k=False))
             else:
                 waves = waves_list
             best = None

@@ -36,7 +36,7 @@ from tileflash.ops.forward import LOG2E, block_d_for, feature_args, interpreting
 # shared memory.
 WAVES = 2
 DECODE_CONFIG = dict(block_n=128, num_warps=4, num_stages=3, waves=2,        # contiguous
-                     full_unsplit=0.9, stream_k=True)
+                     full_unsplit=0.9)
 # pages of 128·k: the same tiles, but always split. Unsplit (run 9 of session 4), page 256 at B=16
 # fell to 2.75-2.89 TB/s against 4.52 split in two (run 3); not understood, not profiled.
 DECODE_CONFIG_PAGE128 = dict(block_n=128, num_warps=4, num_stages=3, waves=2)
@@ -99,54 +99,41 @@ def _merge_splits(O, LSE, O_PART, LSE_PART, part0, part_step, row0, n_rows, off_
         tl.store(LSE + (off_b * nheads + h) * seqlen_q + t, lse)
 
 
-@triton.jit
-def _store_direct(O, LSE, out, lse2, off_b, o_t, o_h, o_d, m_r, m_d, nheads, seqlen_q,
-                  stride_ob, stride_om, stride_oh):
-    """Store a (batch, kv head, row block)'s rows that one program saw whole: out, lse (natural log)."""
-    p_o = O + off_b * stride_ob + o_t[:, None].to(tl.int64) * stride_om + o_h[:, None] * stride_oh + o_d[None, :]
-    tl.store(p_o, out.to(O.dtype.element_ty), mask=m_r[:, None] & m_d[None, :])
-    tl.store(LSE + (off_b * nheads + o_h) * seqlen_q + o_t, lse2 * 0.6931471805599453, mask=m_r)
-
-
-@triton.jit
-def _store_partial(O, LSE, O_PART, LSE_PART, COUNTER, out, lse2, part0, part_step, piece, n_pieces, ticket_idx,
-                   pid_m, o_r, o_d, m_r, m_d, off_b, off_hk, nheads, seqlen_q, stride_ob, stride_om, stride_oh,
-                   KV_GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_S: tl.constexpr, S_CHUNK: tl.constexpr):
-    """Store piece `piece` of `n_pieces` of a (batch, kv head, row block) as a partial (rows
-    part0 + piece·part_step + r of the partial buffers), take a ticket, and merge if it is the last."""
-    part = part0 + piece * part_step
-    tl.store(LSE_PART + part + o_r, lse2, mask=m_r)
-    tl.store(O_PART + (part + o_r[:, None]) * BLOCK_D + o_d[None, :], out, mask=m_r[:, None] & m_d[None, :])
-    # every thread's partial stores precede the ticket (a barrier, then a gpu-scope acq_rel
-    # atomic), so the program holding the last ticket sees all the pieces' partials
-    tl.debug_barrier()
-    ticket = tl.atomic_add(COUNTER + ticket_idx, 1, sem="acq_rel", scope="gpu")
-    if ticket == n_pieces - 1:
-        _merge_splits(O, LSE, O_PART, LSE_PART, part0, part_step, pid_m * BLOCK_M,
-                      tl.minimum(BLOCK_M, KV_GROUP * seqlen_q - pid_m * BLOCK_M), off_b, off_hk, nheads,
-                      seqlen_q, stride_ob, stride_om, stride_oh, n_pieces,
-                      KV_GROUP, HEAD_DIM, BLOCK_D, BLOCK_S, S_CHUNK)
-
-
-@triton.jit
-def _attend_piece(
+@triton.jit(do_not_specialize=["seqlen_q", "seqlen_fixed", "split_len", "num_splits", "window_left", "window_right"])
+def _decode_split(
     Q, K, V, O, LSE, O_PART, LSE_PART, COUNTER, SEQLENS_K, BATCH_IDX, BLOCK_TABLE, ALIBI, LEFTPAD,
-    stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
-    stride_ob, stride_om, stride_oh, stride_bt_b, stride_ab, stride_ah,
-    nheads, nheads_k, seqlen_q, seqlen_fixed, page_size, window_left, window_right, capacity, num_cache,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_ob, stride_om, stride_oh,
+    stride_bt_b, stride_ab, stride_ah,
+    nheads, nheads_k, seqlen_q, seqlen_fixed, split_len, num_splits, page_size, window_left, window_right,
+    rows_total, capacity, num_cache,
     qk_scale, softcap_scale, softcap2,
-    pid_bh, pid_m, key_lo, key_hi, piece, n_pieces, part0, part_step, ticket_idx,
     KV_GROUP: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, PAGED: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PAGE_TILE: tl.constexpr, HAS_SEQLENS: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_S: tl.constexpr, S_CHUNK: tl.constexpr, HAS_LEFTPAD: tl.constexpr, STREAM_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PAGE_TILE: tl.constexpr = False, HAS_SEQLENS: tl.constexpr = True,
+    SPLIT: tl.constexpr = True, BLOCK_S: tl.constexpr = 2, S_CHUNK: tl.constexpr = 2,
+    HAS_LEFTPAD: tl.constexpr = False,
 ):
-    """Attention of row block pid_m of (batch·kv head) pid_bh over keys [key_lo, key_hi) of the
-    cache (clamped to its length), then the store: piece `piece` of `n_pieces` that cover that
-    (batch, kv head, row block). One piece stores O and LSE directly; several store partials and
-    the last to finish merges them (``_store_partial``)."""
+    """One (KV split, batch·kv head, row block) program: attention of the packed rows over keys
+    [pid_s·split_len, (pid_s+1)·split_len) of the cache.
+
+    SPLIT (num_splits > 1): each program writes its unnormalised partial (out_s, lse_s), then takes
+    a ticket from COUNTER (zeroed per call, one int32 per (batch·kv head, row block)); the program
+    that takes the last ticket merges every split's partial into O and LSE (so no second launch).
+    Otherwise the program writes O and LSE directly. HAS_SEQLENS: the per-batch lengths come from
+    SEQLENS_K, else every batch entry holds seqlen_fixed keys.
+    PAGE_TILE (paged, page_size a multiple of BLOCK_N): a K/V tile never straddles two pages
+    (splits start at multiples of BLOCK_N), so one block-table entry per tile gives affine row
+    addresses, as in a contiguous cache; otherwise each key looks its page up.
+    HAS_LEFTPAD: keys before LEFTPAD[b] are invisible (flash-attn's cache_leftpad); every position
+    stays absolute, so masks, ALiBi and the bottom-right alignment are unchanged."""
+    pid_s = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    n_bh = tl.num_programs(1)
+    pid_m = tl.program_id(2)
     off_b = (pid_bh // nheads_k).to(tl.int64)
     off_hk = (pid_bh % nheads_k).to(tl.int64)
     # cache length after the append, this batch entry; clamped, as are page and batch indices below,
@@ -158,8 +145,8 @@ def _attend_piece(
         seqlen_k = seqlen_fixed
     seqlen_k = tl.minimum(tl.maximum(seqlen_k, 0), capacity)
     shift = seqlen_k - seqlen_q
-    lo = key_lo
-    hi = tl.minimum(key_hi, seqlen_k)
+    lo = pid_s * split_len
+    hi = tl.minimum(lo + split_len, seqlen_k)
     if HAS_LEFTPAD:
         k_first = tl.minimum(tl.maximum(tl.load(LEFTPAD + off_b), 0), seqlen_k)     # first visible key
         lo = tl.maximum(lo, (k_first // BLOCK_N) * BLOCK_N)  # skip whole tiles before it, keep alignment
@@ -229,104 +216,25 @@ def _attend_piece(
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]                                                       # [BLOCK_M, BLOCK_D]
     lse2 = tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_safe))            # [BLOCK_M]
-    if STREAM_K:
-        if n_pieces > 1:
-            _store_partial(O, LSE, O_PART, LSE_PART, COUNTER, out, lse2, part0, part_step, piece, n_pieces,
-                           ticket_idx, pid_m, o_r, o_d, m_r, m_d, off_b, off_hk, nheads, seqlen_q,
-                           stride_ob, stride_om, stride_oh, KV_GROUP, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_S, S_CHUNK)
-        else:
-            _store_direct(O, LSE, out, lse2, off_b, o_t, o_h, o_d, m_r, m_d, nheads, seqlen_q,
-                          stride_ob, stride_om, stride_oh)
-    elif SPLIT:
-        _store_partial(O, LSE, O_PART, LSE_PART, COUNTER, out, lse2, part0, part_step, piece, n_pieces,
-                       ticket_idx, pid_m, o_r, o_d, m_r, m_d, off_b, off_hk, nheads, seqlen_q,
-                       stride_ob, stride_om, stride_oh, KV_GROUP, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_S, S_CHUNK)
+    if SPLIT:
+        part0 = pid_bh.to(tl.int64) * rows_total                                      # split 0's rows
+        part_step = n_bh.to(tl.int64) * rows_total                                    # rows per split
+        part = part0 + pid_s * part_step
+        tl.store(LSE_PART + part + o_r, lse2, mask=m_r)
+        tl.store(O_PART + (part + o_r[:, None]) * BLOCK_D + o_d[None, :], out, mask=m_r[:, None] & m_d[None, :])
+        # every thread's partial stores precede the ticket (a barrier, then a gpu-scope acq_rel
+        # atomic), so the program holding the last ticket sees all the splits' partials
+        tl.debug_barrier()
+        ticket = tl.atomic_add(COUNTER + pid_bh * tl.num_programs(2) + pid_m, 1, sem="acq_rel", scope="gpu")
+        if ticket == num_splits - 1:
+            _merge_splits(O, LSE, O_PART, LSE_PART, part0, part_step, pid_m * BLOCK_M,
+                          tl.minimum(BLOCK_M, KV_GROUP * seqlen_q - pid_m * BLOCK_M), off_b, off_hk, nheads,
+                          seqlen_q, stride_ob, stride_om, stride_oh, num_splits,
+                          KV_GROUP, HEAD_DIM, BLOCK_D, BLOCK_S, S_CHUNK)
     else:
-        _store_direct(O, LSE, out, lse2, off_b, o_t, o_h, o_d, m_r, m_d, nheads, seqlen_q,
-                      stride_ob, stride_om, stride_oh)
-
-
-@triton.jit(do_not_specialize=["seqlen_q", "seqlen_fixed", "split_len", "num_splits", "window_left", "window_right",
-                               "n_bh", "max_pieces"])
-def _decode_split(
-    Q, K, V, O, LSE, O_PART, LSE_PART, COUNTER, SEQLENS_K, BATCH_IDX, BLOCK_TABLE, ALIBI, LEFTPAD,
-    stride_qb, stride_qm, stride_qh,
-    stride_kb, stride_kn, stride_kh,
-    stride_vb, stride_vn, stride_vh,
-    stride_ob, stride_om, stride_oh,
-    stride_bt_b, stride_ab, stride_ah,
-    nheads, nheads_k, seqlen_q, seqlen_fixed, split_len, num_splits, page_size, window_left, window_right,
-    rows_total, capacity, num_cache, n_bh, max_pieces,
-    qk_scale, softcap_scale, softcap2,
-    KV_GROUP: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    HAS_ALIBI: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, PAGED: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PAGE_TILE: tl.constexpr = False, HAS_SEQLENS: tl.constexpr = True,
-    SPLIT: tl.constexpr = True, BLOCK_S: tl.constexpr = 2, S_CHUNK: tl.constexpr = 2,
-    HAS_LEFTPAD: tl.constexpr = False, STREAM_K: tl.constexpr = False,
-):
-    """Grid (num_splits, batch·kv heads, row blocks): program (s, bh, m) attends row block m of
-    (batch, kv head) bh over keys [s·split_len, (s+1)·split_len) of the cache.
-
-    SPLIT (num_splits > 1, or STREAM_K; the partial buffers are given): each program writes its unnormalised partial (out_s, lse_s), then takes
-    a ticket from COUNTER (zeroed per call, one int32 per (batch·kv head, row block)); the program
-    that takes the last ticket merges every split's partial into O and LSE (so no second launch).
-    Otherwise the program writes O and LSE directly.
-
-    STREAM_K (grid (P, 1, row blocks), every batch entry holding seqlen_fixed keys): the n_bh ·
-    split_len tiles of BLOCK_N keys, (batch·kv head)-major, are cut into P contiguous ranges of
-    ⌊total/P⌋ or ⌈total/P⌉ tiles (total >= P), one per program. A program's range covers pieces of
-    one or more (batch, kv heads); a (batch, kv head) cut into n pieces stores n partials (at most
-    max_pieces per (batch, kv head)) merged by the last as above. With P = the SM count this keeps
-    every SM busy when the (batch, kv head) count is not a multiple of it (128 on 132 SMs).
-
-    HAS_SEQLENS: the per-batch lengths come from SEQLENS_K, else every batch entry holds
-    seqlen_fixed keys.
-    PAGE_TILE (paged, page_size a multiple of BLOCK_N): a K/V tile never straddles two pages
-    (splits start at multiples of BLOCK_N), so one block-table entry per tile gives affine row
-    addresses, as in a contiguous cache; otherwise each key looks its page up.
-    HAS_LEFTPAD: keys before LEFTPAD[b] are invisible (flash-attn's cache_leftpad); every position
-    stays absolute, so masks, ALiBi and the bottom-right alignment are unchanged."""
-    pid_m = tl.program_id(2)
-    n_m = tl.num_programs(2)
-    if STREAM_K:
-        tiles_bh = split_len.to(tl.int64)  # tiles per (batch, kv head)
-        pid = tl.program_id(0).to(tl.int64)
-        n_prog = tl.num_programs(0).to(tl.int64)
-        total = n_bh.to(tl.int64) * tiles_bh
-        u_lo = pid * total // n_prog                                                  # this program's tiles
-        u_hi = (pid + 1) * total // n_prog
-        for bh in range(u_lo // tiles_bh, (u_hi - 1) // tiles_bh + 1):
-            u0 = bh * tiles_bh
-            # program of tile u: the largest p with p·total // n_prog <= u, i.e. ((u+1)·n_prog - 1) // total
-            first = ((u0 + 1) * n_prog - 1) // total
-            last = ((u0 + tiles_bh) * n_prog - 1) // total
-            _attend_piece(
-                Q, K, V, O, LSE, O_PART, LSE_PART, COUNTER, SEQLENS_K, BATCH_IDX, BLOCK_TABLE, ALIBI, LEFTPAD,
-                stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
-                stride_ob, stride_om, stride_oh, stride_bt_b, stride_ab, stride_ah,
-                nheads, nheads_k, seqlen_q, seqlen_fixed, page_size, window_left, window_right, capacity, num_cache,
-                qk_scale, softcap_scale, softcap2,
-                bh, pid_m, (tl.maximum(u_lo, u0) - u0) * BLOCK_N, (tl.minimum(u_hi, u0 + tiles_bh) - u0) * BLOCK_N,
-                pid - first, last - first + 1, bh * max_pieces * rows_total, rows_total, bh * n_m + pid_m,
-                KV_GROUP, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BATCH_IDX, PAGED,
-                HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, DOT_PRECISION, PAGE_TILE, HAS_SEQLENS, SPLIT,
-                BLOCK_S, S_CHUNK, HAS_LEFTPAD, STREAM_K)
-    else:
-        pid_s = tl.program_id(0)
-        pid_bh = tl.program_id(1)
-        lo = pid_s * split_len
-        _attend_piece(
-            Q, K, V, O, LSE, O_PART, LSE_PART, COUNTER, SEQLENS_K, BATCH_IDX, BLOCK_TABLE, ALIBI, LEFTPAD,
-            stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
-            stride_ob, stride_om, stride_oh, stride_bt_b, stride_ab, stride_ah,
-            nheads, nheads_k, seqlen_q, seqlen_fixed, page_size, window_left, window_right, capacity, num_cache,
-            qk_scale, softcap_scale, softcap2,
-            pid_bh, pid_m, lo, lo + split_len, pid_s, num_splits, pid_bh.to(tl.int64) * rows_total,
-            tl.num_programs(1).to(tl.int64) * rows_total, pid_bh * n_m + pid_m,
-            KV_GROUP, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_BATCH_IDX, PAGED,
-            HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, DOT_PRECISION, PAGE_TILE, HAS_SEQLENS, SPLIT,
-            BLOCK_S, S_CHUNK, HAS_LEFTPAD, STREAM_K)
+        p_o = O + off_b * stride_ob + o_t[:, None].to(tl.int64) * stride_om + o_h[:, None] * stride_oh + o_d[None, :]
+        tl.store(p_o, out.to(O.dtype.element_ty), mask=m_r[:, None] & m_d[None, :])
+        tl.store(LSE + (off_b * nheads + o_h) * seqlen_q + o_t, lse2 * 0.6931471805599453, mask=m_r)
 
 
 @functools.lru_cache(maxsize=None)
@@ -349,24 +257,6 @@ def choose_num_splits(batch: int, nheads_k: int, max_seqlen_k: int, device, wave
         return 1
     want = max(1, (waves * sms) // max(1, batch * nheads_k))
     return int(max(1, min(want, cdiv(max_seqlen_k, 256), 128)))
-
-
-def stream_k_programs(n_bh: int, tiles_bh: int, device) -> int:
-    """Programs of the stream-K grid for n_bh (batch, kv head) pairs of tiles_bh tiles each, or 0
-    for the split grid: one program per SM per wave of pairs (ceil(n_bh / SMs) waves), when that
-    gives every program fewer tiles than a whole pair (so not when n_bh is a multiple of the SM
-    count, nor for pairs of a few tiles). E.g. 128 pairs of 64 tiles on 132 SMs: 132 programs of
-    62-63 tiles each, where the unsplit grid leaves 4 SMs idle."""
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
-        if device.type == "cuda" else 8
-    n_prog = sms * cdiv(n_bh, sms)
-    return n_prog if cdiv(n_bh * tiles_bh, n_prog) < tiles_bh else 0  # each wave: tiles per program
-
-
-def stream_k_max_pieces(tiles_bh: int, tiles_min: int, n_prog: int) -> int:
-    """At most how many stream-K programs share one pair of tiles_bh tiles, when every program has
-    at least tiles_min >= 1 tiles: the two end pieces plus the whole ranges that fit between them."""
-    return max(1, min(tiles_bh, n_prog, max(tiles_bh - 2, 0) // tiles_min + 2))
 
 
 def paged_tiling(page_size: int, block_n: int):
@@ -412,30 +302,17 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     if max_seqlen_k >= 0:
         max_k = min(max_k, max_seqlen_k)  # split the keys that exist, not the cache's capacity
     max_k = max(max_k, 1)
-    auto_splits = num_splits <= 0
-    if auto_splits:
+    if num_splits <= 0:
         # the no-split rule was measured with one length for every row (seqlens_k None); with a
         # length tensor the rows may be uneven, and splitting keeps a long row from straggling
         num_splits = choose_num_splits(batch, nheads_k, max_k, q.device, waves=cfg.get("waves", WAVES),
                                        full_unsplit=cfg.get("full_unsplit", 0.0) if seqlens_k is None else 0.0)
     if config is None and cfg["block_n"] == 128 and cdiv(max_k, num_splits) <= 512:
-        # a few tiles per split: 64-key tiles keep more loads in flight
-        cfg = dict(DECODE_CONFIG_SHORT, stream_k=cfg.get("stream_k", False))
+        cfg = dict(DECODE_CONFIG_SHORT)  # a few tiles per split: 64-key tiles keep more loads in flight
     block_n = 16 if interpreting() else cfg["block_n"]
     block_n, page_tile = paged_tiling(k_cache.shape[1] if paged else 0, block_n)
     split_len = cdiv(cdiv(max_k, num_splits), block_n) * block_n
     num_splits = cdiv(max_k, split_len)
-    n_bh = batch * nheads_k
-    tiles_bh = cdiv(max_k, block_n)
-    # stream-K (one length for every row, contiguous cache, one split chosen or forced by config)
-    n_prog = cfg.get("stream_k_programs", 0)
-    if n_prog == 0 and auto_splits and num_splits == 1 and cfg.get("stream_k", False):
-        n_prog = stream_k_programs(n_bh, tiles_bh, q.device)
-    if n_prog and (seqlens_k is not None or paged or n_bh * tiles_bh < n_prog):
-        if "stream_k_programs" in cfg:
-            raise ValueError(f"decode_forward: stream_k_programs={n_prog} needs one length for every row (seqlens_k "
-                             f"None), a contiguous cache and at least that many tiles ({n_bh * tiles_bh})")
-        n_prog = 0
     # the G query heads of a kv head x the new tokens, packed as rows; tiles of at most 64 rows
     block_m = min(64, max(16, next_pow2(group * seqlen_q)))
     m_blocks = cdiv(group * seqlen_q, block_m)
@@ -445,13 +322,11 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     lse = torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse
-    split = num_splits > 1 and not n_prog
-    # partial slots per (batch, kv head): the splits, or at most max_pieces stream-K pieces
-    max_pieces = stream_k_max_pieces(tiles_bh, n_bh * tiles_bh // n_prog, n_prog) if n_prog else num_splits
-    if split or n_prog:  # partial outs, then partial LSEs, in one fp32 buffer; tickets zeroed per call
-        n_part = max_pieces * n_bh * rows_total
-        buf = torch.empty(n_part * (block_d + 1), dtype=torch.float32, device=q.device)
-        o_part, lse_part = buf[: n_part * block_d], buf[n_part * block_d:]
+    split = num_splits > 1
+    n_bh = batch * nheads_k
+    if split:  # partial outs, then partial LSEs, in one fp32 buffer; tickets zeroed per call
+        buf = torch.empty(num_splits * n_bh * rows_total * (block_d + 1), dtype=torch.float32, device=q.device)
+        o_part, lse_part = buf[: num_splits * n_bh * rows_total * block_d], buf[num_splits * n_bh * rows_total * block_d:]
         counter = torch.zeros(n_bh * m_blocks, dtype=torch.int32, device=q.device)
     else:
         o_part = lse_part = counter = None
@@ -459,9 +334,8 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
                                             seqlen_q + max_k, seqlen_q + max_k)
     flags.pop("HAS_DROPOUT")
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    block_s = max(2, next_pow2(max_pieces))
-    grid = (n_prog, 1, m_blocks) if n_prog else (num_splits, n_bh, m_blocks)
-    _decode_split[grid](
+    block_s = max(2, next_pow2(num_splits))
+    _decode_split[(num_splits, n_bh, m_blocks)](
         q, k_cache, v_cache, out, lse, o_part, lse_part, counter, seqlens_k, cache_batch_idx, block_table,
         alibi_slopes, cache_leftpad,
         q.stride(0), q.stride(1), q.stride(2),
@@ -469,17 +343,14 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         block_table.stride(0) if paged else 0, *alibi_strides,
-        nheads, nheads_k, seqlen_q, max_seqlen_k if seqlens_k is None else 0,
-        tiles_bh if n_prog else split_len, num_splits, k_cache.shape[1] if paged else 1,
-        sc["window_left"], sc["window_right"],
+        nheads, nheads_k, seqlen_q, max_seqlen_k if seqlens_k is None else 0, split_len, num_splits,
+        k_cache.shape[1] if paged else 1, sc["window_left"], sc["window_right"],
         rows_total, (block_table.shape[1] * k_cache.shape[1]) if paged else k_cache.shape[1], k_cache.shape[0],
-        n_bh, max_pieces,
         softmax_scale * LOG2E, sc["softcap_scale"], sc["softcap2"],
         KV_GROUP=group, **flags, HAS_BATCH_IDX=cache_batch_idx is not None, PAGED=paged,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=precision,
-        PAGE_TILE=page_tile, HAS_SEQLENS=seqlens_k is not None, SPLIT=split or bool(n_prog),
+        PAGE_TILE=page_tile, HAS_SEQLENS=seqlens_k is not None, SPLIT=split,
         BLOCK_S=block_s, S_CHUNK=min(block_s, 4096 // block_d), HAS_LEFTPAD=cache_leftpad is not None,
-        STREAM_K=bool(n_prog),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out, lse
