@@ -40,9 +40,9 @@ def main():
     dev, dt, h, hk, d = "cuda", torch.bfloat16, 32, 8, 128
     contiguous = [dict(block_n=bn, num_warps=w, num_stages=s)
                   for bn, w, s in ((128, 8, 3), (128, 4, 3), (64, 4, 3), (64, 4, 4), (64, 8, 3))]
-    paged = {16: [(16, 2, 6), (16, 2, 8), (16, 4, 6), (32, 2, 6), (128, 4, 3)],
-             64: [(64, 4, 3), (64, 4, 4), (64, 2, 4), (32, 2, 6)],
-             256: [(128, 4, 3), (128, 8, 3), (64, 4, 3)]}
+    paged = {16: [(16, 2, 6), (16, 2, 8), (16, 4, 6), (16, 2, 4), (16, 4, 4), (32, 2, 6), (128, 4, 3)],
+             64: [(64, 4, 3), (64, 4, 4), (64, 2, 4), (64, 2, 6), (32, 2, 6)],
+             256: [(128, 4, 3), (128, 8, 3), (64, 4, 3), (64, 2, 4), (64, 4, 4), (64, 2, 6)]}
     waves_list = tuple(args.waves)
     if args.configs:
         contiguous = [dict(zip(("block_n", "num_warps", "num_stages"), map(int, c.split("/")))) for c in args.configs]
