@@ -59,6 +59,22 @@ def decode_config(block_d: int, page_size: int = 0) -> dict:
 
 
 @triton.jit
+def _table_load(ptr, TABLE_ASM: tl.constexpr):
+    """Block-table entries at ptr (in range). TABLE_ASM (GPU): a plain ``ld.global.nc`` in inline
+    PTX, which Triton's software pipeliner leaves where it is. Through ``tl.load`` the pipeliner
+    makes the lookup an asynchronous copy one stage ahead of the K/V tile it addresses, and with
+    it the K/V copies only one tile ahead of their use (triton 3.6, 3 stages: one K/V buffer and a
+    wait for every copy at the top of each iteration). The table is a few cache lines read by every
+    program of a batch entry, so the synchronous load mostly hits L1. The interpreter cannot run
+    PTX, so it takes ``tl.load``."""
+    if TABLE_ASM:
+        return tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.load(ptr)
+
+
+@triton.jit
 def _merge_splits(O, LSE, O_PART, LSE_PART, part0, part_step, row0, n_rows, off_b, off_hk, nheads, seqlen_q,
                   stride_ob, stride_om, stride_oh, num_splits,
                   KV_GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
@@ -115,7 +131,7 @@ def _decode_split(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PAGE_TILE: tl.constexpr = False, HAS_SEQLENS: tl.constexpr = True,
     SPLIT: tl.constexpr = True, BLOCK_S: tl.constexpr = 2, S_CHUNK: tl.constexpr = 2,
-    HAS_LEFTPAD: tl.constexpr = False,
+    HAS_LEFTPAD: tl.constexpr = False, TABLE_ASM: tl.constexpr = False,
 ):
     """One (KV split, batch·kv head, row block) program: attention of the packed rows over keys
     [pid_s·split_len, (pid_s+1)·split_len) of the cache.
@@ -183,13 +199,15 @@ def _decode_split(
         if HAS_LEFTPAD:
             m_n = m_n & (o_n >= k_first)
         if PAGED and PAGE_TILE:
-            page1 = tl.load(BLOCK_TABLE + off_b * stride_bt_b + start_n // page_size)      # scalar
+            page1 = _table_load(BLOCK_TABLE + off_b * stride_bt_b + start_n // page_size, TABLE_ASM)  # scalar
             page1 = tl.minimum(tl.maximum(page1, 0), num_cache - 1).to(tl.int64)
             r0 = (start_n % page_size).to(tl.int64)
             p_kt = K_base + page1 * stride_kb + (r0 + o_nb[None, :]) * stride_kn + o_d[:, None]  # [BLOCK_D, BLOCK_N]
             p_v = V_base + page1 * stride_vb + (r0 + o_nb[:, None]) * stride_vn + o_d[None, :]   # [BLOCK_N, BLOCK_D]
         elif PAGED:
-            page = tl.load(BLOCK_TABLE + off_b * stride_bt_b + o_n // page_size, mask=m_n, other=0)
+            # the index is clamped into the table's row, not masked: keys past hi are masked below
+            page = _table_load(BLOCK_TABLE + off_b * stride_bt_b + tl.minimum(o_n, capacity - 1) // page_size,
+                               TABLE_ASM)                                                      # [BLOCK_N]
             page = tl.minimum(tl.maximum(page, 0), num_cache - 1).to(tl.int64)                 # [BLOCK_N]
             row = (o_n % page_size).to(tl.int64)
             p_kt = K_base + page[None, :] * stride_kb + row[None, :] * stride_kn + o_d[:, None]
@@ -351,6 +369,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=precision,
         PAGE_TILE=page_tile, HAS_SEQLENS=seqlens_k is not None, SPLIT=split,
         BLOCK_S=block_s, S_CHUNK=min(block_s, 4096 // block_d), HAS_LEFTPAD=cache_leftpad is not None,
+        TABLE_ASM=paged and cfg.get("table_asm", True) and not interpreting(),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out, lse
