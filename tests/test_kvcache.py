@@ -312,15 +312,56 @@ def test_decode_config_rule():
     """The GPU launch config by page size (the H200 sweep's winners) and the tiles that follow."""
     from tileflash.ops.decode import decode_config, paged_tiling
 
+    from tileflash.ops.decode import table_lookup_asm
+
     assert decode_config(128)["block_n"] == 128 and decode_config(128, 256)["block_n"] == 128
-    # one split when the batch fills the SMs: contiguous only (measured slower on pages of 256)
-    assert decode_config(128).get("full_unsplit", 0) > 0 and not decode_config(128, 256).get("full_unsplit", 0)
+    # one split when the batch fills the SMs: contiguous and pages of 128·k (whose lookups no longer
+    # hold back the K/V pipeline), not smaller pages
+    assert decode_config(128).get("full_unsplit", 0) > 0 and decode_config(128, 256) == decode_config(128)
+    assert not decode_config(128, 64).get("full_unsplit", 0) and not decode_config(128, 16).get("full_unsplit", 0)
+    # 128-key tiles fill an SM's shared memory: one wave of programs
+    assert decode_config(128)["waves"] == 1
+    # inline-PTX table lookups: one per tile of >= 64 keys only
+    assert table_lookup_asm(True, 128) and table_lookup_asm(True, 64)
+    assert not table_lookup_asm(True, 16) and not table_lookup_asm(False, 128)
     assert decode_config(128, 64)["block_n"] == 64 and decode_config(128, 192)["block_n"] == 64
     assert decode_config(128, 16)["block_n"] == 16 and decode_config(64, 6)["block_n"] == 16
     assert decode_config(256, 16) == decode_config(256)  # BLOCK_D 256: one config (shared memory)
     for page in (16, 32, 64, 128, 192, 256):  # these pages all get one table lookup per tile
         assert paged_tiling(page, decode_config(128, page)["block_n"])[1], page
     assert not paged_tiling(6, decode_config(128, 6)["block_n"])[1]
+
+
+def test_paged_lookup_keeps_kv_pipelined_sm90():
+    """Compiled for sm_90 with the installed triton (no GPU): with TABLE_ASM the block-table lookup
+    is a plain ld.global.nc, and a paged cache's K/V tiles get as many shared-memory buffers as a
+    contiguous cache's (triton 3.6 pipelined the lookup through tl.load and left the paged K/V
+    single-buffered, 73.7 KB against 139 KB). In a subprocess: this one built the interpreter's."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    code = """
+import sys
+sys.path.insert(0, "scripts")
+from compile_check import compile_one
+from tileflash.ops import decode as DEC
+base = dict(KV_GROUP=4, HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_BATCH_IDX=False,
+            HEAD_DIM=128, BLOCK_D=128, BLOCK_M=16, BLOCK_N=128, DOT_PRECISION="tf32", SPLIT=False)
+for name, extra in (("contiguous", dict(PAGED=False)), ("asm", dict(PAGED=True, PAGE_TILE=True, TABLE_ASM=True))):
+    k = compile_one(DEC._decode_split, "bf16", dict(base, **extra), 4, 3)
+    print(name, k.metadata.shared, k.asm["ptx"].count("ld.global.nc.b32"))
+"""
+    env = {key: val for key, val in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root,
+                         timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    got = {ln.split()[0]: [int(x) for x in ln.split()[1:]] for ln in res.stdout.splitlines()}
+    assert got["asm"][1] >= 1, got                       # the lookup is the inline load
+    assert got["asm"][0] >= got["contiguous"][0], got    # K/V buffered like the contiguous kernel's
 
 
 def test_choose_num_splits_rule():

@@ -31,17 +31,19 @@ from tileflash.ops.common import cdiv, next_pow2, score_mods, visible
 from tileflash.ops.forward import LOG2E, block_d_for, feature_args, interpreting
 
 # GPU launch defaults of the split kernel, from the H200 sweeps of scripts/decode_sweep.py (bf16,
-# Hq 32, Hkv 8, D 128; docs/testing.md, fourth session). waves: target programs per SM when choosing
-# num_splits; full_unsplit: see choose_num_splits. The K/V tiles of all stages must fit the SM's
-# shared memory.
+# Hq 32, Hkv 8, D 128; docs/testing.md, fourth and ninth sessions). waves: target programs per SM
+# when choosing num_splits; full_unsplit: see choose_num_splits. The K/V tiles of all stages must
+# fit the SM's shared memory: 128-key tiles on 3 stages leave room for one program per SM, hence
+# one wave (ninth session, run 3: B=1 L=8k 1.62 TB/s against 1.36 with two; L=128k 3.75 / 3.66).
 WAVES = 2
-DECODE_CONFIG = dict(block_n=128, num_warps=4, num_stages=3, waves=2,        # contiguous
+DECODE_CONFIG = dict(block_n=128, num_warps=4, num_stages=3, waves=1,        # contiguous
                      full_unsplit=0.9)
-# pages of 128·k: the same tiles, but always split. Unsplit (run 9 of session 4), page 256 at B=16
-# fell to 2.75-2.89 TB/s against 4.52 split in two (run 3); not understood, not profiled.
-DECODE_CONFIG_PAGE128 = dict(block_n=128, num_warps=4, num_stages=3, waves=2)
-DECODE_CONFIG_SHORT = dict(block_n=64, num_warps=4, num_stages=3, waves=2)   # the same, for splits of <= 512 keys
-DECODE_CONFIG_PAGE64 = dict(block_n=64, num_warps=2, num_stages=4, waves=4)  # pages of 64·k (not 128·k)
+# pages of 128·k: the same. With the table lookup pipelined by Triton (before TABLE_ASM), the K/V
+# tiles were single-buffered and an unsplit page-256 cache read 2.75-2.89 TB/s at B=16 (session 4);
+# with TABLE_ASM, 4.51 at L=64k against 4.46 contiguous (ninth session, run 3).
+DECODE_CONFIG_PAGE128 = dict(DECODE_CONFIG)
+DECODE_CONFIG_SHORT = dict(block_n=64, num_warps=4, num_stages=3, waves=2)   # the same, for splits of <= 256 keys
+DECODE_CONFIG_PAGE64 = dict(block_n=64, num_warps=4, num_stages=3, waves=2)  # pages of 64·k (not 128·k)
 DECODE_CONFIG_SMALL_PAGE = dict(block_n=16, num_warps=2, num_stages=8, waves=4)  # other pages (16, 32, odd)
 DECODE_CONFIG_WIDE = dict(block_n=64, num_warps=8, num_stages=2, waves=2)    # BLOCK_D 256: 2 x 64 KiB
 
@@ -277,6 +279,15 @@ def choose_num_splits(batch: int, nheads_k: int, max_seqlen_k: int, device, wave
     return int(max(1, min(want, cdiv(max_seqlen_k, 256), 128)))
 
 
+def table_lookup_asm(page_tile: bool, block_n: int) -> bool:
+    """Whether a paged cache's block-table lookups go through inline PTX (``_table_load``): for one
+    lookup per tile of 64 keys or more. The synchronous lookup then costs little against the tile,
+    and the K/V copies stay stages ahead (H200, ninth session, run 3: B=16 L=64k page 256 unsplit
+    4.51 TB/s; page 64 at 0.94-0.98x contiguous). 16-key tiles (pages of 16) were 5-30% slower
+    with it (each tile waits for its lookup), so they keep Triton's pipelined load."""
+    return bool(page_tile) and block_n >= 64
+
+
 def paged_tiling(page_size: int, block_n: int):
     """(BLOCK_N, PAGE_TILE) for a cache of `page_size`-token pages (0: contiguous).
 
@@ -325,7 +336,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         # length tensor the rows may be uneven, and splitting keeps a long row from straggling
         num_splits = choose_num_splits(batch, nheads_k, max_k, q.device, waves=cfg.get("waves", WAVES),
                                        full_unsplit=cfg.get("full_unsplit", 0.0) if seqlens_k is None else 0.0)
-    if config is None and cfg["block_n"] == 128 and cdiv(max_k, num_splits) <= 512:
+    if config is None and cfg["block_n"] == 128 and cdiv(max_k, num_splits) <= 256:
         cfg = dict(DECODE_CONFIG_SHORT)  # a few tiles per split: 64-key tiles keep more loads in flight
     block_n = 16 if interpreting() else cfg["block_n"]
     block_n, page_tile = paged_tiling(k_cache.shape[1] if paged else 0, block_n)
@@ -369,7 +380,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=precision,
         PAGE_TILE=page_tile, HAS_SEQLENS=seqlens_k is not None, SPLIT=split,
         BLOCK_S=block_s, S_CHUNK=min(block_s, 4096 // block_d), HAS_LEFTPAD=cache_leftpad is not None,
-        TABLE_ASM=paged and cfg.get("table_asm", True) and not interpreting(),
+        TABLE_ASM=paged and table_lookup_asm(page_tile, block_n) and cfg.get("table_asm", True) and not interpreting(),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out, lse
