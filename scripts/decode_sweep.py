@@ -40,11 +40,7 @@ def main():
     dev, dt, h, hk, d = "cuda", torch.bfloat16, 32, 8, 128
     contiguous = [dict(block_n=bn, num_warps=w, num_stages=s)
                   for bn, w, s in ((128, 8, 3), (128, 4, 3), (64, 4, 3), (64, 4, 4), (64, 8, 3))]
-    # (BLOCK_N, warps, stages[, extra config]); tiles larger than the page look each page up once
-    # (PAGES_PER_TILE), through inline PTX unless table_asm is False
-    no_asm = dict(table_asm=False)
-    paged = {16: [(16, 2, 8), (16, 2, 12), (16, 4, 12), (64, 4, 3), (64, 2, 4), (64, 4, 4), (128, 4, 3),
-                  (64, 4, 3, no_asm), (128, 4, 3, no_asm)],
+    paged = {16: [(16, 2, 8), (16, 4, 8), (32, 2, 6), (64, 2, 4), (64, 4, 3), (128, 4, 3)],
              64: [(64, 4, 3), (64, 2, 4), (64, 4, 4), (32, 2, 6)],
              256: [(128, 4, 3), (128, 8, 3), (64, 4, 3), (64, 2, 4), (64, 4, 4)]}
     waves_list = tuple(args.waves)
@@ -70,8 +66,7 @@ def main():
             if page:
                 pc = [_to_paged(k_, v_, page, torch.Generator().manual_seed(page)) for k_, v_ in caches]
                 mem = [(kp, vp, dict(block_table=t)) for kp, vp, t in pc]
-                configs = [dict(block_n=c[0], num_warps=c[1], num_stages=c[2], **(c[3] if len(c) > 3 else {}))
-                           for c in paged.get(page, [(128, 8, 3)])]
+                configs = [dict(block_n=bn, num_warps=w, num_stages=s) for bn, w, s in paged.get(page, [(128, 8, 3)])]
             else:
                 mem = [(k_, v_, {}) for k_, v_ in caches]
                 configs = contiguous

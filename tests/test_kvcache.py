@@ -306,11 +306,6 @@ def test_paged_tiling_rule():
     assert paged_tiling(16, 128) == (128, False) and paged_tiling(6, 128) == (128, False)
     assert paged_tiling(96, 128) == (128, False)
     assert paged_tiling(16, 16) == (16, True) and paged_tiling(6, 16) == (16, False)
-    from tileflash.ops.decode import pages_per_tile
-
-    assert pages_per_tile(16, 128, False) == 8 and pages_per_tile(8, 16, False) == 2   # whole pages per tile
-    assert pages_per_tile(6, 16, False) == 1 and pages_per_tile(96, 128, False) == 1   # per key
-    assert pages_per_tile(256, 128, True) == 1 and pages_per_tile(16, 16, True) == 1   # one per tile
 
 
 def test_decode_config_rule():
@@ -382,7 +377,7 @@ def test_choose_num_splits_rule():
     assert choose_num_splits(1, 4, 8192, cpu, waves=2, full_unsplit=0.9) == 4   # 4 do not
 
 
-@pytest.mark.parametrize("page", [6, 8, 16, 64, 128, 256])
+@pytest.mark.parametrize("page", [6, 16, 64, 128, 256])
 def test_paged_page_sizes_match_contiguous(backend, page):
     """Every page size against the same keys in a contiguous cache (see test_paged_tiling_rule for
     which sizes take one table lookup per tile). Uneven lengths end mid-page and mid-tile; one

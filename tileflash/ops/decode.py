@@ -133,7 +133,7 @@ def _decode_split(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PAGE_TILE: tl.constexpr = False, HAS_SEQLENS: tl.constexpr = True,
     SPLIT: tl.constexpr = True, BLOCK_S: tl.constexpr = 2, S_CHUNK: tl.constexpr = 2,
-    HAS_LEFTPAD: tl.constexpr = False, TABLE_ASM: tl.constexpr = False, PAGES_PER_TILE: tl.constexpr = 1,
+    HAS_LEFTPAD: tl.constexpr = False, TABLE_ASM: tl.constexpr = False,
 ):
     """One (KV split, batch·kv head, row block) program: attention of the packed rows over keys
     [pid_s·split_len, (pid_s+1)·split_len) of the cache.
@@ -145,8 +145,7 @@ def _decode_split(
     SEQLENS_K, else every batch entry holds seqlen_fixed keys.
     PAGE_TILE (paged, page_size a multiple of BLOCK_N): a K/V tile never straddles two pages
     (splits start at multiples of BLOCK_N), so one block-table entry per tile gives affine row
-    addresses, as in a contiguous cache. PAGES_PER_TILE > 1 (BLOCK_N a multiple of page_size): a
-    tile covers that many whole pages, one lookup each. Otherwise each key looks its page up.
+    addresses, as in a contiguous cache; otherwise each key looks its page up.
     HAS_LEFTPAD: keys before LEFTPAD[b] are invisible (flash-attn's cache_leftpad); every position
     stays absolute, so masks, ALiBi and the bottom-right alignment are unchanged."""
     pid_s = tl.program_id(0)
@@ -207,17 +206,6 @@ def _decode_split(
             r0 = (start_n % page_size).to(tl.int64)
             p_kt = K_base + page1 * stride_kb + (r0 + o_nb[None, :]) * stride_kn + o_d[:, None]  # [BLOCK_D, BLOCK_N]
             p_v = V_base + page1 * stride_vb + (r0 + o_nb[:, None]) * stride_vn + o_d[None, :]   # [BLOCK_N, BLOCK_D]
-        elif PAGED and PAGES_PER_TILE > 1:
-            # the tile covers PAGES_PER_TILE whole pages (it starts on a page boundary): one lookup
-            # per page, spread to the keys by a select-and-sum over [PAGES_PER_TILE, BLOCK_N]
-            o_p = tl.arange(0, PAGES_PER_TILE)
-            p_idx = tl.minimum(start_n // page_size + o_p, capacity // page_size - 1)
-            pages = _table_load(BLOCK_TABLE + off_b * stride_bt_b + p_idx, TABLE_ASM)         # [PAGES_PER_TILE]
-            pages = tl.minimum(tl.maximum(pages, 0), num_cache - 1).to(tl.int64)
-            page = tl.sum(tl.where(o_nb[None, :] // page_size == o_p[:, None], pages[:, None], 0), 0)  # [BLOCK_N]
-            row = (o_nb % page_size).to(tl.int64)
-            p_kt = K_base + page[None, :] * stride_kb + row[None, :] * stride_kn + o_d[:, None]
-            p_v = V_base + page[:, None] * stride_vb + row[:, None] * stride_vn + o_d[None, :]
         elif PAGED:
             # the index is clamped into the table's row, not masked: keys past hi are masked below
             page = _table_load(BLOCK_TABLE + off_b * stride_bt_b + tl.minimum(o_n, capacity - 1) // page_size,
@@ -292,8 +280,8 @@ def choose_num_splits(batch: int, nheads_k: int, max_seqlen_k: int, device, wave
 
 
 def table_lookup_asm(page_tile: bool, block_n: int) -> bool:
-    """Whether a paged cache's block-table lookups go through inline PTX (``_table_load``): for
-    lookups per tile (PAGE_TILE, or one per page with PAGES_PER_TILE) of 64 keys or more. The synchronous lookup then costs little against the tile,
+    """Whether a paged cache's block-table lookups go through inline PTX (``_table_load``): for one
+    lookup per tile of 64 keys or more. The synchronous lookup then costs little against the tile,
     and the K/V copies stay stages ahead (H200, ninth session, run 3: B=16 L=64k page 256 unsplit
     4.51 TB/s; page 64 at 0.94-0.98x contiguous). 16-key tiles (pages of 16) were 5-30% slower
     with it (each tile waits for its lookup), so they keep Triton's pipelined load."""
@@ -317,14 +305,6 @@ def paged_tiling(page_size: int, block_n: int):
         if page_size % tile == 0 and tile >= 64:
             block_n = tile
     return block_n, page_size % block_n == 0
-
-
-def pages_per_tile(page_size: int, block_n: int, page_tile: bool) -> int:
-    """How many whole pages a BLOCK_N-key tile covers when the page size divides the tile (one
-    lookup per page, PAGES_PER_TILE); 1 otherwise (one per tile with PAGE_TILE, else per key)."""
-    if page_tile or page_size <= 0 or page_size >= block_n or block_n % page_size:
-        return 1
-    return block_n // page_size
 
 
 def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, window=(-1, -1), softcap=0.0,
@@ -360,7 +340,6 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         cfg = dict(DECODE_CONFIG_SHORT)  # a few tiles per split: 64-key tiles keep more loads in flight
     block_n = 16 if interpreting() else cfg["block_n"]
     block_n, page_tile = paged_tiling(k_cache.shape[1] if paged else 0, block_n)
-    ppt = pages_per_tile(k_cache.shape[1], block_n, page_tile) if paged and cfg.get("multi_page", True) else 1
     split_len = cdiv(cdiv(max_k, num_splits), block_n) * block_n
     num_splits = cdiv(max_k, split_len)
     # the G query heads of a kv head x the new tokens, packed as rows; tiles of at most 64 rows
@@ -401,8 +380,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=precision,
         PAGE_TILE=page_tile, HAS_SEQLENS=seqlens_k is not None, SPLIT=split,
         BLOCK_S=block_s, S_CHUNK=min(block_s, 4096 // block_d), HAS_LEFTPAD=cache_leftpad is not None,
-        TABLE_ASM=paged and table_lookup_asm(page_tile or ppt > 1, block_n) and cfg.get("table_asm", True)
-        and not interpreting(), PAGES_PER_TILE=ppt,
+        TABLE_ASM=paged and table_lookup_asm(page_tile, block_n) and cfg.get("table_asm", True) and not interpreting(),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out, lse
