@@ -283,7 +283,7 @@ def table_lookup_asm(page_tile: bool, block_n: int) -> bool:
     """Whether a paged cache's block-table lookups go through inline PTX (``_table_load``): for one
     lookup per tile of 64 keys or more. The synchronous lookup then costs little against the tile,
     and the K/V copies stay stages ahead (H200, ninth session, run 3: B=16 L=64k page 256 unsplit
-    4.51 TB/s; page 64 at 0.94-0.98x contiguous). 16-key tiles (pages of 16) were 5-30% slower
+    4.51 TB/s; page 64 at 0.94-0.98x contiguous). 16-key tiles (pages of 16) were 8-38% slower
     with it (each tile waits for its lookup), so they keep Triton's pipelined load."""
     return bool(page_tile) and block_n >= 64
 
