@@ -310,9 +310,7 @@ def test_paged_tiling_rule():
 
 def test_decode_config_rule():
     """The GPU launch config by page size (the H200 sweep's winners) and the tiles that follow."""
-    from tileflash.ops.decode import decode_config, paged_tiling
-
-    from tileflash.ops.decode import table_lookup_asm
+    from tileflash.ops.decode import decode_config, paged_tiling, table_lookup_asm
 
     assert decode_config(128)["block_n"] == 128 and decode_config(128, 256)["block_n"] == 128
     # one split when the batch fills the SMs: contiguous and pages of 128·k (whose lookups no longer

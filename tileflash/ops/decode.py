@@ -317,8 +317,9 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     batch entry holds max_seqlen_k keys (no length tensor to build or read). max_seqlen_k (if >= 0)
     bounds seqlens_k and sizes the splits. cache_leftpad: int32 (batch,), keys before it are
     masked (positions stay absolute). One launch: the split programs merge their own partials
-    (see ``_decode_split``). config: dict(block_n, num_warps, num_stages[, waves]) overriding
-    ``decode_config`` (for tuning scripts).
+    (see ``_decode_split``). config: dict(block_n, num_warps, num_stages[, waves, table_asm])
+    overriding ``decode_config`` (for tuning scripts; table_asm=False keeps ``tl.load`` for the
+    block-table lookups where ``table_lookup_asm`` would take inline PTX).
     """
     if seqlens_k is None and max_seqlen_k < 0:
         raise ValueError("decode_forward: pass seqlens_k, or max_seqlen_k >= 0 as every entry's length")
