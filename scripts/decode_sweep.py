@@ -29,13 +29,27 @@ def timed(calls, sets):
     return do_bench(_graph_of(calls), warmup=10, rep=40, return_mode="median") / sets
 
 
+FLAGS = {"asm": ("table_asm", True), "noasm": ("table_asm", False), "fresh": ("reuse_counter", False)}
+
+
+def parse_config(text):
+    """'128/4/3/asm' -> dict(block_n=128, num_warps=4, num_stages=3, table_asm=True)."""
+    parts = text.split("/")
+    cfg = dict(zip(("block_n", "num_warps", "num_stages"), map(int, parts[:3])))
+    cfg.update(FLAGS[f] for f in parts[3:])
+    return cfg
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--defaults-only", action="store_true", help="time only the default config (no sweep)")
     ap.add_argument("--pages", type=int, nargs="*", default=[], help="also sweep paged caches of these page sizes")
     ap.add_argument("--shapes", nargs="*", default=["16:8192", "16:65536", "1:8192", "1:131072"], help="B:L")
     ap.add_argument("--waves", type=int, nargs="*", default=[2, 4, 8], help="target programs per SM (split counts)")
-    ap.add_argument("--configs", nargs="*", default=None, help="contiguous configs as BLOCK_N/WARPS/STAGES")
+    ap.add_argument("--configs", nargs="*", default=None,
+                    help="contiguous configs as BLOCK_N/WARPS/STAGES[/flag...]; flags: asm, noasm (force the "
+                         "block-table lookup through inline PTX or tl.load), fresh (a zeroed counter per call)")
+    ap.add_argument("--page-configs", nargs="*", default=None, help="paged configs, the same syntax (every page size)")
     args = ap.parse_args()
     dev, dt, h, hk, d = "cuda", torch.bfloat16, 32, 8, 128
     contiguous = [dict(block_n=bn, num_warps=w, num_stages=s)
@@ -45,7 +59,9 @@ def main():
              256: [(128, 4, 3), (128, 8, 3), (64, 4, 3), (64, 2, 4), (64, 4, 4)]}
     waves_list = tuple(args.waves)
     if args.configs:
-        contiguous = [dict(zip(("block_n", "num_warps", "num_stages"), map(int, c.split("/")))) for c in args.configs]
+        contiguous = [parse_config(c) for c in args.configs]
+    if args.page_configs:
+        paged = {p: [parse_config(c) for c in args.page_configs] for p in args.pages}
     lines = []
     t_start = time.time()
     for spec in args.shapes:
@@ -66,7 +82,8 @@ def main():
             if page:
                 pc = [_to_paged(k_, v_, page, torch.Generator().manual_seed(page)) for k_, v_ in caches]
                 mem = [(kp, vp, dict(block_table=t)) for kp, vp, t in pc]
-                configs = [dict(block_n=bn, num_warps=w, num_stages=s) for bn, w, s in paged.get(page, [(128, 8, 3)])]
+                configs = [c if isinstance(c, dict) else dict(block_n=c[0], num_warps=c[1], num_stages=c[2])
+                           for c in paged.get(page, [(128, 8, 3)])]
             else:
                 mem = [(k_, v_, {}) for k_, v_ in caches]
                 configs = contiguous

@@ -362,6 +362,43 @@ for name, extra in (("contiguous", dict(PAGED=False)), ("asm", dict(PAGED=True, 
     assert got["asm"][0] >= got["contiguous"][0], got    # K/V buffered like the contiguous kernel's
 
 
+def test_merge_in_row_and_split_chunks_with_reused_counters(backend, monkeypatch):
+    """The in-kernel merge takes MERGE_ROWS packed rows x S_CHUNK splits per load: 32 rows (8 query
+    heads x 4 new tokens) over 40 splits need several row chunks and several split chunks (uneven
+    last chunk). The ticket counters are one buffer reused across calls: the merging program
+    resets its counter, so the buffer must be all zero after each call, and a second call with
+    another split count must still merge the right programs."""
+    if backend == "tiled":
+        pytest.skip("the merge and its tickets are in the Triton kernel")
+    from tileflash.ops import decode as dec
+
+    dev = backend_device(backend)
+    dt = _dtype(dev)
+    g = torch.Generator().manual_seed(77)
+    b, hq, hk, d, n, new = 2, 16, 2, 128, 40 * 16, 4
+    q = torch.randn(b, new, hq, d, generator=g).to(dev, dt)
+    kc = torch.randn(b, n, hk, d, generator=g).to(dev, dt)
+    vc = torch.randn(b, n, hk, d, generator=g).to(dev, dt)
+    lens = torch.tensor([n, 301], dtype=torch.int32, device=dev)
+    if dev == "cpu":  # the interpreter allocates per call; reuse one buffer as the GPU does
+        shared = torch.zeros(4096, dtype=torch.int32)
+        monkeypatch.setattr(dec, "ticket_counters", lambda count, device: shared[:count])
+        buffers = [shared]
+    for splits in (40, 7, 40):
+        out, lse = dec.decode_forward(q, kc, vc, lens, d ** -0.5, True, num_splits=splits,
+                                      config=dict(block_n=16, num_warps=4, num_stages=2))
+        if dev == "cuda":
+            torch.cuda.synchronize()
+            buffers = list(dec._COUNTERS.values())
+        assert all(int(buf.abs().sum()) == 0 for buf in buffers), "ticket counters not reset"
+        for i in range(b):
+            m = int(lens[i])
+            _assert_matches(out[i:i + 1], q[i:i + 1], kc[i:i + 1, :m], vc[i:i + 1, :m], 3e-5, causal=True)
+            _, ref_lse = attention_ref(q[i:i + 1].cpu().double(), kc[i:i + 1, :m].cpu().double(),
+                                       vc[i:i + 1, :m].cpu().double(), causal=True)
+            assert (lse[i:i + 1].cpu().double() - ref_lse).abs().max().item() <= 1e-4
+
+
 def test_choose_num_splits_rule():
     """Splits fill `waves` programs per SM (8 stand-in SMs off CUDA), at least 256 keys each; with
     full_unsplit, a batch whose (batch, kv head) programs already fill the SMs is not split."""
@@ -408,7 +445,7 @@ def test_paged_page_sizes_match_contiguous(backend, page):
 def test_int_cache_seqlens(backend, n, splits):
     """An int cache_seqlens (one length for every row, handed to the kernel as a scalar, with no
     length tensor) against the same length as a tensor and the reference. No keys: zeros, lse -inf.
-    The same call twice must agree bitwise (the merge's tickets are fresh per call)."""
+    The same call twice must agree bitwise (the merging program resets its tickets for the next call)."""
     dev = backend_device(backend)
     kc, vc, _, g = _setup(dev, 2, False, 0, seed=11 + n)
     q = torch.randn(B, 1, H, D, generator=g).to(dev, kc.dtype)

@@ -80,41 +80,47 @@ def _table_load(ptr, TABLE_ASM: tl.constexpr):
 def _merge_splits(O, LSE, O_PART, LSE_PART, part0, part_step, row0, n_rows, off_b, off_hk, nheads, seqlen_q,
                   stride_ob, stride_om, stride_oh, num_splits,
                   KV_GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-                  S_CHUNK: tl.constexpr):
+                  S_CHUNK: tl.constexpr, MERGE_ROWS: tl.constexpr):
     """Merge packed rows [row0, row0 + n_rows) of one (batch, kv head) over the splits, and store
     them: lse = log Σ_s exp(lse_s), out = Σ_s exp(lse_s − lse)·out_s (base 2 inside).
 
-    Split s's partial of row r is row part0 + s·part_step + r of the partial buffers. One row at a
-    time, all of its splits at once ([S_CHUNK, BLOCK_D] loads), so the merge costs a few dependent
-    loads per row, not one per split. A row with every split empty gets 0 and lse -inf. The sums
-    are in a fixed order whichever program merges, so the result is deterministic."""
+    Split s's partial of row r is row part0 + s·part_step + r of the partial buffers. MERGE_ROWS
+    rows at a time, with all their splits at once ([S_CHUNK, MERGE_ROWS, BLOCK_D] loads), so the
+    merge of a decode step's GQA group (4-8 rows) is one round of independent L2 loads, not one
+    per row or per split. A row with every split empty gets 0 and lse -inf. The sums are in a
+    fixed order whichever program merges, so the result is deterministic."""
     o_s = tl.arange(0, BLOCK_S)
     o_c = tl.arange(0, S_CHUNK)
+    o_rr = tl.arange(0, MERGE_ROWS)
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < HEAD_DIM
-    for r in range(row0, row0 + n_rows):
-        lse_s = tl.load(LSE_PART + part0 + o_s.to(tl.int64) * part_step + r, mask=o_s < num_splits,
-                        other=float("-inf"), cache_modifier=".cg")                    # [BLOCK_S]
-        m = tl.max(lse_s, 0)
+    for r0 in range(row0, row0 + n_rows, MERGE_ROWS):
+        rr = r0 + o_rr                                                                # [MERGE_ROWS]
+        m_rr = rr < row0 + n_rows
+        lse_s = tl.load(LSE_PART + part0 + o_s[:, None].to(tl.int64) * part_step + rr[None, :],
+                        mask=(o_s < num_splits)[:, None] & m_rr[None, :], other=float("-inf"),
+                        cache_modifier=".cg")                                         # [BLOCK_S, MERGE_ROWS]
+        m = tl.max(lse_s, 0)                                                          # [MERGE_ROWS]
         m_use = tl.where(m == float("-inf"), 0.0, m)
-        total = tl.sum(tl.math.exp2(lse_s - m_use), 0)
-        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+        total = tl.sum(tl.math.exp2(lse_s - m_use[None, :]), 0)                       # [MERGE_ROWS]
+        acc = tl.zeros([MERGE_ROWS, BLOCK_D], dtype=tl.float32)
         for s0 in range(0, num_splits, S_CHUNK):
-            rows = part0 + (s0 + o_c).to(tl.int64) * part_step + r                    # [S_CHUNK]
-            m_c = s0 + o_c < num_splits
+            rows = part0 + (s0 + o_c)[:, None].to(tl.int64) * part_step + rr[None, :]  # [S_CHUNK, MERGE_ROWS]
+            m_c = (s0 + o_c < num_splits)[:, None] & m_rr[None, :]
             w = tl.math.exp2(tl.load(LSE_PART + rows, mask=m_c, other=float("-inf"), cache_modifier=".cg")
-                             - m_use)                                                 # [S_CHUNK]; 0 if empty
+                             - m_use[None, :])                                        # [S_CHUNK, MERGE_ROWS]; 0 if empty
             # every split stored its rows (0 where it saw no key), so this load need not wait for w
-            o_part = tl.load(O_PART + rows[:, None] * BLOCK_D + o_d[None, :], mask=m_c[:, None] & m_d[None, :],
-                             other=0.0, cache_modifier=".cg")                         # [S_CHUNK, BLOCK_D]
-            acc += tl.sum(w[:, None] * o_part, 0)
+            o_part = tl.load(O_PART + rows[:, :, None] * BLOCK_D + o_d[None, None, :],
+                             mask=m_c[:, :, None] & m_d[None, None, :], other=0.0,
+                             cache_modifier=".cg")                                    # [S_CHUNK, MERGE_ROWS, BLOCK_D]
+            acc += tl.sum(w[:, :, None] * o_part, 0)
         t_safe = tl.where(total == 0.0, 1.0, total)
         lse = tl.where(total == 0.0, float("-inf"), (m_use + tl.math.log2(t_safe)) * 0.6931471805599453)
-        h = off_hk * KV_GROUP + r // seqlen_q
-        t = r % seqlen_q
-        tl.store(O + off_b * stride_ob + t.to(tl.int64) * stride_om + h * stride_oh + o_d,
-                 (acc / t_safe).to(O.dtype.element_ty), mask=m_d)
-        tl.store(LSE + (off_b * nheads + h) * seqlen_q + t, lse)
+        h = off_hk * KV_GROUP + rr // seqlen_q                                        # [MERGE_ROWS] query head
+        t = rr % seqlen_q                                                             # [MERGE_ROWS] new token
+        tl.store(O + off_b * stride_ob + t[:, None].to(tl.int64) * stride_om + h[:, None] * stride_oh + o_d[None, :],
+                 (acc / t_safe[:, None]).to(O.dtype.element_ty), mask=m_rr[:, None] & m_d[None, :])
+        tl.store(LSE + (off_b * nheads + h) * seqlen_q + t, lse, mask=m_rr)
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "seqlen_fixed", "split_len", "num_splits", "window_left", "window_right"])
@@ -133,7 +139,7 @@ def _decode_split(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PAGE_TILE: tl.constexpr = False, HAS_SEQLENS: tl.constexpr = True,
     SPLIT: tl.constexpr = True, BLOCK_S: tl.constexpr = 2, S_CHUNK: tl.constexpr = 2,
-    HAS_LEFTPAD: tl.constexpr = False, TABLE_ASM: tl.constexpr = False,
+    HAS_LEFTPAD: tl.constexpr = False, TABLE_ASM: tl.constexpr = False, MERGE_ROWS: tl.constexpr = 1,
 ):
     """One (KV split, batch·kv head, row block) program: attention of the packed rows over keys
     [pid_s·split_len, (pid_s+1)·split_len) of the cache.
@@ -245,16 +251,42 @@ def _decode_split(
         # every thread's partial stores precede the ticket (a barrier, then a gpu-scope acq_rel
         # atomic), so the program holding the last ticket sees all the splits' partials
         tl.debug_barrier()
-        ticket = tl.atomic_add(COUNTER + pid_bh * tl.num_programs(2) + pid_m, 1, sem="acq_rel", scope="gpu")
+        p_ticket = COUNTER + pid_bh * tl.num_programs(2) + pid_m
+        ticket = tl.atomic_add(p_ticket, 1, sem="acq_rel", scope="gpu")
         if ticket == num_splits - 1:
+            # every split has taken its ticket: reset the counter for the next call on this stream
+            # (the counter buffer is reused across calls, so no memset per call)
+            tl.store(p_ticket, 0)
             _merge_splits(O, LSE, O_PART, LSE_PART, part0, part_step, pid_m * BLOCK_M,
                           tl.minimum(BLOCK_M, KV_GROUP * seqlen_q - pid_m * BLOCK_M), off_b, off_hk, nheads,
                           seqlen_q, stride_ob, stride_om, stride_oh, num_splits,
-                          KV_GROUP, HEAD_DIM, BLOCK_D, BLOCK_S, S_CHUNK)
+                          KV_GROUP, HEAD_DIM, BLOCK_D, BLOCK_S, S_CHUNK, MERGE_ROWS)
     else:
         p_o = O + off_b * stride_ob + o_t[:, None].to(tl.int64) * stride_om + o_h[:, None] * stride_oh + o_d[None, :]
         tl.store(p_o, out.to(O.dtype.element_ty), mask=m_r[:, None] & m_d[None, :])
         tl.store(LSE + (off_b * nheads + o_h) * seqlen_q + o_t, lse2 * 0.6931471805599453, mask=m_r)
+
+
+# one ticket-counter buffer per (device, stream), all zero between calls: the split programs that
+# merge reset their counters, and calls on one stream run in order, so no memset per call (a graph
+# node of its own when the step is captured). Under CUDA-graph capture the key is the capture
+# stream; a buffer first allocated during a capture is zeroed by a memset recorded in that graph.
+_COUNTERS: dict = {}
+
+
+def ticket_counters(n: int, device) -> torch.Tensor:
+    """n zeroed int32 ticket counters for a split launch on the current stream of `device`."""
+    if device.type != "cuda":
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    stream = torch.cuda.current_stream(device)
+    key = (stream.device_index, stream.cuda_stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        # the old buffer may still be in use by queued kernels of this stream; the allocator
+        # reuses its memory only in stream order
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf[:n]
 
 
 @functools.lru_cache(maxsize=None)
@@ -317,9 +349,11 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     batch entry holds max_seqlen_k keys (no length tensor to build or read). max_seqlen_k (if >= 0)
     bounds seqlens_k and sizes the splits. cache_leftpad: int32 (batch,), keys before it are
     masked (positions stay absolute). One launch: the split programs merge their own partials
-    (see ``_decode_split``). config: dict(block_n, num_warps, num_stages[, waves, table_asm])
-    overriding ``decode_config`` (for tuning scripts; table_asm=False keeps ``tl.load`` for the
-    block-table lookups where ``table_lookup_asm`` would take inline PTX).
+    (see ``_decode_split``), with ticket counters reused across calls (``ticket_counters``).
+    config: dict(block_n, num_warps, num_stages[, waves, table_asm, reuse_counter]) overriding
+    ``decode_config``, for tuning scripts: table_asm True/False forces the block-table lookups
+    through inline PTX or ``tl.load`` (default: ``table_lookup_asm``); reuse_counter=False zeroes a
+    fresh counter buffer per call (the behaviour before the reused buffer, for comparison).
     """
     if seqlens_k is None and max_seqlen_k < 0:
         raise ValueError("decode_forward: pass seqlens_k, or max_seqlen_k >= 0 as every entry's length")
@@ -357,7 +391,8 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     if split:  # partial outs, then partial LSEs, in one fp32 buffer; tickets zeroed per call
         buf = torch.empty(num_splits * n_bh * rows_total * (block_d + 1), dtype=torch.float32, device=q.device)
         o_part, lse_part = buf[: num_splits * n_bh * rows_total * block_d], buf[num_splits * n_bh * rows_total * block_d:]
-        counter = torch.zeros(n_bh * m_blocks, dtype=torch.int32, device=q.device)
+        counter = (ticket_counters(n_bh * m_blocks, q.device) if cfg.get("reuse_counter", True)
+                   else torch.zeros(n_bh * m_blocks, dtype=torch.int32, device=q.device))
     else:
         o_part = lse_part = counter = None
     flags, sc, alibi_strides = feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch, 0.0,
@@ -365,6 +400,11 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     flags.pop("HAS_DROPOUT")
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     block_s = max(2, next_pow2(num_splits))
+    # merge: MERGE_ROWS packed rows x S_CHUNK splits x BLOCK_D per load, at most 64 fp32 per thread
+    merge_rows = max(1, next_pow2(min(block_m, group * seqlen_q)))
+    merge_elems = 64 * 32 * cfg["num_warps"]
+    merge_rows = min(merge_rows, max(1, merge_elems // (block_d * min(block_s, 16))))
+    s_chunk = max(1, min(block_s, merge_elems // (block_d * merge_rows)))
     _decode_split[(num_splits, n_bh, m_blocks)](
         q, k_cache, v_cache, out, lse, o_part, lse_part, counter, seqlens_k, cache_batch_idx, block_table,
         alibi_slopes, cache_leftpad,
@@ -380,8 +420,8 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         KV_GROUP=group, **flags, HAS_BATCH_IDX=cache_batch_idx is not None, PAGED=paged,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=precision,
         PAGE_TILE=page_tile, HAS_SEQLENS=seqlens_k is not None, SPLIT=split,
-        BLOCK_S=block_s, S_CHUNK=min(block_s, 4096 // block_d), HAS_LEFTPAD=cache_leftpad is not None,
-        TABLE_ASM=paged and table_lookup_asm(page_tile, block_n) and cfg.get("table_asm", True) and not interpreting(),
+        BLOCK_S=block_s, S_CHUNK=s_chunk, MERGE_ROWS=merge_rows, HAS_LEFTPAD=cache_leftpad is not None,
+        TABLE_ASM=paged and cfg.get("table_asm", table_lookup_asm(page_tile, block_n)) and not interpreting(),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out, lse
