@@ -350,10 +350,11 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     bounds seqlens_k and sizes the splits. cache_leftpad: int32 (batch,), keys before it are
     masked (positions stay absolute). One launch: the split programs merge their own partials
     (see ``_decode_split``), with ticket counters reused across calls (``ticket_counters``).
-    config: dict(block_n, num_warps, num_stages[, waves, table_asm, reuse_counter]) overriding
-    ``decode_config``, for tuning scripts: table_asm True/False forces the block-table lookups
-    through inline PTX or ``tl.load`` (default: ``table_lookup_asm``); reuse_counter=False zeroes a
-    fresh counter buffer per call (the behaviour before the reused buffer, for comparison).
+    config: dict(block_n, num_warps, num_stages[, waves, table_asm, reuse_counter, merge_rows])
+    overriding ``decode_config``, for tuning scripts: table_asm True/False forces the block-table
+    lookups through inline PTX or ``tl.load`` (default: ``table_lookup_asm``); reuse_counter=False
+    zeroes a fresh counter buffer per call (the behaviour before the reused buffer, for
+    comparison); merge_rows (a power of two) sets the merge's rows per load.
     """
     if seqlens_k is None and max_seqlen_k < 0:
         raise ValueError("decode_forward: pass seqlens_k, or max_seqlen_k >= 0 as every entry's length")
@@ -401,9 +402,9 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     block_s = max(2, next_pow2(num_splits))
     # merge: MERGE_ROWS packed rows x S_CHUNK splits x BLOCK_D per load, at most 64 fp32 per thread
-    merge_rows = max(1, next_pow2(min(block_m, group * seqlen_q)))
     merge_elems = 64 * 32 * cfg["num_warps"]
-    merge_rows = min(merge_rows, max(1, merge_elems // (block_d * min(block_s, 16))))
+    merge_rows = cfg.get("merge_rows") or min(next_pow2(min(block_m, group * seqlen_q)),
+                                              max(1, merge_elems // (block_d * min(block_s, 16))))
     s_chunk = max(1, min(block_s, merge_elems // (block_d * merge_rows)))
     _decode_split[(num_splits, n_bh, m_blocks)](
         q, k_cache, v_cache, out, lse, o_part, lse_part, counter, seqlens_k, cache_batch_idx, block_table,
