@@ -364,8 +364,8 @@ for name, extra in (("contiguous", dict(PAGED=False)), ("asm", dict(PAGED=True, 
 
 def test_merge_in_row_and_split_chunks_with_reused_counters(backend, monkeypatch):
     """The in-kernel merge takes MERGE_ROWS packed rows x S_CHUNK splits per load: 32 rows (8 query
-    heads x 4 new tokens) over 40 splits need several row chunks and several split chunks (uneven
-    last chunk). The ticket counters are one buffer reused across calls: the merging program
+    heads x 4 new tokens) over 40 splits, merged in several row chunks and several split chunks
+    (uneven last chunk), in row chunks with one split chunk, and by the default rule. The ticket counters are one buffer reused across calls: the merging program
     resets its counter, so the buffer must be all zero after each call, and a second call with
     another split count must still merge the right programs."""
     if backend == "tiled":
@@ -384,9 +384,11 @@ def test_merge_in_row_and_split_chunks_with_reused_counters(backend, monkeypatch
         shared = torch.zeros(4096, dtype=torch.int32)
         monkeypatch.setattr(dec, "ticket_counters", lambda count, device: shared[:count])
         buffers = [shared]
-    for splits in (40, 7, 40):
+    # (splits, merge_rows): 8 row chunks x 3 split chunks (16 + 16 + 8); 4 row chunks x 1 split chunk;
+    # the default rule (here one row at a time, all 40 splits per load)
+    for splits, merge_rows in ((40, 4), (7, 8), (40, None)):
         out, lse = dec.decode_forward(q, kc, vc, lens, d ** -0.5, True, num_splits=splits,
-                                      config=dict(block_n=16, num_warps=4, num_stages=2))
+                                      config=dict(block_n=16, num_warps=4, num_stages=2, merge_rows=merge_rows))
         if dev == "cuda":
             torch.cuda.synchronize()
             buffers = list(dec._COUNTERS.values())
