@@ -36,7 +36,8 @@ def parse_config(text):
     """'128/4/3/asm' -> dict(block_n=128, num_warps=4, num_stages=3, table_asm=True)."""
     parts = text.split("/")
     cfg = dict(zip(("block_n", "num_warps", "num_stages"), map(int, parts[:3])))
-    cfg.update(("merge_rows", int(f[2:])) if f.startswith("mr") else FLAGS[f] for f in parts[3:])
+    cfg.update(("merge_rows", int(f[2:])) if f.startswith("mr") else ("min_split", int(f[2:]))
+               if f.startswith("ms") else FLAGS[f] for f in parts[3:])
     return cfg
 
 
@@ -48,7 +49,7 @@ def main():
     ap.add_argument("--waves", type=int, nargs="*", default=[2, 4, 8], help="target programs per SM (split counts)")
     ap.add_argument("--configs", nargs="*", default=None,
                     help="contiguous configs as BLOCK_N/WARPS/STAGES[/flag...]; flags: asm, noasm (force the "
-                         "block-table lookup through inline PTX or tl.load), fresh (a zeroed counter per call), mrN (N merge rows per load)")
+                         "block-table lookup through inline PTX or tl.load), fresh (a zeroed counter per call), mrN (N merge rows per load), msN (splits of at least N keys)")
     ap.add_argument("--page-configs", nargs="*", default=None, help="paged configs, the same syntax (every page size)")
     args = ap.parse_args()
     dev, dt, h, hk, d = "cuda", torch.bfloat16, 32, 8, 128
@@ -93,7 +94,8 @@ def main():
                 waves = waves_list
             best = None
             for wv, cfg in itertools.product(waves, configs):
-                ns = 0 if wv is None else dec.choose_num_splits(b, hk, n, q.device, waves=wv)
+                ns = 0 if wv is None else dec.choose_num_splits(b, hk, n, q.device, waves=wv,
+                                                                min_split=(cfg or {}).get("min_split", 256))
 
                 def call(i, cfg=cfg, ns=ns):
                     k_, v_, kw = mem[i]

@@ -402,9 +402,10 @@ def test_merge_in_row_and_split_chunks_with_reused_counters(backend, monkeypatch
 
 
 def test_choose_num_splits_rule():
-    """Splits fill `waves` programs per SM (8 stand-in SMs off CUDA), at least 256 keys each; with
-    full_unsplit, a batch whose (batch, kv head) programs already fill the SMs is not split."""
-    from tileflash.ops.decode import choose_num_splits
+    """Splits fill `waves` programs per SM (8 stand-in SMs off CUDA), at least 256 keys each (512
+    for pages of 64); with full_unsplit, a batch whose (batch, kv head) programs already fill the
+    SMs is not split."""
+    from tileflash.ops.decode import choose_num_splits, decode_config
 
     cpu = torch.device("cpu")
     assert choose_num_splits(1, 2, 8192, cpu, waves=2) == 8       # 16 programs / 2 kv heads
@@ -412,6 +413,9 @@ def test_choose_num_splits_rule():
     assert choose_num_splits(1, 8, 8192, cpu, waves=2) == 2
     assert choose_num_splits(1, 8, 8192, cpu, waves=2, full_unsplit=0.9) == 1   # 8 programs fill 8 SMs
     assert choose_num_splits(1, 4, 8192, cpu, waves=2, full_unsplit=0.9) == 4   # 4 do not
+    assert choose_num_splits(1, 1, 8192, cpu, waves=8) == 32                     # 64 wanted, 256 keys each
+    assert choose_num_splits(1, 1, 8192, cpu, waves=8, min_split=512) == 16      # pages of 64: 512 keys
+    assert decode_config(128, 64)["min_split"] == 512 and "min_split" not in decode_config(128)
 
 
 @pytest.mark.parametrize("page", [6, 16, 64, 128, 256])

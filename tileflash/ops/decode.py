@@ -43,7 +43,10 @@ DECODE_CONFIG = dict(block_n=128, num_warps=4, num_stages=3, waves=1,        # c
 # with TABLE_ASM, 4.51 at L=64k against 4.46 contiguous (ninth session, run 3).
 DECODE_CONFIG_PAGE128 = dict(DECODE_CONFIG)
 DECODE_CONFIG_SHORT = dict(block_n=64, num_warps=4, num_stages=3, waves=2)   # the same, for splits of <= 256 keys
-DECODE_CONFIG_PAGE64 = dict(block_n=64, num_warps=4, num_stages=3, waves=2)  # pages of 64·k (not 128·k)
+# pages of 64·k (not 128·k): two waves of 64-key programs, but splits of at least 512 keys (8 tiles,
+# each waiting for its page lookup): tenth session, run 3: B=1 L=8k 1.72 TB/s with 16 splits
+# against 1.52 with 32; L=128k 3.71 with 33 splits against 3.32 with 16; B=16: 2 splits
+DECODE_CONFIG_PAGE64 = dict(block_n=64, num_warps=4, num_stages=3, waves=2, min_split=512)
 DECODE_CONFIG_SMALL_PAGE = dict(block_n=16, num_warps=2, num_stages=8, waves=4)  # other pages (16, 32, odd)
 DECODE_CONFIG_WIDE = dict(block_n=64, num_warps=8, num_stages=2, waves=2)    # BLOCK_D 256: 2 x 64 KiB
 
@@ -295,9 +298,9 @@ def _sm_count(device_index) -> int:
 
 
 def choose_num_splits(batch: int, nheads_k: int, max_seqlen_k: int, device, waves: int = WAVES,
-                      full_unsplit: float = 0.0) -> int:
-    """Enough (batch, kv head, split) programs for `waves` programs per SM, and at least 256 keys
-    per split (fewer makes the merge cost more than the parallelism gains).
+                      full_unsplit: float = 0.0, min_split: int = 256) -> int:
+    """Enough (batch, kv head, split) programs for `waves` programs per SM, and at least
+    `min_split` keys per split (fewer makes the merge cost more than the parallelism gains).
 
     full_unsplit > 0: one split when the batch x kv-head programs alone reach that fraction of the
     SMs. For tiles that fill an SM's shared memory (one resident program per SM), a second split
@@ -308,7 +311,7 @@ def choose_num_splits(batch: int, nheads_k: int, max_seqlen_k: int, device, wave
     if full_unsplit > 0 and batch * nheads_k >= full_unsplit * sms:
         return 1
     want = max(1, (waves * sms) // max(1, batch * nheads_k))
-    return int(max(1, min(want, cdiv(max_seqlen_k, 256), 128)))
+    return int(max(1, min(want, cdiv(max_seqlen_k, min_split), 128)))
 
 
 def table_lookup_asm(page_tile: bool, block_n: int) -> bool:
@@ -371,6 +374,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         # the no-split rule was measured with one length for every row (seqlens_k None); with a
         # length tensor the rows may be uneven, and splitting keeps a long row from straggling
         num_splits = choose_num_splits(batch, nheads_k, max_k, q.device, waves=cfg.get("waves", WAVES),
+                                       min_split=cfg.get("min_split", 256),
                                        full_unsplit=cfg.get("full_unsplit", 0.0) if seqlens_k is None else 0.0)
     if config is None and cfg["block_n"] == 128 and cdiv(max_k, num_splits) <= 256:
         cfg = dict(DECODE_CONFIG_SHORT)  # a few tiles per split: 64-key tiles keep more loads in flight
