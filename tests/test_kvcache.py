@@ -401,37 +401,6 @@ def test_merge_in_row_and_split_chunks_with_reused_counters(backend, monkeypatch
             assert (lse[i:i + 1].cpu().double() - ref_lse).abs().max().item() <= 1e-4
 
 
-@pytest.mark.parametrize("page", [16, 48])
-@pytest.mark.parametrize("splits", [1, 3])
-def test_table_prefetch_matches(backend, page, splits):
-    """table_prefetch looks each tile's page up one iteration ahead (the lookahead past a row's
-    last page is clamped into the table). It must give exactly the results of the lookup in place,
-    for full, partial and empty rows, several splits and a left pad that skips whole tiles."""
-    if backend == "tiled":
-        pytest.skip("the lookups are in the Triton kernel")
-    from tileflash.ops import decode as dec
-
-    dev = backend_device(backend)
-    kc, vc, table, g = _setup(dev, 2, True, page, seed=90 + page + splits)
-    q = torch.randn(B, 1, H, D, generator=g).to(dev, kc.dtype)
-    lens = torch.tensor([CAP, 21, 0], dtype=torch.int32, device=dev)
-    for leftpad in (None, torch.tensor([17, 3, 0], dtype=torch.int32, device=dev)):
-        got = dec.decode_forward(q, kc, vc, lens, D ** -0.5, False, block_table=table, num_splits=splits,
-                                 cache_leftpad=leftpad, config=dict(block_n=16, num_warps=2, num_stages=3,
-                                                                    table_prefetch=True))[0]
-        want = dec.decode_forward(q, kc, vc, lens, D ** -0.5, False, block_table=table, num_splits=splits,
-                                  cache_leftpad=leftpad, config=dict(block_n=16, num_warps=2, num_stages=3))[0]
-        assert torch.equal(got, want)
-        lp = [0] * B if leftpad is None else leftpad.tolist()
-        for b in range(B):
-            n = int(lens[b])
-            if n - lp[b] <= 0:
-                assert torch.equal(got[b].cpu(), torch.zeros_like(got[b].cpu()))
-                continue
-            _assert_matches(got[b:b + 1], q[b:b + 1], _rows(kc, b, n, table, None)[lp[b]:][None],
-                            _rows(vc, b, n, table, None)[lp[b]:][None], 2e-5)
-
-
 def test_choose_num_splits_rule():
     """Splits fill `waves` programs per SM (8 stand-in SMs off CUDA), at least 256 keys each (512
     for pages of 64); with full_unsplit, a batch whose (batch, kv head) programs already fill the

@@ -143,7 +143,6 @@ def _decode_split(
     DOT_PRECISION: tl.constexpr, PAGE_TILE: tl.constexpr = False, HAS_SEQLENS: tl.constexpr = True,
     SPLIT: tl.constexpr = True, BLOCK_S: tl.constexpr = 2, S_CHUNK: tl.constexpr = 2,
     HAS_LEFTPAD: tl.constexpr = False, TABLE_ASM: tl.constexpr = False, MERGE_ROWS: tl.constexpr = 1,
-    TABLE_PREFETCH: tl.constexpr = False,
 ):
     """One (KV split, batch·kv head, row block) program: attention of the packed rows over keys
     [pid_s·split_len, (pid_s+1)·split_len) of the cache.
@@ -205,32 +204,21 @@ def _decode_split(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     o_nb = tl.arange(0, BLOCK_N)
-    if PAGED:
-        p_table = BLOCK_TABLE + off_b * stride_bt_b                                   # this batch entry's row
-        n_table = capacity // page_size                                               # entries per row
-        if PAGE_TILE and TABLE_PREFETCH:
-            page_next = _table_load(p_table + tl.minimum(lo // page_size, n_table - 1), TABLE_ASM)
     for start_n in range(lo, hi, BLOCK_N):
         o_n = start_n + o_nb                                                          # [BLOCK_N]
         m_n = o_n < hi
         if HAS_LEFTPAD:
             m_n = m_n & (o_n >= k_first)
         if PAGED and PAGE_TILE:
-            if TABLE_PREFETCH:
-                # this tile's page was looked up one iteration ago; look the next one up now, so the
-                # lookup's latency overlaps this iteration instead of delaying the K/V copies
-                page1 = page_next
-                page_next = _table_load(p_table + tl.minimum((start_n + BLOCK_N) // page_size, n_table - 1),
-                                        TABLE_ASM)
-            else:
-                page1 = _table_load(p_table + start_n // page_size, TABLE_ASM)                 # scalar
+            page1 = _table_load(BLOCK_TABLE + off_b * stride_bt_b + start_n // page_size, TABLE_ASM)  # scalar
             page1 = tl.minimum(tl.maximum(page1, 0), num_cache - 1).to(tl.int64)
             r0 = (start_n % page_size).to(tl.int64)
             p_kt = K_base + page1 * stride_kb + (r0 + o_nb[None, :]) * stride_kn + o_d[:, None]  # [BLOCK_D, BLOCK_N]
             p_v = V_base + page1 * stride_vb + (r0 + o_nb[:, None]) * stride_vn + o_d[None, :]   # [BLOCK_N, BLOCK_D]
         elif PAGED:
             # the index is clamped into the table's row, not masked: keys past hi are masked below
-            page = _table_load(p_table + tl.minimum(o_n, capacity - 1) // page_size, TABLE_ASM)  # [BLOCK_N]
+            page = _table_load(BLOCK_TABLE + off_b * stride_bt_b + tl.minimum(o_n, capacity - 1) // page_size,
+                               TABLE_ASM)                                                      # [BLOCK_N]
             page = tl.minimum(tl.maximum(page, 0), num_cache - 1).to(tl.int64)                 # [BLOCK_N]
             row = (o_n % page_size).to(tl.int64)
             p_kt = K_base + page[None, :] * stride_kb + row[None, :] * stride_kn + o_d[:, None]
@@ -369,8 +357,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     overriding ``decode_config``, for tuning scripts: table_asm True/False forces the block-table
     lookups through inline PTX or ``tl.load`` (default: ``table_lookup_asm``); reuse_counter=False
     zeroes a fresh counter buffer per call (the behaviour before the reused buffer, for
-    comparison); merge_rows (a power of two) sets the merge's rows per load; min_split, the fewest
-    keys per split; table_prefetch=True looks each tile's page up one iteration ahead.
+    comparison); merge_rows (a power of two) sets the merge's rows per load.
     """
     if seqlens_k is None and max_seqlen_k < 0:
         raise ValueError("decode_forward: pass seqlens_k, or max_seqlen_k >= 0 as every entry's length")
@@ -444,7 +431,6 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         PAGE_TILE=page_tile, HAS_SEQLENS=seqlens_k is not None, SPLIT=split,
         BLOCK_S=block_s, S_CHUNK=s_chunk, MERGE_ROWS=merge_rows, HAS_LEFTPAD=cache_leftpad is not None,
         TABLE_ASM=paged and cfg.get("table_asm", table_lookup_asm(page_tile, block_n)) and not interpreting(),
-        TABLE_PREFETCH=paged and page_tile and cfg.get("table_prefetch", False),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out, lse
