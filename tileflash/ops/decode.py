@@ -148,8 +148,9 @@ def _decode_split(
     [pid_s·split_len, (pid_s+1)·split_len) of the cache.
 
     SPLIT (num_splits > 1): each program writes its unnormalised partial (out_s, lse_s), then takes
-    a ticket from COUNTER (zeroed per call, one int32 per (batch·kv head, row block)); the program
-    that takes the last ticket merges every split's partial into O and LSE (so no second launch).
+    a ticket from COUNTER (zero on entry, one int32 per (batch·kv head, row block)); the program
+    that takes the last ticket resets the counter for the next call and merges every split's partial
+    into O and LSE (so no second launch).
     Otherwise the program writes O and LSE directly. HAS_SEQLENS: the per-batch lengths come from
     SEQLENS_K, else every batch entry holds seqlen_fixed keys.
     PAGE_TILE (paged, page_size a multiple of BLOCK_N): a K/V tile never straddles two pages
@@ -393,7 +394,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         return out, lse
     split = num_splits > 1
     n_bh = batch * nheads_k
-    if split:  # partial outs, then partial LSEs, in one fp32 buffer; tickets zeroed per call
+    if split:  # partial outs, then partial LSEs, in one fp32 buffer; tickets reset by the merging programs
         buf = torch.empty(num_splits * n_bh * rows_total * (block_d + 1), dtype=torch.float32, device=q.device)
         o_part, lse_part = buf[: num_splits * n_bh * rows_total * block_d], buf[num_splits * n_bh * rows_total * block_d:]
         counter = (ticket_counters(n_bh * m_blocks, q.device) if cfg.get("reuse_counter", True)
