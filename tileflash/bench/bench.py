@@ -275,7 +275,7 @@ def _decode_paged(q, cache, causal):
 
 
 def _graph_of(calls):
-    """A thunk replaying one CUDA graph of `calls` run in order (one call per rotated cache)."""
+    """A thunk replaying one CUDA graph of `calls` run in order (e.g. the rotated caches, in turn)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up (compiles, allocator pools) outside the capture
