@@ -64,29 +64,19 @@ def decode_config(block_d: int, page_size: int = 0) -> dict:
 
 
 @triton.jit
-def _table_load(ptr, TABLE_ASM: tl.constexpr, TABLE_KEEP: tl.constexpr = False):
+def _table_load(ptr, TABLE_ASM: tl.constexpr):
     """Block-table entries at ptr (in range). TABLE_ASM (GPU): a plain ``ld.global.nc`` in inline
     PTX, which Triton's software pipeliner leaves where it is. Through ``tl.load`` the pipeliner
     makes the lookup an asynchronous copy one stage ahead of the K/V tile it addresses, and with
     it the K/V copies only one tile ahead of their use (triton 3.6, 3 stages: one K/V buffer and a
     wait for every copy at the top of each iteration). The table is a few cache lines read by every
     program of a batch entry, so the synchronous load mostly hits L1. The interpreter cannot run
-    PTX, so it takes ``tl.load``. TABLE_KEEP: an L2 evict-last policy on the lookups, so that the
-    table (read by every layer's call in a decode step) stays in L2 while the K/V stream past."""
+    PTX, so it takes ``tl.load``."""
     if TABLE_ASM:
-        if TABLE_KEEP:
-            return tl.inline_asm_elementwise(
-                "{ .reg .b64 pol; createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
-                "ld.global.nc.L2::cache_hint.b32 $0, [$1], pol; }",
-                "=r,l", [ptr], dtype=tl.int32, is_pure=True, pack=1)
-        else:
-            return tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
-                                             is_pure=True, pack=1)
+        return tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
+                                         is_pure=True, pack=1)
     else:
-        if TABLE_KEEP:
-            return tl.load(ptr, eviction_policy="evict_last")
-        else:
-            return tl.load(ptr)
+        return tl.load(ptr)
 
 
 @triton.jit
@@ -153,7 +143,6 @@ def _decode_split(
     DOT_PRECISION: tl.constexpr, PAGE_TILE: tl.constexpr = False, HAS_SEQLENS: tl.constexpr = True,
     SPLIT: tl.constexpr = True, BLOCK_S: tl.constexpr = 2, S_CHUNK: tl.constexpr = 2,
     HAS_LEFTPAD: tl.constexpr = False, TABLE_ASM: tl.constexpr = False, MERGE_ROWS: tl.constexpr = 1,
-    TABLE_KEEP: tl.constexpr = False,
 ):
     """One (KV split, batch·kv head, row block) program: attention of the packed rows over keys
     [pid_s·split_len, (pid_s+1)·split_len) of the cache.
@@ -222,8 +211,7 @@ def _decode_split(
         if HAS_LEFTPAD:
             m_n = m_n & (o_n >= k_first)
         if PAGED and PAGE_TILE:
-            page1 = _table_load(BLOCK_TABLE + off_b * stride_bt_b + start_n // page_size, TABLE_ASM,
-                                TABLE_KEEP)                                                        # scalar
+            page1 = _table_load(BLOCK_TABLE + off_b * stride_bt_b + start_n // page_size, TABLE_ASM)  # scalar
             page1 = tl.minimum(tl.maximum(page1, 0), num_cache - 1).to(tl.int64)
             r0 = (start_n % page_size).to(tl.int64)
             p_kt = K_base + page1 * stride_kb + (r0 + o_nb[None, :]) * stride_kn + o_d[:, None]  # [BLOCK_D, BLOCK_N]
@@ -231,7 +219,7 @@ def _decode_split(
         elif PAGED:
             # the index is clamped into the table's row, not masked: keys past hi are masked below
             page = _table_load(BLOCK_TABLE + off_b * stride_bt_b + tl.minimum(o_n, capacity - 1) // page_size,
-                               TABLE_ASM, TABLE_KEEP)  # [BLOCK_N]
+                               TABLE_ASM)                                                      # [BLOCK_N]
             page = tl.minimum(tl.maximum(page, 0), num_cache - 1).to(tl.int64)                 # [BLOCK_N]
             row = (o_n % page_size).to(tl.int64)
             p_kt = K_base + page[None, :] * stride_kb + row[None, :] * stride_kn + o_d[:, None]
@@ -366,13 +354,11 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     bounds seqlens_k and sizes the splits. cache_leftpad: int32 (batch,), keys before it are
     masked (positions stay absolute). One launch: the split programs merge their own partials
     (see ``_decode_split``), with ticket counters reused across calls (``ticket_counters``).
-    config: dict(block_n, num_warps, num_stages[, waves, min_split, table_asm, table_keep,
-    reuse_counter, merge_rows]) overriding ``decode_config``, for tuning scripts: waves and
-    min_split go to ``choose_num_splits``; table_asm True/False forces the block-table lookups
-    through inline PTX or ``tl.load`` (default: ``table_lookup_asm``); table_keep=True puts an L2
-    evict-last policy on them; reuse_counter=False zeroes a fresh counter buffer per call (the
-    behaviour before the reused buffer, for comparison); merge_rows (a power of two) sets the
-    merge's rows per load.
+    config: dict(block_n, num_warps, num_stages[, waves, table_asm, reuse_counter, merge_rows])
+    overriding ``decode_config``, for tuning scripts: table_asm True/False forces the block-table
+    lookups through inline PTX or ``tl.load`` (default: ``table_lookup_asm``); reuse_counter=False
+    zeroes a fresh counter buffer per call (the behaviour before the reused buffer, for
+    comparison); merge_rows (a power of two) sets the merge's rows per load.
     """
     if seqlens_k is None and max_seqlen_k < 0:
         raise ValueError("decode_forward: pass seqlens_k, or max_seqlen_k >= 0 as every entry's length")
@@ -446,7 +432,6 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         PAGE_TILE=page_tile, HAS_SEQLENS=seqlens_k is not None, SPLIT=split,
         BLOCK_S=block_s, S_CHUNK=s_chunk, MERGE_ROWS=merge_rows, HAS_LEFTPAD=cache_leftpad is not None,
         TABLE_ASM=paged and cfg.get("table_asm", table_lookup_asm(page_tile, block_n)) and not interpreting(),
-        TABLE_KEEP=paged and cfg.get("table_keep", False),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out, lse
