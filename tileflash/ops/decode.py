@@ -354,11 +354,12 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     bounds seqlens_k and sizes the splits. cache_leftpad: int32 (batch,), keys before it are
     masked (positions stay absolute). One launch: the split programs merge their own partials
     (see ``_decode_split``), with ticket counters reused across calls (``ticket_counters``).
-    config: dict(block_n, num_warps, num_stages[, waves, table_asm, reuse_counter, merge_rows])
-    overriding ``decode_config``, for tuning scripts: table_asm True/False forces the block-table
-    lookups through inline PTX or ``tl.load`` (default: ``table_lookup_asm``); reuse_counter=False
-    zeroes a fresh counter buffer per call (the behaviour before the reused buffer, for
-    comparison); merge_rows (a power of two) sets the merge's rows per load.
+    config: dict(block_n, num_warps, num_stages[, waves, min_split, table_asm, reuse_counter,
+    merge_rows]) overriding ``decode_config``, for tuning scripts: waves and min_split go to
+    ``choose_num_splits``; table_asm True/False forces the block-table lookups through inline PTX
+    or ``tl.load`` (default: ``table_lookup_asm``); reuse_counter=False zeroes a fresh counter
+    buffer per call (the behaviour before the reused buffer, for comparison); merge_rows (a power
+    of two) sets the merge's rows per load.
     """
     if seqlens_k is None and max_seqlen_k < 0:
         raise ValueError("decode_forward: pass seqlens_k, or max_seqlen_k >= 0 as every entry's length")
