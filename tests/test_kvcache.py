@@ -401,6 +401,61 @@ def test_merge_in_row_and_split_chunks_with_reused_counters(backend, monkeypatch
             assert (lse[i:i + 1].cpu().double() - ref_lse).abs().max().item() <= 1e-4
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (graph capture)")
+@pytest.mark.parametrize("arena", [True, False])
+def test_captured_calls_own_their_counters(monkeypatch, arena):
+    """Calls captured in CUDA graphs take ticket counters from the pre-zeroed arena, one region per
+    call, never shared: two graphs replayed concurrently on two streams, many times, must both
+    give the eager results bitwise (the merge is deterministic). Without an arena (nothing ran
+    eagerly before the capture) each captured call zeroes fresh counters instead."""
+    from tileflash.ops import decode as dec
+
+    monkeypatch.setattr(dec, "_ARENAS", {})
+    monkeypatch.setattr(dec, "_COUNTERS", {})
+    g = torch.Generator().manual_seed(5)
+    b, hq, hk, d, n = 2, 8, 2, 64, 4096
+    q = torch.randn(b, 1, hq, d, generator=g).cuda().half()
+    caches = [(torch.randn(b, n, hk, d, generator=g).cuda().half(), torch.randn(b, n, hk, d, generator=g).cuda().half())
+              for _ in range(2)]
+
+    def call(i):
+        return dec.decode_forward(q, caches[i][0], caches[i][1], None, d ** -0.5, False, num_splits=16,
+                                  max_seqlen_k=n)[0]
+    want = [call(0), call(1)] if arena else None
+    if not arena:
+        dec._ARENAS.clear()
+    torch.cuda.synchronize()
+    graphs, outs = [], []
+    for i in range(2):
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):  # compile outside the capture without touching the counters' state
+            call(i)
+        torch.cuda.synchronize()
+        if not arena:
+            dec._ARENAS.clear()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs.append(call(i))
+        graphs.append(graph)
+    if arena:
+        assert dec._ARENAS[torch.cuda.current_device()][1] == 2 * b * hk, "captured calls did not use the arena"
+    else:
+        assert not dec._ARENAS
+        want = [call(0), call(1)]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for _ in range(20):
+        for graph, st in zip(graphs, streams):
+            st.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(st):
+                graph.replay()
+        for st in streams:
+            torch.cuda.current_stream().wait_stream(st)
+        torch.cuda.synchronize()
+        for i in range(2):
+            assert torch.equal(outs[i], want[i])
+    assert all(int(buf.abs().sum()) == 0 for buf in dec._COUNTERS.values())
+
+
 def test_choose_num_splits_rule():
     """Splits fill `waves` programs per SM (8 stand-in SMs off CUDA), at least 256 keys each (512
     for pages of 64); with full_unsplit, a batch whose (batch, kv head) programs already fill the

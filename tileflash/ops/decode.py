@@ -271,25 +271,40 @@ def _decode_split(
         tl.store(LSE + (off_b * nheads + o_h) * seqlen_q + o_t, lse2 * 0.6931471805599453, mask=m_r)
 
 
-# one ticket-counter buffer per (device, stream), all zero between calls: the split programs that
-# merge reset their counters, and calls on one stream run in order, so no memset per call (a graph
-# node of its own when the step is captured). Under CUDA-graph capture the key is the capture
-# stream; a buffer first allocated during a capture is zeroed by a memset recorded in that graph.
-_COUNTERS: dict = {}
+# Ticket counters are zero between calls: the program that merges a (batch·kv head, row block)
+# resets its counter, so no call needs a memset (a graph node of its own in a captured decode
+# step). Eager calls reuse one buffer per (device, stream): calls on a stream run in order. A call
+# captured in a CUDA graph gets counters of its own, never handed out again, from an arena zeroed
+# outside any graph (at the first eager split call on that device); graphs, or calls within one,
+# then never share counters, so graphs may be replayed concurrently on different streams. Once
+# the arena is used up, or if nothing ran eagerly before the capture, a captured call zeroes fresh
+# counters (a memset in the graph).
+_COUNTERS: dict = {}          # (device index, stream handle) -> int32 zeros
+_ARENAS: dict = {}            # device index -> [int32 zeros, first free offset]
+ARENA_COUNTERS = 1 << 20      # 4 MiB per device
 
 
 def ticket_counters(n: int, device) -> torch.Tensor:
     """n zeroed int32 ticket counters for a split launch on the current stream of `device`."""
     if device.type != "cuda":
         return torch.zeros(n, dtype=torch.int32, device=device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if torch.cuda.is_current_stream_capturing():
+        arena = _ARENAS.get(index)
+        if arena is None or arena[1] + n > arena[0].numel():
+            return torch.zeros(n, dtype=torch.int32, device=device)
+        arena[1] += n
+        return arena[0][arena[1] - n: arena[1]]
     stream = torch.cuda.current_stream(device)
-    key = (stream.device_index, stream.cuda_stream)
+    key = (index, stream.cuda_stream)
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < n:
         # the old buffer may still be in use by queued kernels of this stream; the allocator
         # reuses its memory only in stream order
         buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
         _COUNTERS[key] = buf
+    if index not in _ARENAS:
+        _ARENAS[index] = [torch.zeros(ARENA_COUNTERS, dtype=torch.int32, device=device), 0]
     return buf[:n]
 
 
