@@ -94,8 +94,8 @@ def main():
                 waves = waves_list
             best = None
             for wv, cfg in itertools.product(waves, configs):
-                ns = 0 if wv is None else dec.choose_num_splits(b, hk, n, q.device, waves=wv,
-                                                                min_split=(cfg or {}).get("min_split", 256))
+                min_split = (cfg or {}).get("min_split", dec.decode_config(d, page).get("min_split", 256))
+                ns = 0 if wv is None else dec.choose_num_splits(b, hk, n, q.device, waves=wv, min_split=min_split)
 
                 def call(i, cfg=cfg, ns=ns):
                     k_, v_, kw = mem[i]

@@ -305,8 +305,8 @@ def measure_decode(name, shape, dtype, device, quick, graph_calls=8):
     page = int(name[len("tileflash_paged"):]) if name.startswith("tileflash_paged") else 0
     fn = _decode_tileflash if name == "tileflash" else None if page else PROVIDERS[name].fn
     kv_bytes = 2 * b * n * hk * d * torch.finfo(dtype).bits // 8
-    # rotate several caches so that their total exceeds twice the L2 (60 MB on an H200): else a
-    # small cache is timed out of L2, not HBM
+    # rotate several caches so that their total is at least 240 MB, four times the L2 (60 MB on an
+    # H200): else a small cache is timed out of L2, not HBM
     sets = 1 if device == "cpu" else int(min(16, max(1, -(-240e6 // kv_bytes))))
     try:
         g = torch.Generator(device=device).manual_seed(n)  # caches drawn on the device: GBs at long L

@@ -22,6 +22,7 @@ i.e. rel = t + shift − j with shift = seqlen_k_b − seqlen_q (bottom-right ca
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 import triton
@@ -88,9 +89,9 @@ def _merge_splits(O, LSE, O_PART, LSE_PART, part0, part_step, row0, n_rows, off_
     them: lse = log Σ_s exp(lse_s), out = Σ_s exp(lse_s − lse)·out_s (base 2 inside).
 
     Split s's partial of row r is row part0 + s·part_step + r of the partial buffers. MERGE_ROWS
-    rows at a time, with all their splits at once ([S_CHUNK, MERGE_ROWS, BLOCK_D] loads), so the
-    merge of a decode step's GQA group (4-8 rows) is one round of independent L2 loads, not one
-    per row or per split. A row with every split empty gets 0 and lse -inf. The sums are in a
+    rows at a time, S_CHUNK splits per load ([S_CHUNK, MERGE_ROWS, BLOCK_D]): when the host's rule
+    (``decode_forward``) fits a decode step's whole GQA group and all its splits in one load, the
+    merge is one round of independent L2 loads; otherwise it goes a row at a time. A row with every split empty gets 0 and lse -inf. The sums are in a
     fixed order whichever program merges, so the result is deterministic."""
     o_s = tl.arange(0, BLOCK_S)
     o_c = tl.arange(0, S_CHUNK)
@@ -276,25 +277,31 @@ def _decode_split(
 # step). Eager calls reuse one buffer per (device, stream): calls on a stream run in order. A call
 # captured in a CUDA graph gets counters of its own, never handed out again, from an arena zeroed
 # outside any graph (at the first eager split call on that device); graphs, or calls within one,
-# then never share counters, so graphs may be replayed concurrently on different streams. Once
-# the arena is used up, or if nothing ran eagerly before the capture, a captured call zeroes fresh
-# counters (a memset in the graph).
+# then never share counters (graphs that share a memory pool must still not be replayed
+# concurrently: their partial buffers share memory). Regions are not reclaimed when a graph is
+# freed: once the arena is used up (about a million counters, e.g. 2048 captured calls of 512),
+# or if nothing ran eagerly before the capture, a captured call zeroes fresh counters (a memset
+# in the graph, correct but ~1 µs slower).
 _COUNTERS: dict = {}          # (device index, stream handle) -> int32 zeros
 _ARENAS: dict = {}            # device index -> [int32 zeros, first free offset]
 ARENA_COUNTERS = 1 << 20      # 4 MiB per device
+_ARENA_LOCK = threading.Lock()
 
 
 def ticket_counters(n: int, device) -> torch.Tensor:
-    """n zeroed int32 ticket counters for a split launch on the current stream of `device`."""
+    """n zeroed int32 ticket counters for a split launch on the current stream of `device`, which
+    must be the current device (as for the launch itself; ``flash_attn_with_kvcache`` makes it so)."""
     if device.type != "cuda":
         return torch.zeros(n, dtype=torch.int32, device=device)
     index = device.index if device.index is not None else torch.cuda.current_device()
     if torch.cuda.is_current_stream_capturing():
-        arena = _ARENAS.get(index)
-        if arena is None or arena[1] + n > arena[0].numel():
-            return torch.zeros(n, dtype=torch.int32, device=device)
-        arena[1] += n
-        return arena[0][arena[1] - n: arena[1]]
+        with _ARENA_LOCK:
+            arena = _ARENAS.get(index)
+            if arena is None or arena[1] + n > arena[0].numel():
+                return torch.zeros(n, dtype=torch.int32, device=device)
+            start = arena[1]
+            arena[1] = start + n
+        return arena[0][start: start + n]
     stream = torch.cuda.current_stream(device)
     key = (index, stream.cuda_stream)
     buf = _COUNTERS.get(key)
