@@ -49,7 +49,8 @@ def main():
     ap.add_argument("--waves", type=int, nargs="*", default=[2, 4, 8], help="target programs per SM (split counts)")
     ap.add_argument("--configs", nargs="*", default=None,
                     help="contiguous configs as BLOCK_N/WARPS/STAGES[/flag...]; flags: asm, noasm (force the "
-                         "block-table lookup through inline PTX or tl.load), fresh (a zeroed counter per call), mrN (N merge rows per load), msN (splits of at least N keys)")
+                         "block-table lookup through inline PTX or tl.load), fresh (a zeroed counter per call), "
+                         "mrN (N merge rows per load), msN (splits of at least N keys)")
     ap.add_argument("--page-configs", nargs="*", default=None, help="paged configs, the same syntax (every page size)")
     args = ap.parse_args()
     dev, dt, h, hk, d = "cuda", torch.bfloat16, 32, 8, 128

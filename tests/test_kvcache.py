@@ -365,9 +365,10 @@ for name, extra in (("contiguous", dict(PAGED=False)), ("asm", dict(PAGED=True, 
 def test_merge_in_row_and_split_chunks_with_reused_counters(backend, monkeypatch):
     """The in-kernel merge takes MERGE_ROWS packed rows x S_CHUNK splits per load: 32 rows (8 query
     heads x 4 new tokens) over 40 splits, merged in several row chunks and several split chunks
-    (uneven last chunk), in row chunks with one split chunk, and by the default rule. The ticket counters are one buffer reused across calls: the merging program
-    resets its counter, so the buffer must be all zero after each call, and a second call with
-    another split count must still merge the right programs."""
+    (uneven last chunk), in row chunks with one split chunk, and by the default rule. The ticket
+    counters are one buffer reused across calls: the merging program resets its counter, so the
+    buffer must be all zero after each call, and a second call with another split count must
+    still merge the right programs."""
     if backend == "tiled":
         pytest.skip("the merge and its tickets are in the Triton kernel")
     from tileflash.ops import decode as dec

@@ -91,8 +91,9 @@ def _merge_splits(O, LSE, O_PART, LSE_PART, part0, part_step, row0, n_rows, off_
     Split s's partial of row r is row part0 + s·part_step + r of the partial buffers. MERGE_ROWS
     rows at a time, S_CHUNK splits per load ([S_CHUNK, MERGE_ROWS, BLOCK_D]): when the host's rule
     (``decode_forward``) fits a decode step's whole GQA group and all its splits in one load, the
-    merge is one round of independent L2 loads; otherwise it goes a row at a time. A row with every split empty gets 0 and lse -inf. The sums are in a
-    fixed order whichever program merges, so the result is deterministic."""
+    merge is one round of independent L2 loads; otherwise it goes a row at a time. A row with
+    every split empty gets 0 and lse -inf. The sums are in a fixed order whichever program merges,
+    so the result is deterministic."""
     o_s = tl.arange(0, BLOCK_S)
     o_c = tl.arange(0, S_CHUNK)
     o_rr = tl.arange(0, MERGE_ROWS)
@@ -112,7 +113,7 @@ def _merge_splits(O, LSE, O_PART, LSE_PART, part0, part_step, row0, n_rows, off_
             rows = part0 + (s0 + o_c)[:, None].to(tl.int64) * part_step + rr[None, :]  # [S_CHUNK, MERGE_ROWS]
             m_c = (s0 + o_c < num_splits)[:, None] & m_rr[None, :]
             w = tl.math.exp2(tl.load(LSE_PART + rows, mask=m_c, other=float("-inf"), cache_modifier=".cg")
-                             - m_use[None, :])                                        # [S_CHUNK, MERGE_ROWS]; 0 if empty
+                             - m_use[None, :])                                   # [S_CHUNK, MERGE_ROWS]; 0 if empty
             # every split stored its rows (0 where it saw no key), so this load need not wait for w
             o_part = tl.load(O_PART + rows[:, :, None] * BLOCK_D + o_d[None, None, :],
                              mask=m_c[:, :, None] & m_d[None, None, :], other=0.0,
@@ -259,8 +260,8 @@ def _decode_split(
         p_ticket = COUNTER + pid_bh * tl.num_programs(2) + pid_m
         ticket = tl.atomic_add(p_ticket, 1, sem="acq_rel", scope="gpu")
         if ticket == num_splits - 1:
-            # every split has taken its ticket: reset the counter for the next call on this stream
-            # (the counter buffer is reused across calls, so no memset per call)
+            # every split has taken its ticket: reset the counter for the next call that uses it
+            # (counters are reused across calls, so no memset per call; see ticket_counters)
             tl.store(p_ticket, 0)
             _merge_splits(O, LSE, O_PART, LSE_PART, part0, part_step, pid_m * BLOCK_M,
                           tl.minimum(BLOCK_M, KV_GROUP * seqlen_q - pid_m * BLOCK_M), off_b, off_hk, nheads,
