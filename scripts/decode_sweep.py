@@ -29,7 +29,8 @@ def timed(calls, sets):
     return do_bench(_graph_of(calls), warmup=10, rep=40, return_mode="median") / sets
 
 
-FLAGS = {"asm": ("table_asm", True), "noasm": ("table_asm", False), "fresh": ("reuse_counter", False)}
+FLAGS = {"asm": ("table_asm", True), "noasm": ("table_asm", False), "fresh": ("reuse_counter", False),
+         "pdl": ("pdl", True), "nopdl": ("pdl", False)}
 
 
 def parse_config(text):
@@ -50,7 +51,7 @@ def main():
     ap.add_argument("--configs", nargs="*", default=None,
                     help="contiguous configs as BLOCK_N/WARPS/STAGES[/flag...]; flags: asm, noasm (force the "
                          "block-table lookup through inline PTX or tl.load), fresh (a zeroed counter per call), "
-                         "mrN (N merge rows per load), msN (splits of at least N keys)")
+                         "pdl, nopdl (programmatic dependent launch on or off), mrN (N merge rows per load), msN (splits of at least N keys)")
     ap.add_argument("--page-configs", nargs="*", default=None, help="paged configs, the same syntax (every page size)")
     args = ap.parse_args()
     dev, dt, h, hk, d = "cuda", torch.bfloat16, 32, 8, 128

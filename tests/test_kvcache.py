@@ -362,6 +362,56 @@ for name, extra in (("contiguous", dict(PAGED=False)), ("asm", dict(PAGED=True, 
     assert got["asm"][0] >= got["contiguous"][0], got    # K/V buffered like the contiguous kernel's
 
 
+def test_pdl_waits_before_any_global_access_sm90(monkeypatch):
+    """Compiled for sm_90 with the installed triton (no GPU): with PDL the split kernel's first
+    instruction of note is griddepcontrol.wait, before any global load, store or atomic (a PDL
+    launch may start while the previous kernel still runs, e.g. the one that wrote q or the
+    cache); without PDL there is no griddepcontrol at all. Host side: use_pdl is off on the CPU
+    and under TILEFLASH_PDL=0. In a subprocess: this one built the interpreter's."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    code = """
+import sys
+sys.path.insert(0, "scripts")
+from compile_check import compile_one
+from tileflash.ops import decode as DEC
+base = dict(KV_GROUP=4, HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_BATCH_IDX=False,
+            HEAD_DIM=128, BLOCK_D=128, BLOCK_M=16, BLOCK_N=128, DOT_PRECISION="tf32")
+for name, extra in (("split", dict(SPLIT=True, PAGED=False)), ("paged", dict(SPLIT=True, PAGED=True, PAGE_TILE=True,
+                    TABLE_ASM=True, HAS_SEQLENS=True)), ("unsplit", dict(SPLIT=False, PAGED=False))):
+    for pdl in (False, True):
+        ptx = compile_one(DEC._decode_split, "bf16", dict(base, PDL=pdl, **extra), 4, 3).asm["ptx"]
+        body = ptx[ptx.index(".entry"):]
+        marks = [body.find(x) for x in ("griddepcontrol.wait", "griddepcontrol.launch_dependents")]
+        first = min(i for i in (body.find(x) for x in ("ld.global", "st.global", "atom.", "red.", "cp.async"))
+                    if i >= 0)
+        print(name, int(pdl), *marks, first)
+"""
+    env = {key: val for key, val in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root,
+                         timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = [ln.split() for ln in res.stdout.splitlines()]
+    assert len(rows) == 6, res.stdout
+    for name, pdl, wait, launch, first in rows:
+        wait, launch, first = int(wait), int(launch), int(first)
+        if pdl == "1":
+            assert 0 <= wait < first and launch >= 0, (name, wait, launch, first)
+        else:
+            assert wait == -1 and launch == -1, (name, wait, launch)
+
+    from tileflash.ops.decode import use_pdl
+    assert not use_pdl(torch.device("cpu"))
+    if torch.cuda.is_available():
+        monkeypatch.setenv("TILEFLASH_PDL", "0")
+        assert not use_pdl(torch.device("cuda"))
+
+
 def test_merge_in_row_and_split_chunks_with_reused_counters(backend, monkeypatch):
     """The in-kernel merge takes MERGE_ROWS packed rows x S_CHUNK splits per load: 32 rows (8 query
     heads x 4 new tokens) over 40 splits, merged in several row chunks and several split chunks

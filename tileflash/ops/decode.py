@@ -22,11 +22,13 @@ i.e. rel = t + shift − j with shift = seqlen_k_b − seqlen_q (bottom-right ca
 from __future__ import annotations
 
 import functools
+import os
 import threading
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tileflash.ops.common import cdiv, next_pow2, score_mods, visible
 from tileflash.ops.forward import LOG2E, block_d_for, feature_args, interpreting
@@ -145,6 +147,7 @@ def _decode_split(
     DOT_PRECISION: tl.constexpr, PAGE_TILE: tl.constexpr = False, HAS_SEQLENS: tl.constexpr = True,
     SPLIT: tl.constexpr = True, BLOCK_S: tl.constexpr = 2, S_CHUNK: tl.constexpr = 2,
     HAS_LEFTPAD: tl.constexpr = False, TABLE_ASM: tl.constexpr = False, MERGE_ROWS: tl.constexpr = 1,
+    PDL: tl.constexpr = False,
 ):
     """One (KV split, batch·kv head, row block) program: attention of the packed rows over keys
     [pid_s·split_len, (pid_s+1)·split_len) of the cache.
@@ -159,7 +162,14 @@ def _decode_split(
     (splits start at multiples of BLOCK_N), so one block-table entry per tile gives affine row
     addresses, as in a contiguous cache; otherwise each key looks its page up.
     HAS_LEFTPAD: keys before LEFTPAD[b] are invisible (flash-attn's cache_leftpad); every position
-    stays absolute, so masks, ALiBi and the bottom-right alignment are unchanged."""
+    stays absolute, so masks, ALiBi and the bottom-right alignment are unchanged.
+    PDL (launched with programmatic dependent launch, sm90+): the program waits for the kernel
+    before it in the stream to complete, with its writes visible, before its first global access,
+    and at once lets the next PDL kernel be launched (that kernel waits the same way), so only the
+    launch and the index arithmetic overlap the previous kernel's tail."""
+    if PDL:
+        gdc_wait()                # nothing global is read or written before this
+        gdc_launch_dependents()   # the next kernel may be scheduled; it waits for our completion
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
     n_bh = tl.num_programs(1)
@@ -338,6 +348,22 @@ def choose_num_splits(batch: int, nheads_k: int, max_seqlen_k: int, device, wave
     return int(max(1, min(want, cdiv(max_seqlen_k, min_split), 128)))
 
 
+@functools.lru_cache(maxsize=None)
+def _pdl_capable(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def use_pdl(device) -> bool:
+    """Whether split launches use programmatic dependent launch (PDL): on CUDA devices of compute
+    capability 9.0 or more (Hopper: the ``griddepcontrol`` instructions), unless the environment
+    sets ``TILEFLASH_PDL=0``. With PDL, back-to-back decode calls (e.g. the layers of a captured
+    decode step) overlap each launch with the previous kernel's tail; each program still waits
+    for the previous kernel's completion before touching memory (see ``_decode_split``)."""
+    if device.type != "cuda" or interpreting() or os.environ.get("TILEFLASH_PDL", "1") == "0":
+        return False
+    return _pdl_capable(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def table_lookup_asm(page_tile: bool, block_n: int) -> bool:
     """Whether a paged cache's block-table lookups go through inline PTX (``_table_load``): for one
     lookup per tile of 64 keys or more. The synchronous lookup then costs little against the tile,
@@ -382,7 +408,8 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     ``choose_num_splits``; table_asm True/False forces the block-table lookups through inline PTX
     or ``tl.load`` (default: ``table_lookup_asm``); reuse_counter=False zeroes a fresh counter
     buffer per call (the behaviour before the reused buffer, for comparison); merge_rows (a power
-    of two) sets the merge's rows per load.
+    of two) sets the merge's rows per load; pdl True/False forces programmatic dependent launch on
+    or off (default: ``use_pdl``).
     """
     if seqlens_k is None and max_seqlen_k < 0:
         raise ValueError("decode_forward: pass seqlens_k, or max_seqlen_k >= 0 as every entry's length")
@@ -439,6 +466,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     rows_pow2 = next_pow2(min(block_m, group * seqlen_q))
     merge_rows = cfg.get("merge_rows") or (rows_pow2 if rows_pow2 * block_s * block_d <= merge_elems else 1)
     s_chunk = max(1, min(block_s, merge_elems // (block_d * merge_rows)))
+    pdl = bool(cfg.get("pdl", use_pdl(q.device))) and q.device.type == "cuda" and not interpreting()
     _decode_split[(num_splits, n_bh, m_blocks)](
         q, k_cache, v_cache, out, lse, o_part, lse_part, counter, seqlens_k, cache_batch_idx, block_table,
         alibi_slopes, cache_leftpad,
@@ -456,7 +484,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         PAGE_TILE=page_tile, HAS_SEQLENS=seqlens_k is not None, SPLIT=split,
         BLOCK_S=block_s, S_CHUNK=s_chunk, MERGE_ROWS=merge_rows, HAS_LEFTPAD=cache_leftpad is not None,
         TABLE_ASM=paged and cfg.get("table_asm", table_lookup_asm(page_tile, block_n)) and not interpreting(),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        PDL=pdl, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl,
     )
     return out, lse
 
