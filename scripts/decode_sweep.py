@@ -2,9 +2,9 @@
 
 Shapes: the issue's decode targets (bf16, Hq=32, Hkv=8, D=128): B=16 at L=8k and 64k, B=1 at 8k
 and 128k, contiguous and (with --pages) paged. Several caches are rotated so that their total
-exceeds twice the 60 MB L2. Every time is a CUDA-graph replay of one call per rotated cache
-(kernels only, as a serving loop that captures its decode step runs them); the public call is
-also timed from Python. SDPA flash / cuDNN are timed the same way in the same run.
+exceeds twice the 60 MB L2. Every time is a CUDA-graph replay of at least 8 calls cycling the
+rotated caches (kernels only, as a serving loop that captures its decode step runs them; before
+the eleventh session, one call per cache); the public call is also timed from Python. SDPA flash / cuDNN are timed the same way in the same run.
 
 Usage: PYTHONPATH=. python3 scripts/decode_sweep.py [--defaults-only] [--pages 16 64 256]
        [--shapes 16:8192 1:131072]
@@ -24,13 +24,16 @@ from tileflash.bench.bench import _graph_of, _to_paged
 from tileflash.ops import decode as dec
 
 
-def timed(calls, sets):
-    """Median ms per call of a CUDA graph replaying `calls` (one per cache)."""
-    return do_bench(_graph_of(calls), warmup=10, rep=40, return_mode="median") / sets
+def timed(calls, sets, graph_calls=8):
+    """Median ms per call of a CUDA graph replaying max(graph_calls, sets) calls, cycling the
+    `sets` calls (one per cache), as `tileflash bench --decode` times them."""
+    n = max(graph_calls, sets)
+    return do_bench(_graph_of([calls[i % sets] for i in range(n)]), warmup=10, rep=40, return_mode="median") / n
 
 
 FLAGS = {"asm": ("table_asm", True), "noasm": ("table_asm", False), "fresh": ("reuse_counter", False),
-         "pdl": ("pdl", True), "nopdl": ("pdl", False)}
+         "nopdl": ("pdl", 0), "pdl1": ("pdl", 1), "pdl2": ("pdl", 2),
+         "pdl3": ("pdl", 3)}
 
 
 def parse_config(text):
@@ -51,7 +54,8 @@ def main():
     ap.add_argument("--configs", nargs="*", default=None,
                     help="contiguous configs as BLOCK_N/WARPS/STAGES[/flag...]; flags: asm, noasm (force the "
                          "block-table lookup through inline PTX or tl.load), fresh (a zeroed counter per call), "
-                         "pdl, nopdl (programmatic dependent launch on or off), mrN (N merge rows per load), msN (splits of at least N keys)")
+                         "nopdl, pdl1, pdl2, pdl3 (programmatic dependent launch off, or on with the trigger at the "
+                         "start, after the key loop, at exit), mrN (N merge rows per load), msN (splits of at least N keys)")
     ap.add_argument("--page-configs", nargs="*", default=None, help="paged configs, the same syntax (every page size)")
     args = ap.parse_args()
     dev, dt, h, hk, d = "cuda", torch.bfloat16, 32, 8, 128

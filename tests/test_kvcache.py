@@ -383,13 +383,13 @@ base = dict(KV_GROUP=4, HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_
             HEAD_DIM=128, BLOCK_D=128, BLOCK_M=16, BLOCK_N=128, DOT_PRECISION="tf32")
 for name, extra in (("split", dict(SPLIT=True, PAGED=False)), ("paged", dict(SPLIT=True, PAGED=True, PAGE_TILE=True,
                     TABLE_ASM=True, HAS_SEQLENS=True)), ("unsplit", dict(SPLIT=False, PAGED=False))):
-    for pdl in (False, True):
+    for pdl in (0, 1, 2, 3):
         ptx = compile_one(DEC._decode_split, "bf16", dict(base, PDL=pdl, **extra), 4, 3).asm["ptx"]
         body = ptx[ptx.index(".entry"):]
         marks = [body.find(x) for x in ("griddepcontrol.wait", "griddepcontrol.launch_dependents")]
         first = min(i for i in (body.find(x) for x in ("ld.global", "st.global", "atom.", "red.", "cp.async"))
                     if i >= 0)
-        print(name, int(pdl), *marks, first)
+        print(name, pdl, *marks, first)
 """
     env = {key: val for key, val in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(root)
@@ -397,13 +397,16 @@ for name, extra in (("split", dict(SPLIT=True, PAGED=False)), ("paged", dict(SPL
                          timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     rows = [ln.split() for ln in res.stdout.splitlines()]
-    assert len(rows) == 6, res.stdout
+    assert len(rows) == 12, res.stdout
     for name, pdl, wait, launch, first in rows:
         wait, launch, first = int(wait), int(launch), int(first)
-        if pdl == "1":
-            assert 0 <= wait < first and launch >= 0, (name, wait, launch, first)
-        else:
+        if pdl == "0":
             assert wait == -1 and launch == -1, (name, wait, launch)
+        else:
+            assert 0 <= wait < first, (name, pdl, wait, first)
+            assert (launch >= 0) == (pdl in ("1", "2")), (name, pdl, launch)
+            if pdl == "2":   # the trigger comes after the key loop's copies
+                assert launch > first, (name, launch, first)
 
     from tileflash.ops.decode import use_pdl
     assert not use_pdl(torch.device("cpu"))

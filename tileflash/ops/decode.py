@@ -51,6 +51,7 @@ DECODE_CONFIG_SHORT = dict(block_n=64, num_warps=4, num_stages=3, waves=2)   # t
 # against 1.52 with 32; L=128k 3.71 with 33 splits against 3.32 with 16; B=16: 2 splits
 DECODE_CONFIG_PAGE64 = dict(block_n=64, num_warps=4, num_stages=3, waves=2, min_split=512)
 DECODE_CONFIG_SMALL_PAGE = dict(block_n=16, num_warps=2, num_stages=8, waves=4)  # other pages (16, 32, odd)
+PDL_TRIGGER = 2   # where a PDL launch lets the next kernel be scheduled (see _decode_split)
 DECODE_CONFIG_WIDE = dict(block_n=64, num_warps=8, num_stages=2, waves=2)    # BLOCK_D 256: 2 x 64 KiB
 
 
@@ -147,7 +148,7 @@ def _decode_split(
     DOT_PRECISION: tl.constexpr, PAGE_TILE: tl.constexpr = False, HAS_SEQLENS: tl.constexpr = True,
     SPLIT: tl.constexpr = True, BLOCK_S: tl.constexpr = 2, S_CHUNK: tl.constexpr = 2,
     HAS_LEFTPAD: tl.constexpr = False, TABLE_ASM: tl.constexpr = False, MERGE_ROWS: tl.constexpr = 1,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     """One (KV split, batch·kv head, row block) program: attention of the packed rows over keys
     [pid_s·split_len, (pid_s+1)·split_len) of the cache.
@@ -163,13 +164,15 @@ def _decode_split(
     addresses, as in a contiguous cache; otherwise each key looks its page up.
     HAS_LEFTPAD: keys before LEFTPAD[b] are invisible (flash-attn's cache_leftpad); every position
     stays absolute, so masks, ALiBi and the bottom-right alignment are unchanged.
-    PDL (launched with programmatic dependent launch, sm90+): the program waits for the kernel
-    before it in the stream to complete, with its writes visible, before its first global access,
-    and at once lets the next PDL kernel be launched (that kernel waits the same way), so only the
-    launch and the index arithmetic overlap the previous kernel's tail."""
-    if PDL:
+    PDL > 0 (launched with programmatic dependent launch, sm90+): the program waits for the kernel
+    before it in the stream to complete, with its writes visible, before its first global access;
+    it lets the next PDL kernel be scheduled (which waits the same way, so only its launch and
+    index arithmetic overlap our tail) at its start (PDL=1), after its key loop (PDL=2), or at its
+    exit (PDL=3, no explicit trigger)."""
+    if PDL > 0:
         gdc_wait()                # nothing global is read or written before this
-        gdc_launch_dependents()   # the next kernel may be scheduled; it waits for our completion
+    if PDL == 1:
+        gdc_launch_dependents()
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
     n_bh = tl.num_programs(1)
@@ -254,6 +257,8 @@ def _decode_split(
         acc = acc * alpha[:, None]
         acc = tl.dot(b_p.to(b_v.dtype), b_v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
+    if PDL == 2:
+        gdc_launch_dependents()   # the next kernel may be scheduled; it waits for our completion
     # this split's result: out_s = acc / l, lse_s (base 2) = m + log2 l; an empty split -> 0, -inf
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]                                                       # [BLOCK_M, BLOCK_D]
@@ -353,15 +358,24 @@ def _pdl_capable(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
-def use_pdl(device) -> bool:
-    """Whether split launches use programmatic dependent launch (PDL): on CUDA devices of compute
-    capability 9.0 or more (Hopper: the ``griddepcontrol`` instructions), unless the environment
-    sets ``TILEFLASH_PDL=0``. With PDL, back-to-back decode calls (e.g. the layers of a captured
-    decode step) overlap each launch with the previous kernel's tail; each program still waits
-    for the previous kernel's completion before touching memory (see ``_decode_split``)."""
-    if device.type != "cuda" or interpreting() or os.environ.get("TILEFLASH_PDL", "1") == "0":
-        return False
-    return _pdl_capable(device.index if device.index is not None else torch.cuda.current_device())
+def use_pdl(device) -> int:
+    """Programmatic dependent launch (PDL) for split launches: 0 (off) or where the kernel lets the
+    next one be scheduled (1, 2, 3: see ``_decode_split``; default PDL_TRIGGER). On for CUDA
+    devices of compute capability 9.0 or more (Hopper: the ``griddepcontrol`` instructions);
+    the environment variable ``TILEFLASH_PDL`` (0-3) overrides it. With PDL, back-to-back decode
+    calls (e.g. the layers of a captured decode step) overlap each launch with the previous
+    kernel's tail; each program still waits for the previous kernel's completion before touching
+    memory."""
+    if device.type != "cuda" or interpreting():
+        return 0
+    if not _pdl_capable(device.index if device.index is not None else torch.cuda.current_device()):
+        return 0
+    env = os.environ.get("TILEFLASH_PDL", "")
+    if env:
+        if env not in ("0", "1", "2", "3"):
+            raise ValueError(f"TILEFLASH_PDL={env!r}: use 0 (off), 1, 2 or 3 (where the trigger goes)")
+        return int(env)
+    return PDL_TRIGGER
 
 
 def table_lookup_asm(page_tile: bool, block_n: int) -> bool:
@@ -408,8 +422,8 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     ``choose_num_splits``; table_asm True/False forces the block-table lookups through inline PTX
     or ``tl.load`` (default: ``table_lookup_asm``); reuse_counter=False zeroes a fresh counter
     buffer per call (the behaviour before the reused buffer, for comparison); merge_rows (a power
-    of two) sets the merge's rows per load; pdl True/False forces programmatic dependent launch on
-    or off (default: ``use_pdl``).
+    of two) sets the merge's rows per load; pdl 0-3 sets programmatic dependent launch (0 off;
+    1, 2, 3: see ``_decode_split``; default: PDL_TRIGGER where ``use_pdl``).
     """
     if seqlens_k is None and max_seqlen_k < 0:
         raise ValueError("decode_forward: pass seqlens_k, or max_seqlen_k >= 0 as every entry's length")
@@ -466,7 +480,8 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     rows_pow2 = next_pow2(min(block_m, group * seqlen_q))
     merge_rows = cfg.get("merge_rows") or (rows_pow2 if rows_pow2 * block_s * block_d <= merge_elems else 1)
     s_chunk = max(1, min(block_s, merge_elems // (block_d * merge_rows)))
-    pdl = bool(cfg.get("pdl", use_pdl(q.device))) and q.device.type == "cuda" and not interpreting()
+    pdl = int(cfg.get("pdl", use_pdl(q.device)))
+    pdl = pdl if q.device.type == "cuda" and not interpreting() else 0
     _decode_split[(num_splits, n_bh, m_blocks)](
         q, k_cache, v_cache, out, lse, o_part, lse_part, counter, seqlens_k, cache_batch_idx, block_table,
         alibi_slopes, cache_leftpad,
@@ -484,7 +499,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         PAGE_TILE=page_tile, HAS_SEQLENS=seqlens_k is not None, SPLIT=split,
         BLOCK_S=block_s, S_CHUNK=s_chunk, MERGE_ROWS=merge_rows, HAS_LEFTPAD=cache_leftpad is not None,
         TABLE_ASM=paged and cfg.get("table_asm", table_lookup_asm(page_tile, block_n)) and not interpreting(),
-        PDL=pdl, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl,
+        PDL=pdl, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0,
     )
     return out, lse
 
