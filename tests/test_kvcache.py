@@ -366,8 +366,10 @@ def test_pdl_waits_before_any_global_access_sm90(monkeypatch):
     """Compiled for sm_90 with the installed triton (no GPU): with PDL the split kernel's first
     instruction of note is griddepcontrol.wait, before any global load, store or atomic (a PDL
     launch may start while the previous kernel still runs, e.g. the one that wrote q or the
-    cache); without PDL there is no griddepcontrol at all. Host side: use_pdl is off on the CPU
-    and under TILEFLASH_PDL=0. In a subprocess: this one built the interpreter's."""
+    cache); the trigger is where PDL says (1 start, 2 after the key loop, 3 none: at exit);
+    without PDL there is no griddepcontrol at all. Host side: pdl_trigger is 0 on the CPU and
+    under TILEFLASH_PDL=0, and a bad TILEFLASH_PDL is an error that names the choices. In a
+    subprocess: this one built the interpreter's."""
     import os
     import subprocess
     import sys
@@ -408,11 +410,16 @@ for name, extra in (("split", dict(SPLIT=True, PAGED=False)), ("paged", dict(SPL
             if pdl == "2":   # the trigger comes after the key loop's copies
                 assert launch > first, (name, launch, first)
 
-    from tileflash.ops.decode import use_pdl
-    assert not use_pdl(torch.device("cpu"))
-    if torch.cuda.is_available():
+    from tileflash.ops.decode import decode_config, pdl_trigger
+    assert pdl_trigger(torch.device("cpu"), 2) == 0
+    assert decode_config(128)["pdl"] == 2 and decode_config(128, 16)["pdl"] == 3   # see DECODE_CONFIG
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9:
+        assert pdl_trigger(torch.device("cuda"), 2) == 2
         monkeypatch.setenv("TILEFLASH_PDL", "0")
-        assert not use_pdl(torch.device("cuda"))
+        assert pdl_trigger(torch.device("cuda"), 2) == 0
+        monkeypatch.setenv("TILEFLASH_PDL", "yes")
+        with pytest.raises(ValueError, match="TILEFLASH_PDL"):
+            pdl_trigger(torch.device("cuda"), 2)
 
 
 def test_merge_in_row_and_split_chunks_with_reused_counters(backend, monkeypatch):
@@ -508,6 +515,47 @@ def test_captured_calls_own_their_counters(monkeypatch, arena):
                 assert torch.equal(o, want[i])
         if arena:
             assert int(dec._ARENAS[dev][0][: dec._ARENAS[dev][1]].abs().sum()) == 0, "arena counters not reset"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="needs a CUDA GPU with programmatic dependent launch (sm90+)")
+@pytest.mark.parametrize("split", [True, False])
+def test_pdl_chain_reads_the_previous_output(split):
+    """Each call's q is the previous call's output, so a PDL launch that read q before the previous
+    kernel finished would see stale or NaN values: six chained calls per trigger position (1, 2,
+    3), eagerly and replayed from a CUDA graph with the chain's buffers poisoned with NaN before
+    every replay, must equal the chain without PDL bit for bit."""
+    from tileflash.ops import decode as dec
+
+    g = torch.Generator().manual_seed(11)
+    b, hq, hk, d, n = 2, 8, 2, 128, 4096
+    q0 = torch.randn(b, 1, hq, d, generator=g).cuda().to(torch.bfloat16)
+    kc = torch.randn(b, n, hk, d, generator=g).cuda().to(torch.bfloat16)
+    vc = torch.randn(b, n, hk, d, generator=g).cuda().to(torch.bfloat16)
+    splits = 8 if split else 1
+
+    def chain(pdl, q, out=None):
+        outs = []
+        for _ in range(6):
+            q = dec.decode_forward(q, kc, vc, None, d ** -0.5, False, num_splits=splits, max_seqlen_k=n,
+                                   config={**dec.decode_config(d), "pdl": pdl})[0]
+            outs.append(q)
+        return outs
+
+    want = chain(0, q0)
+    for pdl in (1, 2, 3):
+        got = chain(pdl, q0)
+        assert all(torch.equal(a, w) for a, w in zip(got, want)), f"eager chain, pdl={pdl}"
+        qin = q0.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = chain(pdl, qin)
+        for _ in range(5):
+            for o in outs:
+                o.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert all(torch.equal(a, w) for a, w in zip(outs, want)), f"graph chain, pdl={pdl}"
 
 
 def test_choose_num_splits_rule():

@@ -40,19 +40,25 @@ from tileflash.ops.forward import LOG2E, block_d_for, feature_args, interpreting
 # one wave (ninth session, run 3: B=1 L=8k 1.62 TB/s against 1.36 with two; L=128k 3.75 / 3.66).
 WAVES = 2
 DECODE_CONFIG = dict(block_n=128, num_warps=4, num_stages=3, waves=1,        # contiguous
-                     full_unsplit=0.9)
+                     full_unsplit=0.9, pdl=2)
 # pages of 128·k: the same. With the table lookup pipelined by Triton (before TABLE_ASM), the K/V
 # tiles were single-buffered and an unsplit page-256 cache read 2.75-2.89 TB/s at B=16 (session 4);
 # with TABLE_ASM, 4.51 at L=64k against 4.46 contiguous (ninth session, run 3).
 DECODE_CONFIG_PAGE128 = dict(DECODE_CONFIG)
-DECODE_CONFIG_SHORT = dict(block_n=64, num_warps=4, num_stages=3, waves=2)   # the same, for splits of <= 256 keys
+DECODE_CONFIG_SHORT = dict(block_n=64, num_warps=4, num_stages=3, waves=2, pdl=3)   # the same, for splits of <= 256 keys
 # pages of 64·k (not 128·k): two waves of 64-key programs, but splits of at least 512 keys (8 tiles,
 # each waiting for its page lookup): tenth session, run 3: B=1 L=8k 1.72 TB/s with 16 splits
 # against 1.52 with 32; L=128k 3.71 with 33 splits against 3.32 with 16; B=16: 2 splits
-DECODE_CONFIG_PAGE64 = dict(block_n=64, num_warps=4, num_stages=3, waves=2, min_split=512)
-DECODE_CONFIG_SMALL_PAGE = dict(block_n=16, num_warps=2, num_stages=8, waves=4)  # other pages (16, 32, odd)
-PDL_TRIGGER = 2   # where a PDL launch lets the next kernel be scheduled (see _decode_split)
-DECODE_CONFIG_WIDE = dict(block_n=64, num_warps=8, num_stages=2, waves=2)    # BLOCK_D 256: 2 x 64 KiB
+DECODE_CONFIG_PAGE64 = dict(block_n=64, num_warps=4, num_stages=3, waves=2, min_split=512, pdl=3)
+DECODE_CONFIG_SMALL_PAGE = dict(block_n=16, num_warps=2, num_stages=8, waves=4, pdl=3)  # other pages (16, 32, odd)
+DECODE_CONFIG_WIDE = dict(block_n=64, num_warps=8, num_stages=2, waves=2, pdl=3)    # BLOCK_D 256: 2 x 64 KiB
+# pdl: where a programmatic dependent launch (sm90+) lets the next kernel be scheduled (see
+# _decode_split). Eleventh session, run 2 (8 calls per graph, same run): with one program per SM
+# (128-key tiles on 3 stages) the trigger after the key loop (2) took B=1 L=8k from 17.3 to
+# 16.8 us (B=16 and L=128k within 0.5%); where several programs share an SM (pages of 16 and 64)
+# an early trigger (1, 2) let the next call's programs take SM slots while they wait, and B=16
+# L=8k went from 131 to 140-180 us (page 16) and 129 to 135-160 us (page 64); the trigger at exit
+# (3) was level with no PDL (within 0.2 us), so configs with several programs per SM use it.
 
 
 def decode_config(block_d: int, page_size: int = 0) -> dict:
@@ -358,24 +364,29 @@ def _pdl_capable(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
-def use_pdl(device) -> int:
-    """Programmatic dependent launch (PDL) for split launches: 0 (off) or where the kernel lets the
-    next one be scheduled (1, 2, 3: see ``_decode_split``; default PDL_TRIGGER). On for CUDA
-    devices of compute capability 9.0 or more (Hopper: the ``griddepcontrol`` instructions);
-    the environment variable ``TILEFLASH_PDL`` (0-3) overrides it. With PDL, back-to-back decode
-    calls (e.g. the layers of a captured decode step) overlap each launch with the previous
-    kernel's tail; each program still waits for the previous kernel's completion before touching
-    memory."""
+def pdl_supported(device) -> bool:
+    """A CUDA device of compute capability 9.0 or more (not the interpreter)."""
     if device.type != "cuda" or interpreting():
-        return 0
-    if not _pdl_capable(device.index if device.index is not None else torch.cuda.current_device()):
+        return False
+    return _pdl_capable(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def pdl_trigger(device, default: int) -> int:
+    """Programmatic dependent launch (PDL) for a split launch: 0 (off) or where the kernel lets the
+    next one be scheduled (1, 2, 3: see ``_decode_split``). Off unless the device is a CUDA device
+    of compute capability 9.0 or more (Hopper: the ``griddepcontrol`` instructions); there, the
+    environment variable ``TILEFLASH_PDL`` (0-3) if set, else `default` (the config's ``pdl``).
+    With PDL, back-to-back decode calls (e.g. the layers of a captured decode step) overlap each
+    launch with the previous kernel's tail; each program still waits for the previous kernel's
+    completion before touching memory."""
+    if not pdl_supported(device):
         return 0
     env = os.environ.get("TILEFLASH_PDL", "")
     if env:
         if env not in ("0", "1", "2", "3"):
             raise ValueError(f"TILEFLASH_PDL={env!r}: use 0 (off), 1, 2 or 3 (where the trigger goes)")
         return int(env)
-    return PDL_TRIGGER
+    return int(default)
 
 
 def table_lookup_asm(page_tile: bool, block_n: int) -> bool:
@@ -423,7 +434,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     or ``tl.load`` (default: ``table_lookup_asm``); reuse_counter=False zeroes a fresh counter
     buffer per call (the behaviour before the reused buffer, for comparison); merge_rows (a power
     of two) sets the merge's rows per load; pdl 0-3 sets programmatic dependent launch (0 off;
-    1, 2, 3: see ``_decode_split``; default: PDL_TRIGGER where ``use_pdl``).
+    1, 2, 3: see ``_decode_split``; ignored where the GPU has no PDL; default: ``pdl_trigger``).
     """
     if seqlens_k is None and max_seqlen_k < 0:
         raise ValueError("decode_forward: pass seqlens_k, or max_seqlen_k >= 0 as every entry's length")
@@ -480,8 +491,10 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     rows_pow2 = next_pow2(min(block_m, group * seqlen_q))
     merge_rows = cfg.get("merge_rows") or (rows_pow2 if rows_pow2 * block_s * block_d <= merge_elems else 1)
     s_chunk = max(1, min(block_s, merge_elems // (block_d * merge_rows)))
-    pdl = int(cfg.get("pdl", use_pdl(q.device)))
-    pdl = pdl if q.device.type == "cuda" and not interpreting() else 0
+    if (config or {}).get("pdl") is not None:   # a tuning script's explicit choice
+        pdl = int(config["pdl"]) if pdl_supported(q.device) else 0
+    else:
+        pdl = pdl_trigger(q.device, cfg.get("pdl", 3))
     _decode_split[(num_splits, n_bh, m_blocks)](
         q, k_cache, v_cache, out, lse, o_part, lse_part, counter, seqlens_k, cache_batch_idx, block_table,
         alibi_slopes, cache_leftpad,
