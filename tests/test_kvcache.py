@@ -412,7 +412,7 @@ for name, extra in (("split", dict(SPLIT=True, PAGED=False)), ("paged", dict(SPL
 
     from tileflash.ops.decode import decode_config, pdl_trigger
     assert pdl_trigger(torch.device("cpu"), 2) == 0
-    assert decode_config(128)["pdl"] == 2 and decode_config(128, 16)["pdl"] == 3   # see DECODE_CONFIG
+    assert decode_config(128)["pdl"] == 2 and decode_config(128, 16)["pdl"] == 0   # see DECODE_CONFIG
     if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9:
         assert pdl_trigger(torch.device("cuda"), 2) == 2
         monkeypatch.setenv("TILEFLASH_PDL", "0")

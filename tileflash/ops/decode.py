@@ -45,20 +45,21 @@ DECODE_CONFIG = dict(block_n=128, num_warps=4, num_stages=3, waves=1,        # c
 # tiles were single-buffered and an unsplit page-256 cache read 2.75-2.89 TB/s at B=16 (session 4);
 # with TABLE_ASM, 4.51 at L=64k against 4.46 contiguous (ninth session, run 3).
 DECODE_CONFIG_PAGE128 = dict(DECODE_CONFIG)
-DECODE_CONFIG_SHORT = dict(block_n=64, num_warps=4, num_stages=3, waves=2, pdl=3)   # the same, for splits of <= 256 keys
+DECODE_CONFIG_SHORT = dict(block_n=64, num_warps=4, num_stages=3, waves=2, pdl=0)   # the same, for splits of <= 256 keys
 # pages of 64·k (not 128·k): two waves of 64-key programs, but splits of at least 512 keys (8 tiles,
 # each waiting for its page lookup): tenth session, run 3: B=1 L=8k 1.72 TB/s with 16 splits
 # against 1.52 with 32; L=128k 3.71 with 33 splits against 3.32 with 16; B=16: 2 splits
-DECODE_CONFIG_PAGE64 = dict(block_n=64, num_warps=4, num_stages=3, waves=2, min_split=512, pdl=3)
-DECODE_CONFIG_SMALL_PAGE = dict(block_n=16, num_warps=2, num_stages=8, waves=4, pdl=3)  # other pages (16, 32, odd)
-DECODE_CONFIG_WIDE = dict(block_n=64, num_warps=8, num_stages=2, waves=2, pdl=3)    # BLOCK_D 256: 2 x 64 KiB
+DECODE_CONFIG_PAGE64 = dict(block_n=64, num_warps=4, num_stages=3, waves=2, min_split=512, pdl=0)
+DECODE_CONFIG_SMALL_PAGE = dict(block_n=16, num_warps=2, num_stages=8, waves=4, pdl=0)  # other pages (16, 32, odd)
+DECODE_CONFIG_WIDE = dict(block_n=64, num_warps=8, num_stages=2, waves=2, pdl=0)    # BLOCK_D 256: 2 x 64 KiB
 # pdl: where a programmatic dependent launch (sm90+) lets the next kernel be scheduled (see
-# _decode_split). Eleventh session, run 2 (8 calls per graph, same run): with one program per SM
-# (128-key tiles on 3 stages) the trigger after the key loop (2) took B=1 L=8k from 17.3 to
-# 16.8 us (B=16 and L=128k within 0.5%); where several programs share an SM (pages of 16 and 64)
-# an early trigger (1, 2) let the next call's programs take SM slots while they wait, and B=16
-# L=8k went from 131 to 140-180 us (page 16) and 129 to 135-160 us (page 64); the trigger at exit
-# (3) was level with no PDL (within 0.2 us), so configs with several programs per SM use it.
+# _decode_split; 0: no PDL). Eleventh session, 8 calls per graph, same-run A/B: with one program
+# per SM (128-key tiles on 3 stages) the trigger after the key loop (2) took B=1 L=8k from 17.3-17.4
+# to 16.8 us contiguous and 18.9 to 18.3 us with pages of 256 (runs 2, 4); B=16 and L=128k moved
+# by under 1% either way. Where several programs share an SM (pages of 16 and 64), an early
+# trigger (1, 2) let the next call's programs take SM slots while they wait: B=16 L=8k went from
+# 131 to 140-180 us (page 16) and 129 to 135-160 us (page 64) (run 2); the trigger at exit (3)
+# was level with no PDL everywhere (run 4, within 0.2%), so those configs keep PDL off.
 
 
 def decode_config(block_d: int, page_size: int = 0) -> dict:
@@ -494,7 +495,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     if (config or {}).get("pdl") is not None:   # a tuning script's explicit choice
         pdl = int(config["pdl"]) if pdl_supported(q.device) else 0
     else:
-        pdl = pdl_trigger(q.device, cfg.get("pdl", 3))
+        pdl = pdl_trigger(q.device, cfg.get("pdl", 0))
     _decode_split[(num_splits, n_bh, m_blocks)](
         q, k_cache, v_cache, out, lse, o_part, lse_part, counter, seqlens_k, cache_batch_idx, block_table,
         alibi_slopes, cache_leftpad,
