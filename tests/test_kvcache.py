@@ -603,6 +603,47 @@ def test_paged_page_sizes_match_contiguous(backend, page):
             _assert_matches(got[i:i + 1], q[i:i + 1], kc[i:i + 1, :n], vc[i:i + 1, :n], 3e-5)
 
 
+@pytest.mark.parametrize("page", [4, 8, 16, 32, 64])
+def test_multi_page_tiles_match_contiguous(backend, page):
+    """Tiles that span several whole pages (config multi_page: one lookup per page; the GPU tiles
+    are 128 keys, the interpreter's 16, so pages 4-8 run there and 16-64 on the GPU) against the
+    same keys in a contiguous cache and the reference: uneven lengths ending mid-page, a cache
+    left-pad (its skip must keep tiles on page boundaries), one and three splits."""
+    if backend == "tiled":
+        pytest.skip("multi-page tiles are a Triton kernel tiling")
+    from tileflash.ops import decode as dec
+
+    dev = backend_device(backend)
+    block_n = 16 if dev != "cuda" else 128
+    if dec.pages_per_tile(page, block_n) < 2:
+        pytest.skip(f"a page of {page} is not several pages of a {block_n}-key tile")
+    g = torch.Generator().manual_seed(100 + page)
+    b, hq, hk, d, cap, dt = 2, 8, 2, 64, 768, _dtype(dev)
+    kc = torch.randn(b, cap, hk, d, generator=g).to(dev, dt)
+    vc = torch.randn(b, cap, hk, d, generator=g).to(dev, dt)
+    q = torch.randn(b, 1, hq, d, generator=g).to(dev, dt)
+    seqlens = torch.tensor([cap - 5, 200 + page // 2], dtype=torch.int32, device=dev)
+    leftpad = torch.tensor([0, 3 * page + 1], dtype=torch.int32, device=dev)
+    nb = cap // page
+    perm = torch.randperm(b * nb + 3, generator=g)[: b * nb]
+    kp = torch.randn(b * nb + 3, page, hk, d, generator=g).to(dev, dt)
+    vp = torch.randn(b * nb + 3, page, hk, d, generator=g).to(dev, dt)
+    kp[perm.to(dev)] = kc.reshape(b * nb, page, hk, d)
+    vp[perm.to(dev)] = vc.reshape(b * nb, page, hk, d)
+    table = perm.view(b, nb).int().to(dev)
+    cfg = {**dec.decode_config(d, page), "block_n": block_n, "multi_page": True}
+    for ns in (1, 3):
+        for pad in (None, leftpad):
+            got = dec.decode_forward(q, kp, vp, seqlens, d ** -0.5, False, block_table=table, num_splits=ns,
+                                     cache_leftpad=pad, config=cfg)[0]
+            want = dec.decode_forward(q, kc, vc, seqlens, d ** -0.5, False, num_splits=ns, cache_leftpad=pad)[0]
+            assert not torch.isnan(got).any()
+            _assert_same(got, want)
+            for i in range(b):
+                lo, n = (0 if pad is None else int(pad[i])), int(seqlens[i])
+                _assert_matches(got[i:i + 1], q[i:i + 1], kc[i:i + 1, lo:n], vc[i:i + 1, lo:n], 3e-5)
+
+
 @pytest.mark.parametrize("n", [0, 1, 29, CAP])
 @pytest.mark.parametrize("splits", [1, 3])
 def test_int_cache_seqlens(backend, n, splits):

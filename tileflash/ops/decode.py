@@ -155,7 +155,7 @@ def _decode_split(
     DOT_PRECISION: tl.constexpr, PAGE_TILE: tl.constexpr = False, HAS_SEQLENS: tl.constexpr = True,
     SPLIT: tl.constexpr = True, BLOCK_S: tl.constexpr = 2, S_CHUNK: tl.constexpr = 2,
     HAS_LEFTPAD: tl.constexpr = False, TABLE_ASM: tl.constexpr = False, MERGE_ROWS: tl.constexpr = 1,
-    PDL: tl.constexpr = 0,
+    PDL: tl.constexpr = 0, PAGES_PER_TILE: tl.constexpr = 1,
 ):
     """One (KV split, batch·kv head, row block) program: attention of the packed rows over keys
     [pid_s·split_len, (pid_s+1)·split_len) of the cache.
@@ -168,7 +168,8 @@ def _decode_split(
     SEQLENS_K, else every batch entry holds seqlen_fixed keys.
     PAGE_TILE (paged, page_size a multiple of BLOCK_N): a K/V tile never straddles two pages
     (splits start at multiples of BLOCK_N), so one block-table entry per tile gives affine row
-    addresses, as in a contiguous cache; otherwise each key looks its page up.
+    addresses, as in a contiguous cache. PAGES_PER_TILE > 1 (paged, BLOCK_N that many whole pages):
+    one lookup per page, each key taking its page's id. Otherwise each key looks its page up.
     HAS_LEFTPAD: keys before LEFTPAD[b] are invisible (flash-attn's cache_leftpad); every position
     stays absolute, so masks, ALiBi and the bottom-right alignment are unchanged.
     PDL > 0 (launched with programmatic dependent launch, sm90+): the program waits for the kernel
@@ -238,6 +239,19 @@ def _decode_split(
             r0 = (start_n % page_size).to(tl.int64)
             p_kt = K_base + page1 * stride_kb + (r0 + o_nb[None, :]) * stride_kn + o_d[:, None]  # [BLOCK_D, BLOCK_N]
             p_v = V_base + page1 * stride_vb + (r0 + o_nb[:, None]) * stride_vn + o_d[None, :]   # [BLOCK_N, BLOCK_D]
+        elif PAGED and PAGES_PER_TILE > 1:
+            # tiles start on page boundaries (split_len and the leftpad skip are multiples of
+            # BLOCK_N): one lookup per page, then a select per page gives each key its page id
+            PAGE_KEYS: tl.constexpr = BLOCK_N // PAGES_PER_TILE                      # = page_size
+            page = tl.zeros([BLOCK_N], dtype=tl.int64)                                # [BLOCK_N]
+            for j in tl.static_range(PAGES_PER_TILE):
+                pj = _table_load(BLOCK_TABLE + off_b * stride_bt_b
+                                 + tl.minimum(start_n // PAGE_KEYS + j, capacity // PAGE_KEYS - 1), TABLE_ASM)
+                pj = tl.minimum(tl.maximum(pj, 0), num_cache - 1).to(tl.int64)      # scalar
+                page = tl.where(o_nb // PAGE_KEYS == j, pj, page)
+            row = (o_nb % PAGE_KEYS).to(tl.int64)                                     # [BLOCK_N]
+            p_kt = K_base + page[None, :] * stride_kb + row[None, :] * stride_kn + o_d[:, None]  # [BLOCK_D, BLOCK_N]
+            p_v = V_base + page[:, None] * stride_vb + row[:, None] * stride_vn + o_d[None, :]   # [BLOCK_N, BLOCK_D]
         elif PAGED:
             # the index is clamped into the table's row, not masked: keys past hi are masked below
             page = _table_load(BLOCK_TABLE + off_b * stride_bt_b + tl.minimum(o_n, capacity - 1) // page_size,
@@ -418,6 +432,15 @@ def paged_tiling(page_size: int, block_n: int):
     return block_n, page_size % block_n == 0
 
 
+def pages_per_tile(page_size: int, block_n: int) -> int:
+    """With a config's ``multi_page``: how many whole pages a BLOCK_N-key tile covers, one lookup
+    each (PAGES_PER_TILE), when a power-of-two page size smaller than the tile divides it; else 1
+    (``paged_tiling`` decides)."""
+    if 0 < page_size < block_n and block_n % page_size == 0 and page_size & (page_size - 1) == 0:
+        return block_n // page_size
+    return 1
+
+
 def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, window=(-1, -1), softcap=0.0,
                    alibi_slopes=None, cache_batch_idx=None, block_table=None, num_splits=0, max_seqlen_k=-1,
                    cache_leftpad=None, config=None):
@@ -433,7 +456,8 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     merge_rows]) overriding ``decode_config``, for tuning scripts: waves and min_split go to
     ``choose_num_splits``; table_asm True/False forces the block-table lookups through inline PTX
     or ``tl.load`` (default: ``table_lookup_asm``); reuse_counter=False zeroes a fresh counter
-    buffer per call (the behaviour before the reused buffer, for comparison); merge_rows (a power
+    buffer per call (the behaviour before the reused buffer, for comparison); multi_page=True lets
+    a tile span several whole pages (``pages_per_tile``); merge_rows (a power
     of two) sets the merge's rows per load; pdl 0-3 sets programmatic dependent launch (0 off;
     1, 2, 3: see ``_decode_split``; ignored where the GPU has no PDL; default: ``pdl_trigger``).
     """
@@ -457,7 +481,11 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     if config is None and cfg["block_n"] == 128 and cdiv(max_k, num_splits) <= 256:
         cfg = dict(DECODE_CONFIG_SHORT)  # a few tiles per split: 64-key tiles keep more loads in flight
     block_n = 16 if interpreting() else cfg["block_n"]
-    block_n, page_tile = paged_tiling(k_cache.shape[1] if paged else 0, block_n)
+    ppt = pages_per_tile(k_cache.shape[1], block_n) if paged and cfg.get("multi_page") else 1
+    if ppt > 1:
+        page_tile = False
+    else:
+        block_n, page_tile = paged_tiling(k_cache.shape[1] if paged else 0, block_n)
     split_len = cdiv(cdiv(max_k, num_splits), block_n) * block_n
     num_splits = cdiv(max_k, split_len)
     # the G query heads of a kv head x the new tokens, packed as rows; tiles of at most 64 rows
@@ -512,7 +540,8 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=precision,
         PAGE_TILE=page_tile, HAS_SEQLENS=seqlens_k is not None, SPLIT=split,
         BLOCK_S=block_s, S_CHUNK=s_chunk, MERGE_ROWS=merge_rows, HAS_LEFTPAD=cache_leftpad is not None,
-        TABLE_ASM=paged and cfg.get("table_asm", table_lookup_asm(page_tile, block_n)) and not interpreting(),
+        TABLE_ASM=paged and cfg.get("table_asm", table_lookup_asm(page_tile or ppt > 1, block_n)) and not interpreting(),
+        PAGES_PER_TILE=ppt,
         PDL=pdl, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0,
     )
     return out, lse
