@@ -310,24 +310,29 @@ def test_paged_tiling_rule():
 
 def test_decode_config_rule():
     """The GPU launch config by page size (the H200 sweep's winners) and the tiles that follow."""
-    from tileflash.ops.decode import decode_config, paged_tiling, table_lookup_asm
+    from tileflash.ops.decode import decode_config, pages_per_tile, paged_tiling, table_lookup_asm
 
     assert decode_config(128)["block_n"] == 128 and decode_config(128, 256)["block_n"] == 128
-    # one split when the batch fills the SMs: contiguous and pages of 128·k (whose lookups no longer
-    # hold back the K/V pipeline), not smaller pages
+    # one split when the batch fills the SMs: contiguous, pages of 128·k (whose lookups no longer
+    # hold back the K/V pipeline) and tiles of several pages of 16-64; not other pages
     assert decode_config(128).get("full_unsplit", 0) > 0 and decode_config(128, 256) == decode_config(128)
-    assert not decode_config(128, 64).get("full_unsplit", 0) and not decode_config(128, 16).get("full_unsplit", 0)
+    for page in (16, 32, 64):   # the contiguous config on tiles of several whole pages
+        assert decode_config(128, page) == {**decode_config(128), "multi_page": True}, page
+        assert pages_per_tile(page, decode_config(128, page)["block_n"]) == 128 // page
+    assert not decode_config(128, 192).get("full_unsplit", 0) and not decode_config(128, 8).get("full_unsplit", 0)
     # 128-key tiles fill an SM's shared memory: one wave of programs
     assert decode_config(128)["waves"] == 1
-    # inline-PTX table lookups: one per tile of >= 64 keys only
+    # inline-PTX table lookups: one per tile (or per page of a tile) of >= 64 keys only
     assert table_lookup_asm(True, 128) and table_lookup_asm(True, 64)
     assert not table_lookup_asm(True, 16) and not table_lookup_asm(False, 128)
-    assert decode_config(128, 64)["block_n"] == 64 and decode_config(128, 192)["block_n"] == 64
-    assert decode_config(128, 16)["block_n"] == 16 and decode_config(64, 6)["block_n"] == 16
+    assert decode_config(128, 192)["block_n"] == 64 and decode_config(128, 192)["min_split"] == 512
+    assert decode_config(128, 8)["block_n"] == 16 and decode_config(64, 6)["block_n"] == 16
+    assert not decode_config(128, 8).get("multi_page") and not decode_config(128, 6).get("multi_page")
     assert decode_config(256, 16) == decode_config(256)  # BLOCK_D 256: one config (shared memory)
-    for page in (16, 32, 64, 128, 192, 256):  # these pages all get one table lookup per tile
+    for page in (128, 192, 256):  # these pages get one table lookup per tile
         assert paged_tiling(page, decode_config(128, page)["block_n"])[1], page
-    assert not paged_tiling(6, decode_config(128, 6)["block_n"])[1]
+    assert not paged_tiling(6, decode_config(128, 6)["block_n"])[1] and not paged_tiling(8, 16)[1]
+    assert pages_per_tile(6, 128) == pages_per_tile(256, 128) == pages_per_tile(48, 96) == 1
 
 
 def test_paged_lookup_keeps_kv_pipelined_sm90():
@@ -412,7 +417,7 @@ for name, extra in (("split", dict(SPLIT=True, PAGED=False)), ("paged", dict(SPL
 
     from tileflash.ops.decode import decode_config, pdl_trigger
     assert pdl_trigger(torch.device("cpu"), 2) == 0
-    assert decode_config(128)["pdl"] == 2 and decode_config(128, 16)["pdl"] == 0   # see DECODE_CONFIG
+    assert decode_config(128)["pdl"] == 2 and decode_config(128, 8)["pdl"] == 0   # see DECODE_CONFIG
     if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9:
         assert pdl_trigger(torch.device("cuda"), 2) == 2
         monkeypatch.setenv("TILEFLASH_PDL", "0")
@@ -571,8 +576,8 @@ def test_choose_num_splits_rule():
     assert choose_num_splits(1, 8, 8192, cpu, waves=2, full_unsplit=0.9) == 1   # 8 programs fill 8 SMs
     assert choose_num_splits(1, 4, 8192, cpu, waves=2, full_unsplit=0.9) == 4   # 4 do not
     assert choose_num_splits(1, 1, 8192, cpu, waves=8) == 32                     # 64 wanted, 256 keys each
-    assert choose_num_splits(1, 1, 8192, cpu, waves=8, min_split=512) == 16      # pages of 64: 512 keys
-    assert decode_config(128, 64)["min_split"] == 512 and "min_split" not in decode_config(128)
+    assert choose_num_splits(1, 1, 8192, cpu, waves=8, min_split=512) == 16      # pages of 64·k (not 128·k or 16-64): 512 keys
+    assert decode_config(128, 192)["min_split"] == 512 and "min_split" not in decode_config(128)
 
 
 @pytest.mark.parametrize("page", [6, 16, 64, 128, 256])
@@ -636,7 +641,8 @@ def test_multi_page_tiles_match_contiguous(backend, page):
         for pad in (None, leftpad):
             got = dec.decode_forward(q, kp, vp, seqlens, d ** -0.5, False, block_table=table, num_splits=ns,
                                      cache_leftpad=pad, config=cfg)[0]
-            want = dec.decode_forward(q, kc, vc, seqlens, d ** -0.5, False, num_splits=ns, cache_leftpad=pad)[0]
+            want = dec.decode_forward(q, kc, vc, seqlens, d ** -0.5, False, num_splits=ns, cache_leftpad=pad,
+                                      config={**dec.decode_config(d), "block_n": block_n})[0]  # same splits
             assert not torch.isnan(got).any()
             _assert_same(got, want)
             for i in range(b):

@@ -46,11 +46,18 @@ DECODE_CONFIG = dict(block_n=128, num_warps=4, num_stages=3, waves=1,        # c
 # with TABLE_ASM, 4.51 at L=64k against 4.46 contiguous (ninth session, run 3).
 DECODE_CONFIG_PAGE128 = dict(DECODE_CONFIG)
 DECODE_CONFIG_SHORT = dict(block_n=64, num_warps=4, num_stages=3, waves=2, pdl=0)   # the same, for splits of <= 256 keys
-# pages of 64·k (not 128·k): two waves of 64-key programs, but splits of at least 512 keys (8 tiles,
-# each waiting for its page lookup): tenth session, run 3: B=1 L=8k 1.72 TB/s with 16 splits
-# against 1.52 with 32; L=128k 3.71 with 33 splits against 3.32 with 16; B=16: 2 splits
+# pages of 16, 32 and 64: the contiguous config on 128-key tiles of several whole pages, one
+# inline lookup per page (PAGES_PER_TILE; eleventh session, run 6, PDL on, us at B=1 8k / B=16 8k
+# / B=16 64k / B=1 128k: page 64 16.9 / 127.8 / 971 / 132.0 against 19.5 / 129.0 / 961 / 137.2
+# for 64-key page tiles; page 16 18.5 / 136.1 / 1018 / 151.8 against 23.0 / 131.3 / 1053 / 141.6
+# for 16-key tiles; contiguous 16.8 / 125.5 / 966 / 129.7)
+DECODE_CONFIG_MULTI_PAGE = dict(DECODE_CONFIG, multi_page=True)
+# pages of 64·k otherwise (192, 320, ...): two waves of 64-key page tiles, but splits of at least
+# 512 keys (8 tiles, each waiting for its page lookup): tenth session, run 3 (pages of 64): B=1
+# L=8k 1.72 TB/s with 16 splits against 1.52 with 32; L=128k 3.71 with 33 splits against 3.32
+# with 16; B=16: 2 splits
 DECODE_CONFIG_PAGE64 = dict(block_n=64, num_warps=4, num_stages=3, waves=2, min_split=512, pdl=0)
-DECODE_CONFIG_SMALL_PAGE = dict(block_n=16, num_warps=2, num_stages=8, waves=4, pdl=0)  # other pages (16, 32, odd)
+DECODE_CONFIG_SMALL_PAGE = dict(block_n=16, num_warps=2, num_stages=8, waves=4, pdl=0)  # other pages (< 16, odd)
 DECODE_CONFIG_WIDE = dict(block_n=64, num_warps=8, num_stages=2, waves=2, pdl=0)    # BLOCK_D 256: 2 x 64 KiB
 # pdl: where a programmatic dependent launch (sm90+) lets the next kernel be scheduled (see
 # _decode_split; 0: no PDL). Eleventh session, 8 calls per graph, same-run A/B: with one program
@@ -71,6 +78,8 @@ def decode_config(block_d: int, page_size: int = 0) -> dict:
         return dict(DECODE_CONFIG)
     if page_size % 128 == 0:
         return dict(DECODE_CONFIG_PAGE128)
+    if page_size in (16, 32, 64):
+        return dict(DECODE_CONFIG_MULTI_PAGE)
     return dict(DECODE_CONFIG_PAGE64 if page_size % 64 == 0 else DECODE_CONFIG_SMALL_PAGE)
 
 
@@ -478,7 +487,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         num_splits = choose_num_splits(batch, nheads_k, max_k, q.device, waves=cfg.get("waves", WAVES),
                                        min_split=cfg.get("min_split", 256),
                                        full_unsplit=cfg.get("full_unsplit", 0.0) if seqlens_k is None else 0.0)
-    if config is None and cfg["block_n"] == 128 and cdiv(max_k, num_splits) <= 256:
+    if config is None and cfg["block_n"] == 128 and not cfg.get("multi_page") and cdiv(max_k, num_splits) <= 256:
         cfg = dict(DECODE_CONFIG_SHORT)  # a few tiles per split: 64-key tiles keep more loads in flight
     block_n = 16 if interpreting() else cfg["block_n"]
     ppt = pages_per_tile(k_cache.shape[1], block_n) if paged and cfg.get("multi_page") else 1
