@@ -636,13 +636,13 @@ def test_multi_page_tiles_match_contiguous(backend, page):
     kp[perm.to(dev)] = kc.reshape(b * nb, page, hk, d)
     vp[perm.to(dev)] = vc.reshape(b * nb, page, hk, d)
     table = perm.view(b, nb).int().to(dev)
-    cfg = {**dec.decode_config(d, page), "block_n": block_n, "multi_page": True}
+    cfg = {**dec.decode_config(d), "multi_page": True}   # the contiguous config's tiles (16 in the interpreter)
     for ns in (1, 3):
         for pad in (None, leftpad):
             got = dec.decode_forward(q, kp, vp, seqlens, d ** -0.5, False, block_table=table, num_splits=ns,
                                      cache_leftpad=pad, config=cfg)[0]
             want = dec.decode_forward(q, kc, vc, seqlens, d ** -0.5, False, num_splits=ns, cache_leftpad=pad,
-                                      config={**dec.decode_config(d), "block_n": block_n})[0]  # same splits
+                                      config=dec.decode_config(d))[0]  # the same split boundaries
             assert not torch.isnan(got).any()
             _assert_same(got, want)
             for i in range(b):
