@@ -32,7 +32,7 @@ def timed(calls, sets, graph_calls=8):
 
 
 FLAGS = {"asm": ("table_asm", True), "noasm": ("table_asm", False), "fresh": ("reuse_counter", False),
-         "mp": ("multi_page", True), "nopdl": ("pdl", 0), "pdl1": ("pdl", 1), "pdl2": ("pdl", 2),
+         "mp": ("multi_page", True), "novec": ("table_vec", False), "nopdl": ("pdl", 0), "pdl1": ("pdl", 1), "pdl2": ("pdl", 2),
          "pdl3": ("pdl", 3)}
 
 
@@ -53,7 +53,7 @@ def main():
     ap.add_argument("--waves", type=int, nargs="*", default=[2, 4, 8], help="target programs per SM (split counts)")
     ap.add_argument("--configs", nargs="*", default=None,
                     help="contiguous configs as BLOCK_N/WARPS/STAGES[/flag...]; flags: asm, noasm (force the "
-                         "block-table lookup through inline PTX or tl.load), mp (tiles of several whole pages), fresh (a zeroed counter per call), "
+                         "block-table lookup through inline PTX or tl.load), mp (tiles of several whole pages), novec (their lookups one entry per load), fresh (a zeroed counter per call), "
                          "nopdl, pdl1, pdl2, pdl3 (programmatic dependent launch off, or on with the trigger at the "
                          "start, after the key loop, at exit), mrN (N merge rows per load), msN (splits of at least N keys)")
     ap.add_argument("--page-configs", nargs="*", default=None, help="paged configs, the same syntax (every page size)")

@@ -100,6 +100,14 @@ def _table_load(ptr, TABLE_ASM: tl.constexpr):
 
 
 @triton.jit
+def _page_select(page, entry, j, o_nb, PAGE_KEYS: tl.constexpr, num_cache):
+    """The keys of page j of a multi-page tile take block-table entry `entry` (clamped into the
+    cache, as every lookup is): page [BLOCK_N] int64."""
+    entry = tl.minimum(tl.maximum(entry, 0), num_cache - 1).to(tl.int64)
+    return tl.where(o_nb // PAGE_KEYS == j, entry, page)
+
+
+@triton.jit
 def _merge_splits(O, LSE, O_PART, LSE_PART, part0, part_step, row0, n_rows, off_b, off_hk, nheads, seqlen_q,
                   stride_ob, stride_om, stride_oh, num_splits,
                   KV_GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
@@ -164,7 +172,7 @@ def _decode_split(
     DOT_PRECISION: tl.constexpr, PAGE_TILE: tl.constexpr = False, HAS_SEQLENS: tl.constexpr = True,
     SPLIT: tl.constexpr = True, BLOCK_S: tl.constexpr = 2, S_CHUNK: tl.constexpr = 2,
     HAS_LEFTPAD: tl.constexpr = False, TABLE_ASM: tl.constexpr = False, MERGE_ROWS: tl.constexpr = 1,
-    PDL: tl.constexpr = 0, PAGES_PER_TILE: tl.constexpr = 1,
+    PDL: tl.constexpr = 0, PAGES_PER_TILE: tl.constexpr = 1, TABLE_VEC: tl.constexpr = False,
 ):
     """One (KV split, batch·kv head, row block) program: attention of the packed rows over keys
     [pid_s·split_len, (pid_s+1)·split_len) of the cache.
@@ -253,11 +261,23 @@ def _decode_split(
             # BLOCK_N): one lookup per page, then a select per page gives each key its page id
             PAGE_KEYS: tl.constexpr = BLOCK_N // PAGES_PER_TILE                      # = page_size
             page = tl.zeros([BLOCK_N], dtype=tl.int64)                                # [BLOCK_N]
-            for j in tl.static_range(PAGES_PER_TILE):
-                pj = _table_load(BLOCK_TABLE + off_b * stride_bt_b
-                                 + tl.minimum(start_n // PAGE_KEYS + j, capacity // PAGE_KEYS - 1), TABLE_ASM)
-                pj = tl.minimum(tl.maximum(pj, 0), num_cache - 1).to(tl.int64)      # scalar
-                page = tl.where(o_nb // PAGE_KEYS == j, pj, page)
+            if TABLE_VEC:
+                # the tile's PAGES_PER_TILE entries, 4 per 16-byte load (the host checked that the
+                # table rows are 16-byte aligned and hold whole tiles' worth of entries)
+                p_tab = BLOCK_TABLE + off_b * stride_bt_b + start_n // PAGE_KEYS
+                for c in tl.static_range(PAGES_PER_TILE // 4):
+                    e0, e1, e2, e3 = tl.inline_asm_elementwise(
+                        "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", [p_tab + 4 * c],
+                        dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
+                    page = _page_select(page, e0, 4 * c, o_nb, PAGE_KEYS, num_cache)
+                    page = _page_select(page, e1, 4 * c + 1, o_nb, PAGE_KEYS, num_cache)
+                    page = _page_select(page, e2, 4 * c + 2, o_nb, PAGE_KEYS, num_cache)
+                    page = _page_select(page, e3, 4 * c + 3, o_nb, PAGE_KEYS, num_cache)
+            else:
+                for j in tl.static_range(PAGES_PER_TILE):
+                    pj = _table_load(BLOCK_TABLE + off_b * stride_bt_b
+                                     + tl.minimum(start_n // PAGE_KEYS + j, capacity // PAGE_KEYS - 1), TABLE_ASM)
+                    page = _page_select(page, pj, j, o_nb, PAGE_KEYS, num_cache)
             row = (o_nb % PAGE_KEYS).to(tl.int64)                                     # [BLOCK_N]
             p_kt = K_base + page[None, :] * stride_kb + row[None, :] * stride_kn + o_d[:, None]  # [BLOCK_D, BLOCK_N]
             p_v = V_base + page[:, None] * stride_vb + row[:, None] * stride_vn + o_d[None, :]   # [BLOCK_N, BLOCK_D]
@@ -529,6 +549,13 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     rows_pow2 = next_pow2(min(block_m, group * seqlen_q))
     merge_rows = cfg.get("merge_rows") or (rows_pow2 if rows_pow2 * block_s * block_d <= merge_elems else 1)
     s_chunk = max(1, min(block_s, merge_elems // (block_d * merge_rows)))
+    # multi-page tiles of >= 4 pages read their block-table entries 4 per load when every tile's
+    # entries lie in its row (whole tiles per row) and rows are 16-byte aligned
+    table_asm = bool(paged and cfg.get("table_asm", table_lookup_asm(page_tile or ppt > 1, block_n))
+                     and not interpreting())
+    table_vec = (ppt % 4 == 0 and table_asm and cfg.get("table_vec", True)
+                 and block_table.shape[1] % ppt == 0 and block_table.stride(1) == 1
+                 and block_table.stride(0) % 4 == 0 and block_table.data_ptr() % 16 == 0)
     if (config or {}).get("pdl") is not None:   # a tuning script's explicit choice
         pdl = int(config["pdl"]) if pdl_supported(q.device) else 0
     else:
@@ -549,8 +576,8 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=precision,
         PAGE_TILE=page_tile, HAS_SEQLENS=seqlens_k is not None, SPLIT=split,
         BLOCK_S=block_s, S_CHUNK=s_chunk, MERGE_ROWS=merge_rows, HAS_LEFTPAD=cache_leftpad is not None,
-        TABLE_ASM=paged and cfg.get("table_asm", table_lookup_asm(page_tile or ppt > 1, block_n)) and not interpreting(),
-        PAGES_PER_TILE=ppt,
+        TABLE_ASM=table_asm,
+        PAGES_PER_TILE=ppt, TABLE_VEC=table_vec,
         PDL=pdl, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0,
     )
     return out, lse
