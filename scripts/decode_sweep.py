@@ -32,7 +32,7 @@ def timed(calls, sets, graph_calls=8):
 
 
 FLAGS = {"asm": ("table_asm", True), "noasm": ("table_asm", False), "fresh": ("reuse_counter", False),
-         "mp": ("multi_page", True), "novec": ("table_vec", False), "nopdl": ("pdl", 0), "pdl1": ("pdl", 1), "pdl2": ("pdl", 2),
+         "mp": ("multi_page", True), "nomp": ("multi_page", False), "novec": ("table_vec", False), "nopdl": ("pdl", 0), "pdl1": ("pdl", 1), "pdl2": ("pdl", 2),
          "pdl3": ("pdl", 3)}
 
 
@@ -53,7 +53,7 @@ def main():
     ap.add_argument("--waves", type=int, nargs="*", default=[2, 4, 8], help="target programs per SM (split counts)")
     ap.add_argument("--configs", nargs="*", default=None,
                     help="contiguous configs as BLOCK_N/WARPS/STAGES[/flag...]; flags: asm, noasm (force the "
-                         "block-table lookup through inline PTX or tl.load), mp (tiles of several whole pages), novec (their lookups one entry per load), fresh (a zeroed counter per call), "
+                         "block-table lookup through inline PTX or tl.load), mp, nomp (tiles of several whole pages or not), novec (their lookups one entry per load), fresh (a zeroed counter per call), "
                          "nopdl, pdl1, pdl2, pdl3 (programmatic dependent launch off, or on with the trigger at the "
                          "start, after the key loop, at exit), mrN (N merge rows per load), msN (splits of at least N keys)")
     ap.add_argument("--page-configs", nargs="*", default=None, help="paged configs, the same syntax (every page size)")
@@ -100,6 +100,8 @@ def main():
                 waves = waves_list
             best = None
             for wv, cfg in itertools.product(waves, configs):
+                if cfg is not None:   # what decode_forward runs: the page size's defaults, then the flags
+                    cfg = {**dec.decode_config(d, page), **cfg}
                 min_split = (cfg or {}).get("min_split", dec.decode_config(d, page).get("min_split", 256))
                 ns = 0 if wv is None else dec.choose_num_splits(b, hk, n, q.device, waves=wv, min_split=min_split)
 

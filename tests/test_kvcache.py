@@ -371,10 +371,12 @@ def test_pdl_waits_before_any_global_access_sm90(monkeypatch):
     """Compiled for sm_90 with the installed triton (no GPU): with PDL the split kernel's first
     instruction of note is griddepcontrol.wait, before any global load, store or atomic (a PDL
     launch may start while the previous kernel still runs, e.g. the one that wrote q or the
-    cache); the trigger is where PDL says (1 start, 2 after the key loop, 3 none: at exit);
-    without PDL there is no griddepcontrol at all. Host side: pdl_trigger is 0 on the CPU and
-    under TILEFLASH_PDL=0, and a bad TILEFLASH_PDL is an error that names the choices. In a
-    subprocess: this one built the interpreter's."""
+    cache), in every table-lookup variant (the lookups are pure inline PTX, which the compiler
+    could in principle hoist); the trigger is where PDL says (1: before any global access, 2:
+    after the key loop's last matmul, 3: none, i.e. at exit); without PDL there is no
+    griddepcontrol at all. Host side: pdl_trigger is 0 on the CPU; where PDL is supported (faked
+    here), TILEFLASH_PDL overrides the config's value and a bad value is an error that names the
+    choices. In a subprocess: this one built the interpreter's."""
     import os
     import subprocess
     import sys
@@ -388,15 +390,17 @@ from compile_check import compile_one
 from tileflash.ops import decode as DEC
 base = dict(KV_GROUP=4, HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_BATCH_IDX=False,
             HEAD_DIM=128, BLOCK_D=128, BLOCK_M=16, BLOCK_N=128, DOT_PRECISION="tf32")
-for name, extra in (("split", dict(SPLIT=True, PAGED=False)), ("paged", dict(SPLIT=True, PAGED=True, PAGE_TILE=True,
-                    TABLE_ASM=True, HAS_SEQLENS=True)), ("unsplit", dict(SPLIT=False, PAGED=False))):
+paged = dict(SPLIT=True, PAGED=True, TABLE_ASM=True, HAS_SEQLENS=True)
+for name, extra in (("split", dict(SPLIT=True, PAGED=False)), ("paged", dict(paged, PAGE_TILE=True)),
+                    ("multipage", dict(paged, PAGES_PER_TILE=8)), ("vec", dict(paged, PAGES_PER_TILE=8, TABLE_VEC=True)),
+                    ("unsplit", dict(SPLIT=False, PAGED=False))):
     for pdl in (0, 1, 2, 3):
         ptx = compile_one(DEC._decode_split, "bf16", dict(base, PDL=pdl, **extra), 4, 3).asm["ptx"]
         body = ptx[ptx.index(".entry"):]
         marks = [body.find(x) for x in ("griddepcontrol.wait", "griddepcontrol.launch_dependents")]
         first = min(i for i in (body.find(x) for x in ("ld.global", "st.global", "atom.", "red.", "cp.async"))
                     if i >= 0)
-        print(name, pdl, *marks, first)
+        print(name, pdl, *marks, first, body.rfind("mma."))
 """
     env = {key: val for key, val in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(root)
@@ -404,27 +408,35 @@ for name, extra in (("split", dict(SPLIT=True, PAGED=False)), ("paged", dict(SPL
                          timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     rows = [ln.split() for ln in res.stdout.splitlines()]
-    assert len(rows) == 12, res.stdout
-    for name, pdl, wait, launch, first in rows:
-        wait, launch, first = int(wait), int(launch), int(first)
+    assert len(rows) == 20, res.stdout
+    for name, pdl, wait, launch, first, last_mma in rows:
+        wait, launch, first, last_mma = int(wait), int(launch), int(first), int(last_mma)
+        assert last_mma > first, (name, last_mma, first)
         if pdl == "0":
             assert wait == -1 and launch == -1, (name, wait, launch)
         else:
             assert 0 <= wait < first, (name, pdl, wait, first)
             assert (launch >= 0) == (pdl in ("1", "2")), (name, pdl, launch)
-            if pdl == "2":   # the trigger comes after the key loop's copies
-                assert launch > first, (name, launch, first)
+            if pdl == "1":
+                assert wait < launch < first, (name, wait, launch, first)
+            if pdl == "2":
+                assert launch > last_mma, (name, launch, last_mma)
 
-    from tileflash.ops.decode import decode_config, pdl_trigger
-    assert pdl_trigger(torch.device("cpu"), 2) == 0
-    assert decode_config(128)["pdl"] == 2 and decode_config(128, 8)["pdl"] == 0   # see DECODE_CONFIG
-    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9:
-        assert pdl_trigger(torch.device("cuda"), 2) == 2
-        monkeypatch.setenv("TILEFLASH_PDL", "0")
-        assert pdl_trigger(torch.device("cuda"), 2) == 0
-        monkeypatch.setenv("TILEFLASH_PDL", "yes")
-        with pytest.raises(ValueError, match="TILEFLASH_PDL"):
-            pdl_trigger(torch.device("cuda"), 2)
+    from tileflash.ops import decode as dec
+    assert dec.pdl_trigger(torch.device("cpu"), 2) == 0
+    assert dec.decode_config(128)["pdl"] == 2 and dec.decode_config(128, 16)["pdl"] == 2   # see DECODE_CONFIG
+    assert dec.decode_config(128, 8)["pdl"] == 0 and dec.decode_config(64)["pdl"] == 0
+    monkeypatch.delenv("TILEFLASH_PDL", raising=False)
+    monkeypatch.setattr(dec, "pdl_supported", lambda device: True)
+    cuda = torch.device("cuda", 0)
+    assert dec.pdl_trigger(cuda, 2) == 2 and dec.pdl_trigger(cuda, 0) == 0
+    monkeypatch.setenv("TILEFLASH_PDL", "0")
+    assert dec.pdl_trigger(cuda, 2) == 0
+    monkeypatch.setenv("TILEFLASH_PDL", "1")
+    assert dec.pdl_trigger(cuda, 0) == 1
+    monkeypatch.setenv("TILEFLASH_PDL", "yes")
+    with pytest.raises(ValueError, match="TILEFLASH_PDL"):
+        dec.pdl_trigger(cuda, 2)
 
 
 def test_merge_in_row_and_split_chunks_with_reused_counters(backend, monkeypatch):
@@ -524,13 +536,19 @@ def test_captured_calls_own_their_counters(monkeypatch, arena):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="needs a CUDA GPU with programmatic dependent launch (sm90+)")
-@pytest.mark.parametrize("split", [True, False])
-def test_pdl_chain_reads_the_previous_output(split):
+@pytest.mark.parametrize("split,page", [(True, 0), (False, 0), (True, 16)])
+def test_pdl_chain_reads_the_previous_output(split, page, monkeypatch):
     """Each call's q is the previous call's output, so a PDL launch that read q before the previous
     kernel finished would see stale or NaN values: six chained calls per trigger position (1, 2,
     3), eagerly and replayed from a CUDA graph with the chain's buffers poisoned with NaN before
-    every replay, must equal the chain without PDL bit for bit."""
+    every replay, must equal the chain without PDL bit for bit; contiguous, and paged with pages of
+    16 (the multi-page tiles and their vector lookups). With the wait compiled out, trigger 1 gave
+    300 of 300 (split) and 250 of 300 (unsplit) wrong graph outputs and none eagerly
+    (scripts/pdl_negative_control.py, H200, eleventh session, run 3)."""
+    from tileflash.bench.bench import _to_paged
     from tileflash.ops import decode as dec
+
+    monkeypatch.delenv("TILEFLASH_PDL", raising=False)   # it would override the configs' pdl
 
     g = torch.Generator().manual_seed(11)
     b, hq, hk, d, n = 2, 8, 2, 128, 4096
@@ -538,12 +556,16 @@ def test_pdl_chain_reads_the_previous_output(split):
     kc = torch.randn(b, n, hk, d, generator=g).cuda().to(torch.bfloat16)
     vc = torch.randn(b, n, hk, d, generator=g).cuda().to(torch.bfloat16)
     splits = 8 if split else 1
+    kw = {}
+    if page:
+        kc, vc, table = _to_paged(kc, vc, page, torch.Generator().manual_seed(page))
+        kw = dict(block_table=table)
 
-    def chain(pdl, q, out=None):
+    def chain(pdl, q):
         outs = []
         for _ in range(6):
             q = dec.decode_forward(q, kc, vc, None, d ** -0.5, False, num_splits=splits, max_seqlen_k=n,
-                                   config={**dec.decode_config(d), "pdl": pdl})[0]
+                                   config={**dec.decode_config(d, page), "pdl": pdl}, **kw)[0]
             outs.append(q)
         return outs
 
@@ -611,9 +633,12 @@ def test_paged_page_sizes_match_contiguous(backend, page):
 @pytest.mark.parametrize("page", [4, 8, 16, 32, 64])
 def test_multi_page_tiles_match_contiguous(backend, page):
     """Tiles that span several whole pages (config multi_page: one lookup per page; the GPU tiles
-    are 128 keys, the interpreter's 16, so pages 4-8 run there and 16-64 on the GPU) against the
-    same keys in a contiguous cache and the reference: uneven lengths ending mid-page, a cache
-    left-pad (its skip must keep tiles on page boundaries), one and three splits."""
+    are 128 keys, so every page size here runs there; the interpreter's are 16 keys, so pages 4
+    and 8 run there) against the same keys in a contiguous cache and the reference: uneven
+    lengths ending mid-page, a cache left-pad (its skip must keep tiles on page boundaries), one
+    and three splits. Three block tables: int32 with whole tiles per row (on the GPU, 4 entries
+    per load when a tile has 4 or more pages), the same with one spare column (one entry per
+    load), and int64 (one entry per load: a 16-byte load would take an int64 entry for two)."""
     if backend == "tiled":
         pytest.skip("multi-page tiles are a Triton kernel tiling")
     from tileflash.ops import decode as dec
@@ -636,18 +661,40 @@ def test_multi_page_tiles_match_contiguous(backend, page):
     kp[perm.to(dev)] = kc.reshape(b * nb, page, hk, d)
     vp[perm.to(dev)] = vc.reshape(b * nb, page, hk, d)
     table = perm.view(b, nb).int().to(dev)
+    spare = torch.cat([table, table[:, :1]], 1)            # width nb + 1: not whole tiles per row
+    tables = (table, spare, table.long())
     cfg = {**dec.decode_config(d), "multi_page": True}   # the contiguous config's tiles (16 in the interpreter)
-    for ns in (1, 3):
-        for pad in (None, leftpad):
-            got = dec.decode_forward(q, kp, vp, seqlens, d ** -0.5, False, block_table=table, num_splits=ns,
-                                     cache_leftpad=pad, config=cfg)[0]
-            want = dec.decode_forward(q, kc, vc, seqlens, d ** -0.5, False, num_splits=ns, cache_leftpad=pad,
-                                      config=dec.decode_config(d))[0]  # the same split boundaries
-            assert not torch.isnan(got).any()
-            _assert_same(got, want)
-            for i in range(b):
-                lo, n = (0 if pad is None else int(pad[i])), int(seqlens[i])
-                _assert_matches(got[i:i + 1], q[i:i + 1], kc[i:i + 1, lo:n], vc[i:i + 1, lo:n], 3e-5)
+    for ns, pad, tab in [(1, None, t) for t in tables] + [(3, None, table), (1, leftpad, table), (3, leftpad, spare)]:
+        # max_seqlen_k: the same split boundaries for every table width and the contiguous cache
+        got = dec.decode_forward(q, kp, vp, seqlens, d ** -0.5, False, block_table=tab, num_splits=ns,
+                                 cache_leftpad=pad, config=cfg, max_seqlen_k=cap)[0]
+        want = dec.decode_forward(q, kc, vc, seqlens, d ** -0.5, False, num_splits=ns, cache_leftpad=pad,
+                                  config=dec.decode_config(d), max_seqlen_k=cap)[0]
+        assert not torch.isnan(got).any()
+        _assert_same(got, want)
+        for i in range(b):
+            lo, n = (0 if pad is None else int(pad[i])), int(seqlens[i])
+            _assert_matches(got[i:i + 1], q[i:i + 1], kc[i:i + 1, lo:n], vc[i:i + 1, lo:n], 3e-5)
+
+
+def test_zero_width_block_table(backend):
+    """A block table with no columns (a cache of capacity 0): every row attends to nothing, so
+    the output is 0 and the LSE -inf (the kernel is handed a one-entry table, since its pipeliner
+    reads a row's first entry before any bound check)."""
+    if backend == "tiled":
+        pytest.skip("the Triton kernel's table handling")
+    from tileflash.ops import decode as dec
+
+    dev = backend_device(backend)
+    dt = _dtype(dev)
+    q = torch.randn(2, 1, 4, 64).to(dev, dt)
+    kp = torch.randn(3, 16, 2, 64).to(dev, dt)
+    table = torch.zeros((2, 0), dtype=torch.int32, device=dev)
+    for ns in (1, 2):
+        out, lse = dec.decode_forward(q, kp, kp, torch.tensor([5, 0], dtype=torch.int32, device=dev), 0.125, False,
+                                      block_table=table, num_splits=ns)
+        assert torch.equal(out.cpu(), torch.zeros_like(out.cpu()))
+        assert bool((lse == float("-inf")).all())
 
 
 @pytest.mark.parametrize("n", [0, 1, 29, CAP])

@@ -57,7 +57,7 @@ DECODE_CONFIG_MULTI_PAGE = dict(DECODE_CONFIG, multi_page=True)
 # L=8k 1.72 TB/s with 16 splits against 1.52 with 32; L=128k 3.71 with 33 splits against 3.32
 # with 16; B=16: 2 splits
 DECODE_CONFIG_PAGE64 = dict(block_n=64, num_warps=4, num_stages=3, waves=2, min_split=512, pdl=0)
-DECODE_CONFIG_SMALL_PAGE = dict(block_n=16, num_warps=2, num_stages=8, waves=4, pdl=0)  # other pages (< 16, odd)
+DECODE_CONFIG_SMALL_PAGE = dict(block_n=16, num_warps=2, num_stages=8, waves=4, pdl=0)  # other pages (8, 24, 96, odd)
 DECODE_CONFIG_WIDE = dict(block_n=64, num_warps=8, num_stages=2, waves=2, pdl=0)    # BLOCK_D 256: 2 x 64 KiB
 # pdl: where a programmatic dependent launch (sm90+) lets the next kernel be scheduled (see
 # _decode_split; 0: no PDL). Eleventh session, 8 calls per graph, same-run A/B: with one program
@@ -74,6 +74,10 @@ def decode_config(block_d: int, page_size: int = 0) -> dict:
     `page_size`-token pages (0: contiguous). See DECODE_CONFIG_SHORT for short splits."""
     if block_d > 128:
         return dict(DECODE_CONFIG_WIDE)
+    if block_d < 128:
+        # smaller K/V tiles let several programs share an SM, where an early PDL trigger slowed
+        # the calls (see the pdl note above); PDL was measured at D=128 only
+        return {**decode_config(128, page_size), "pdl": 0}
     if page_size <= 0:
         return dict(DECODE_CONFIG)
     if page_size % 128 == 0:
@@ -245,13 +249,18 @@ def _decode_split(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     o_nb = tl.arange(0, BLOCK_N)
+    # last block-table entry of a row. Every lookup index is clamped to it, also for tiles the loop
+    # never runs: Triton's pipeliner issues the lookups (pure inline PTX) of the first tiles in its
+    # prologue, before the loop's bounds are checked
+    last_page = tl.maximum(capacity // page_size - 1, 0)
     for start_n in range(lo, hi, BLOCK_N):
         o_n = start_n + o_nb                                                          # [BLOCK_N]
         m_n = o_n < hi
         if HAS_LEFTPAD:
             m_n = m_n & (o_n >= k_first)
         if PAGED and PAGE_TILE:
-            page1 = _table_load(BLOCK_TABLE + off_b * stride_bt_b + start_n // page_size, TABLE_ASM)  # scalar
+            page1 = _table_load(BLOCK_TABLE + off_b * stride_bt_b + tl.minimum(start_n // page_size, last_page),
+                                TABLE_ASM)                                                      # scalar
             page1 = tl.minimum(tl.maximum(page1, 0), num_cache - 1).to(tl.int64)
             r0 = (start_n % page_size).to(tl.int64)
             p_kt = K_base + page1 * stride_kb + (r0 + o_nb[None, :]) * stride_kn + o_d[:, None]  # [BLOCK_D, BLOCK_N]
@@ -263,8 +272,10 @@ def _decode_split(
             page = tl.zeros([BLOCK_N], dtype=tl.int64)                                # [BLOCK_N]
             if TABLE_VEC:
                 # the tile's PAGES_PER_TILE entries, 4 per 16-byte load (the host checked that the
-                # table rows are 16-byte aligned and hold whole tiles' worth of entries)
-                p_tab = BLOCK_TABLE + off_b * stride_bt_b + start_n // PAGE_KEYS
+                # table is int32, its rows 16-byte aligned and a whole number of tiles' entries
+                # long, so the clamped start stays a multiple of PAGES_PER_TILE)
+                p_tab = BLOCK_TABLE + off_b * stride_bt_b + tl.minimum(start_n // PAGE_KEYS,
+                                                                       last_page + 1 - PAGES_PER_TILE)
                 for c in tl.static_range(PAGES_PER_TILE // 4):
                     e0, e1, e2, e3 = tl.inline_asm_elementwise(
                         "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", [p_tab + 4 * c],
@@ -276,14 +287,14 @@ def _decode_split(
             else:
                 for j in tl.static_range(PAGES_PER_TILE):
                     pj = _table_load(BLOCK_TABLE + off_b * stride_bt_b
-                                     + tl.minimum(start_n // PAGE_KEYS + j, capacity // PAGE_KEYS - 1), TABLE_ASM)
+                                     + tl.minimum(start_n // PAGE_KEYS + j, last_page), TABLE_ASM)
                     page = _page_select(page, pj, j, o_nb, PAGE_KEYS, num_cache)
             row = (o_nb % PAGE_KEYS).to(tl.int64)                                     # [BLOCK_N]
             p_kt = K_base + page[None, :] * stride_kb + row[None, :] * stride_kn + o_d[:, None]  # [BLOCK_D, BLOCK_N]
             p_v = V_base + page[:, None] * stride_vb + row[:, None] * stride_vn + o_d[None, :]   # [BLOCK_N, BLOCK_D]
         elif PAGED:
             # the index is clamped into the table's row, not masked: keys past hi are masked below
-            page = _table_load(BLOCK_TABLE + off_b * stride_bt_b + tl.minimum(o_n, capacity - 1) // page_size,
+            page = _table_load(BLOCK_TABLE + off_b * stride_bt_b + tl.minimum(o_n // page_size, last_page),
                                TABLE_ASM)                                                      # [BLOCK_N]
             page = tl.minimum(tl.maximum(page, 0), num_cache - 1).to(tl.int64)                 # [BLOCK_N]
             row = (o_n % page_size).to(tl.int64)
@@ -486,9 +497,11 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     ``choose_num_splits``; table_asm True/False forces the block-table lookups through inline PTX
     or ``tl.load`` (default: ``table_lookup_asm``); reuse_counter=False zeroes a fresh counter
     buffer per call (the behaviour before the reused buffer, for comparison); multi_page=True lets
-    a tile span several whole pages (``pages_per_tile``); merge_rows (a power
+    a tile span several whole pages (``pages_per_tile``), table_vec=False keeps their lookups one
+    entry per load; merge_rows (a power
     of two) sets the merge's rows per load; pdl 0-3 sets programmatic dependent launch (0 off;
-    1, 2, 3: see ``_decode_split``; ignored where the GPU has no PDL; default: ``pdl_trigger``).
+    1, 2, 3: see ``_decode_split``; ignored where the GPU has no PDL, and overridden by
+    ``TILEFLASH_PDL``; see ``pdl_trigger``).
     """
     if seqlens_k is None and max_seqlen_k < 0:
         raise ValueError("decode_forward: pass seqlens_k, or max_seqlen_k >= 0 as every entry's length")
@@ -497,7 +510,8 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     group = nheads // nheads_k
     paged = block_table is not None
     cfg = {**decode_config(block_d_for(head_dim), k_cache.shape[1] if paged else 0), **(config or {})}
-    max_k = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+    capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+    max_k = capacity
     if max_seqlen_k >= 0:
         max_k = min(max_k, max_seqlen_k)  # split the keys that exist, not the cache's capacity
     max_k = max(max_k, 1)
@@ -549,17 +563,18 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     rows_pow2 = next_pow2(min(block_m, group * seqlen_q))
     merge_rows = cfg.get("merge_rows") or (rows_pow2 if rows_pow2 * block_s * block_d <= merge_elems else 1)
     s_chunk = max(1, min(block_s, merge_elems // (block_d * merge_rows)))
-    # multi-page tiles of >= 4 pages read their block-table entries 4 per load when every tile's
-    # entries lie in its row (whole tiles per row) and rows are 16-byte aligned
+    # multi-page tiles of >= 4 pages read their block-table entries 4 per load when the table is
+    # int32, its rows hold whole tiles' entries and are 16-byte aligned (see _decode_split)
     table_asm = bool(paged and cfg.get("table_asm", table_lookup_asm(page_tile or ppt > 1, block_n))
                      and not interpreting())
-    table_vec = (ppt % 4 == 0 and table_asm and cfg.get("table_vec", True)
-                 and block_table.shape[1] % ppt == 0 and block_table.stride(1) == 1
+    table_vec = (ppt % 4 == 0 and table_asm and cfg.get("table_vec", True) and block_table.dtype == torch.int32
+                 and block_table.shape[1] >= ppt and block_table.shape[1] % ppt == 0 and block_table.stride(1) == 1
                  and block_table.stride(0) % 4 == 0 and block_table.data_ptr() % 16 == 0)
-    if (config or {}).get("pdl") is not None:   # a tuning script's explicit choice
-        pdl = int(config["pdl"]) if pdl_supported(q.device) else 0
-    else:
-        pdl = pdl_trigger(q.device, cfg.get("pdl", 0))
+    pdl = pdl_trigger(q.device, cfg.get("pdl", 0))   # TILEFLASH_PDL, if set, wins over the config
+    if paged and block_table.shape[1] == 0:
+        # no pages: every length clamps to capacity 0, but the pipeliner's prologue still reads
+        # entry 0 of a row (see _decode_split), so hand it a one-entry table
+        block_table = torch.zeros((batch, 1), dtype=block_table.dtype, device=block_table.device)
     _decode_split[(num_splits, n_bh, m_blocks)](
         q, k_cache, v_cache, out, lse, o_part, lse_part, counter, seqlens_k, cache_batch_idx, block_table,
         alibi_slopes, cache_leftpad,
@@ -570,7 +585,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         block_table.stride(0) if paged else 0, *alibi_strides,
         nheads, nheads_k, seqlen_q, max_seqlen_k if seqlens_k is None else 0, split_len, num_splits,
         k_cache.shape[1] if paged else 1, sc["window_left"], sc["window_right"],
-        rows_total, (block_table.shape[1] * k_cache.shape[1]) if paged else k_cache.shape[1], k_cache.shape[0],
+        rows_total, capacity, k_cache.shape[0],
         softmax_scale * LOG2E, sc["softcap_scale"], sc["softcap2"],
         KV_GROUP=group, **flags, HAS_BATCH_IDX=cache_batch_idx is not None, PAGED=paged,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=precision,
