@@ -63,10 +63,11 @@ DECODE_CONFIG_WIDE = dict(block_n=64, num_warps=8, num_stages=2, waves=2, pdl=0)
 # _decode_split; 0: no PDL). Eleventh session, 8 calls per graph, same-run A/B: with one program
 # per SM (128-key tiles on 3 stages) the trigger after the key loop (2) took B=1 L=8k from 17.3-17.4
 # to 16.8 us contiguous and 18.9 to 18.3 us with pages of 256 (runs 2, 4); B=16 and L=128k moved
-# by under 1% either way. Where several programs share an SM (pages of 16 and 64), an early
-# trigger (1, 2) let the next call's programs take SM slots while they wait: B=16 L=8k went from
-# 131 to 140-180 us (page 16) and 129 to 135-160 us (page 64) (run 2); the trigger at exit (3)
-# was level with no PDL everywhere (run 4, within 0.2%), so those configs keep PDL off.
+# by under 1% either way. Where several programs share an SM (the 16-key config of pages of 16
+# and the 64-key one then used for pages of 64), an early trigger (1, 2) let the next call's
+# programs take SM slots while they wait: B=16 L=8k went from 131 to 140-180 us (page 16) and 129
+# to 135-160 us (page 64) (run 2); the trigger at exit (3) was level with no PDL everywhere (run
+# 4, within 0.2%), so configs with several programs per SM keep PDL off.
 
 
 def decode_config(block_d: int, page_size: int = 0) -> dict:
@@ -493,15 +494,15 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     masked (positions stay absolute). One launch: the split programs merge their own partials
     (see ``_decode_split``), with ticket counters reused across calls (``ticket_counters``).
     config: dict(block_n, num_warps, num_stages[, waves, min_split, table_asm, reuse_counter,
-    merge_rows]) overriding ``decode_config``, for tuning scripts: waves and min_split go to
+    multi_page, table_vec, merge_rows, pdl]) overriding ``decode_config``, for tuning scripts:
+    waves and min_split go to
     ``choose_num_splits``; table_asm True/False forces the block-table lookups through inline PTX
     or ``tl.load`` (default: ``table_lookup_asm``); reuse_counter=False zeroes a fresh counter
     buffer per call (the behaviour before the reused buffer, for comparison); multi_page=True lets
     a tile span several whole pages (``pages_per_tile``), table_vec=False keeps their lookups one
-    entry per load; merge_rows (a power
-    of two) sets the merge's rows per load; pdl 0-3 sets programmatic dependent launch (0 off;
-    1, 2, 3: see ``_decode_split``; ignored where the GPU has no PDL, and overridden by
-    ``TILEFLASH_PDL``; see ``pdl_trigger``).
+    entry per load; merge_rows (a power of two) sets the merge's rows per load; pdl 0-3 sets
+    programmatic dependent launch (0 off; 1, 2, 3: see ``_decode_split``; ignored where the GPU
+    has no PDL, and overridden by ``TILEFLASH_PDL``; see ``pdl_trigger``).
     """
     if seqlens_k is None and max_seqlen_k < 0:
         raise ValueError("decode_forward: pass seqlens_k, or max_seqlen_k >= 0 as every entry's length")
