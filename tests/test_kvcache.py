@@ -602,6 +602,19 @@ def test_choose_num_splits_rule():
     assert decode_config(128, 192)["min_split"] == 512 and "min_split" not in decode_config(128)
 
 
+def _shuffled_pool(kc, vc, page, g):
+    """The contiguous cache (b, cap, hk, d) as pages of `page` rows scattered over a pool with 3
+    spare pages of random values: (k pool, v pool, int32 block table (b, cap // page))."""
+    b, cap, hk, d = kc.shape
+    nb = cap // page
+    perm = torch.randperm(b * nb + 3, generator=g)[: b * nb]
+    kp = torch.randn(b * nb + 3, page, hk, d, generator=g).to(kc.device, kc.dtype)
+    vp = torch.randn(b * nb + 3, page, hk, d, generator=g).to(kc.device, kc.dtype)
+    kp[perm.to(kc.device)] = kc.reshape(b * nb, page, hk, d)
+    vp[perm.to(kc.device)] = vc.reshape(b * nb, page, hk, d)
+    return kp, vp, perm.view(b, nb).int().to(kc.device)
+
+
 @pytest.mark.parametrize("page", [6, 16, 64, 128, 256])
 def test_paged_page_sizes_match_contiguous(backend, page):
     """Every page size against the same keys in a contiguous cache (see test_paged_tiling_rule for
@@ -614,13 +627,7 @@ def test_paged_page_sizes_match_contiguous(backend, page):
     vc = torch.randn(b, cap, hk, D, generator=g).to(dev, dt)
     q = torch.randn(b, 1, H, D, generator=g).to(dev, dt)
     seqlens = torch.tensor([cap - 5, 200], dtype=torch.int32, device=dev)
-    nb = cap // page
-    perm = torch.randperm(b * nb + 3, generator=g)[: b * nb]
-    kp = torch.randn(b * nb + 3, page, hk, D, generator=g).to(dev, dt)
-    vp = torch.randn(b * nb + 3, page, hk, D, generator=g).to(dev, dt)
-    kp[perm.to(dev)] = kc.reshape(b * nb, page, hk, D)
-    vp[perm.to(dev)] = vc.reshape(b * nb, page, hk, D)
-    table = perm.view(b, nb).int().to(dev)
+    kp, vp, table = _shuffled_pool(kc, vc, page, g)
     for ns in (1, 3):
         got = tileflash.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=seqlens, block_table=table, num_splits=ns)
         want = tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=ns)
@@ -654,13 +661,7 @@ def test_multi_page_tiles_match_contiguous(backend, page):
     q = torch.randn(b, 1, hq, d, generator=g).to(dev, dt)
     seqlens = torch.tensor([cap - 5, 200 + page // 2], dtype=torch.int32, device=dev)
     leftpad = torch.tensor([0, 3 * page + 1], dtype=torch.int32, device=dev)
-    nb = cap // page
-    perm = torch.randperm(b * nb + 3, generator=g)[: b * nb]
-    kp = torch.randn(b * nb + 3, page, hk, d, generator=g).to(dev, dt)
-    vp = torch.randn(b * nb + 3, page, hk, d, generator=g).to(dev, dt)
-    kp[perm.to(dev)] = kc.reshape(b * nb, page, hk, d)
-    vp[perm.to(dev)] = vc.reshape(b * nb, page, hk, d)
-    table = perm.view(b, nb).int().to(dev)
+    kp, vp, table = _shuffled_pool(kc, vc, page, g)
     spare = torch.cat([table, table[:, :1]], 1)            # width nb + 1: not whole tiles per row
     tables = (table, spare, table.long())
     cfg = {**dec.decode_config(d), "multi_page": True}   # the contiguous config's tiles (16 in the interpreter)
