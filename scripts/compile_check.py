@@ -212,15 +212,16 @@ def main():
                 bd = F.block_d_for(d)
                 cases = []
                 # every default launch config: contiguous (= pages of 128·k), pages of 16/32/64 (multi-page
-                # tiles), 192 (64-key page tiles), 8 (16-key tiles), short splits
+                # tiles), 192 (64-key page tiles), 8 (16-key tiles), short splits, pages of 16 on long splits
                 cfgs = [DEC.decode_config(bd, page) for page in (0, 16, 192, 8)] + [DEC.DECODE_CONFIG_SHORT]
+                cfgs += [c for c in [DEC.long_split_config(bd, 16, 1 << 20)] if c is not None]
                 for cfg in [dict(c) for c in {tuple(sorted(c.items())) for c in cfgs}]:
                     base = dict(KV_GROUP=4, **feats, HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=bm, BLOCK_N=cfg["block_n"],
                                 DOT_PRECISION="tf32")
                     tile = f"{cfg['block_n']}/{cfg['num_warps']}/{cfg['num_stages']}"
                     if cfg.get("multi_page") and feats["PAGED"] and not feats.get("PAGE_TILE"):
-                        # 8 pages of 16 per tile, entries 4 per load, with the config's PDL trigger
-                        base.update(PAGES_PER_TILE=8, TABLE_ASM=True, TABLE_VEC=True, PDL=cfg.get("pdl", 0))
+                        # pages of 16 per tile, entries 4 per load, with the config's PDL trigger
+                        base.update(PAGES_PER_TILE=cfg["block_n"] // 16, TABLE_ASM=True, TABLE_VEC=True, PDL=cfg.get("pdl", 0))
                     cases += [(f"decode {tile}", DEC._decode_split, dict(base, SPLIT=False), cfg["num_warps"],
                                cfg["num_stages"]),
                               (f"split {tile}", DEC._decode_split, dict(base, SPLIT=True, BLOCK_S=128, S_CHUNK=4096 // bd,

@@ -4,6 +4,8 @@ The reference rebuilds the expected cache with plain indexing and runs naive att
 batch entry's rows; the cache after the call must equal the expected one exactly.
 """
 
+import itertools
+
 import pytest
 import torch
 
@@ -602,6 +604,53 @@ def test_choose_num_splits_rule():
     assert decode_config(128, 192)["min_split"] == 512 and "min_split" not in decode_config(128)
 
 
+def test_long_split_config_rule():
+    """Pages of 16 at head dims padded to 128 switch to two programs per SM of 64-key tiles of 4
+    pages when the one-wave splits would exceed LONG_SPLIT keys; nothing else switches."""
+    from tileflash.ops import decode as dec
+
+    long = dec.long_split_config(128, 16, dec.LONG_SPLIT + 1)
+    assert long == dec.DECODE_CONFIG_PAGE16_LONG and long is not dec.DECODE_CONFIG_PAGE16_LONG
+    assert long["block_n"] == 64 and long["waves"] == 2 and long["multi_page"] and long["pdl"] == 0
+    assert dec.pages_per_tile(16, long["block_n"]) == 4      # one 16-byte lookup per tile
+    assert dec.long_split_config(128, 16, dec.LONG_SPLIT) is None
+    for block_d, page in ((128, 0), (128, 32), (128, 64), (128, 256), (64, 16), (256, 16), (128, 8)):
+        assert dec.long_split_config(block_d, page, 1 << 20) is None, (block_d, page)
+
+
+def test_long_split_config_is_taken(monkeypatch):
+    """decode_forward asks long_split_config with the one-wave split length of a paged call, takes
+    its config (and the split count for its waves) without an explicit config, and never asks
+    with one. Records what the kernel launch receives instead of launching it."""
+    from tileflash.ops import decode as dec
+
+    seen = []
+
+    class Launch:
+        def __getitem__(self, grid):
+            def run(*args, **kw):
+                seen.append((grid, kw["BLOCK_N"], kw["num_warps"], kw["PAGES_PER_TILE"]))
+            return run
+    monkeypatch.setattr(dec, "_decode_split", Launch())
+    monkeypatch.setattr(dec, "interpreting", lambda: False)       # the GPU's tiles, not 16 keys
+    monkeypatch.setattr(dec, "pdl_trigger", lambda device, default: 0)
+    q = torch.randn(1, 1, 4, 128)
+    kp = torch.randn(600, 16, 1, 128)
+    table = torch.arange(512, dtype=torch.int32).view(1, 512)       # 8192 keys
+    dec.decode_forward(q, kp, kp, None, 0.1, False, block_table=table, max_seqlen_k=8192)
+    # CPU stand-in: 8 SMs; one wave of 1 kv head gives 8 splits of 1024 keys: no switch
+    assert seen[-1][0][0] == 8 and seen[-1][1:] == (128, 4, 8)
+    kp = torch.randn(4200, 16, 1, 128)
+    table = torch.arange(4096, dtype=torch.int32).view(1, 4096)     # 65536 keys: 8192 per split
+    dec.decode_forward(q, kp, kp, None, 0.1, False, block_table=table, max_seqlen_k=65536)
+    assert seen[-1][0][0] == 16 and seen[-1][1:] == (64, 4, 4)       # two waves of 64-key tiles
+    dec.decode_forward(q, kp, kp, None, 0.1, False, block_table=table, max_seqlen_k=65536, num_splits=3)
+    assert seen[-1][0][0] == 3 and seen[-1][1:] == (64, 4, 4)        # the caller's split count stays
+    dec.decode_forward(q, kp, kp, None, 0.1, False, block_table=table, max_seqlen_k=65536,
+                       config=dec.decode_config(128, 16))
+    assert seen[-1][1:] == (128, 4, 8)                               # an explicit config wins
+
+
 def _shuffled_pool(kc, vc, page, g):
     """The contiguous cache (b, cap, hk, d) as pages of `page` rows scattered over a pool with 3
     spare pages of random values: (k pool, v pool, int32 block table (b, cap // page))."""
@@ -664,8 +713,13 @@ def test_multi_page_tiles_match_contiguous(backend, page):
     kp, vp, table = _shuffled_pool(kc, vc, page, g)
     spare = torch.cat([table, table[:, :1]], 1)            # width nb + 1: not whole tiles per row
     tables = (table, spare, table.long())
-    cfg = {**dec.decode_config(d), "multi_page": True}   # the contiguous config's tiles (16 in the interpreter)
-    for ns, pad, tab in [(1, None, t) for t in tables] + [(3, None, table), (1, leftpad, table), (3, leftpad, spare)]:
+    # the contiguous config's tiles (16 keys in the interpreter); on the GPU also the 64-key
+    # tiles that pages of 16 take on long splits (long_split_config)
+    cfgs = [{**dec.decode_config(d), "multi_page": True}]
+    if dev == "cuda" and dec.pages_per_tile(page, dec.DECODE_CONFIG_PAGE16_LONG["block_n"]) >= 2:
+        cfgs.append(dict(dec.DECODE_CONFIG_PAGE16_LONG))
+    runs = [(1, None, t) for t in tables] + [(3, None, table), (1, leftpad, table), (3, leftpad, spare)]
+    for cfg, (ns, pad, tab) in itertools.product(cfgs, runs):
         # max_seqlen_k: the same split boundaries for every table width and the contiguous cache
         got = dec.decode_forward(q, kp, vp, seqlens, d ** -0.5, False, block_table=tab, num_splits=ns,
                                  cache_leftpad=pad, config=cfg, max_seqlen_k=cap)[0]

@@ -52,6 +52,15 @@ DECODE_CONFIG_SHORT = dict(block_n=64, num_warps=4, num_stages=3, waves=2, pdl=0
 # for 64-key page tiles; page 16 18.5 / 136.1 / 1018 / 151.8 against 23.0 / 131.3 / 1053 / 141.6
 # for 16-key tiles; contiguous 16.8 / 125.5 / 966 / 129.7)
 DECODE_CONFIG_MULTI_PAGE = dict(DECODE_CONFIG, multi_page=True)
+# pages of 16 when the one-wave splits above would be longer than LONG_SPLIT keys: two programs
+# per SM of 64-key tiles (4 pages each, one 16-byte lookup per tile), so that one program's
+# synchronous page lookups are hidden behind the other's copies. Twelfth session, run 1 (us, 128-key
+# one-wave config against this one): B=1 L=128k 147.9 -> 136.9 (contiguous 129.7), B=16 L=64k
+# 992 -> 963, B=4 L=32k 134.4 -> 131.6; level at B=1 L=32k (2048-key splits: 44.4 / 45.1); slower
+# at B=1 L=8k (512-key splits: 18.2 against 19.6)
+DECODE_CONFIG_PAGE16_LONG = dict(block_n=64, num_warps=4, num_stages=3, waves=2, min_split=512, pdl=0,
+                                 multi_page=True)
+LONG_SPLIT = 2048
 # pages of 64·k otherwise (192, 320, ...): two waves of 64-key page tiles, but splits of at least
 # 512 keys (8 tiles, each waiting for its page lookup): tenth session, run 3 (pages of 64): B=1
 # L=8k 1.72 TB/s with 16 splits against 1.52 with 32; L=128k 3.71 with 33 splits against 3.32
@@ -482,6 +491,15 @@ def pages_per_tile(page_size: int, block_n: int) -> int:
     return 1
 
 
+def long_split_config(block_d: int, page_size: int, split_len: int):
+    """The config that replaces ``decode_config(block_d, page_size)`` when its splits would hold
+    `split_len` keys each, or None to keep it: pages of 16 at head dims padded to 128 take
+    DECODE_CONFIG_PAGE16_LONG beyond LONG_SPLIT keys per split (measured at D=128 only)."""
+    if block_d == 128 and page_size == 16 and split_len > LONG_SPLIT:
+        return dict(DECODE_CONFIG_PAGE16_LONG)
+    return None
+
+
 def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, window=(-1, -1), softcap=0.0,
                    alibi_slopes=None, cache_batch_idx=None, block_table=None, num_splits=0, max_seqlen_k=-1,
                    cache_leftpad=None, config=None):
@@ -494,7 +512,9 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     masked (positions stay absolute). One launch: the split programs merge their own partials
     (see ``_decode_split``), with ticket counters reused across calls (``ticket_counters``).
     config: dict(block_n, num_warps, num_stages[, waves, min_split, table_asm, reuse_counter,
-    multi_page, table_vec, merge_rows, pdl]) overriding ``decode_config``, for tuning scripts:
+    multi_page, table_vec, merge_rows, pdl]) overriding ``decode_config`` (and the switch of pages
+    of 16 to ``long_split_config`` on long splits, which applies only when config is None), for
+    tuning scripts:
     waves and min_split go to
     ``choose_num_splits``; table_asm True/False forces the block-table lookups through inline PTX
     or ``tl.load`` (default: ``table_lookup_asm``); reuse_counter=False zeroes a fresh counter
@@ -516,12 +536,22 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     if max_seqlen_k >= 0:
         max_k = min(max_k, max_seqlen_k)  # split the keys that exist, not the cache's capacity
     max_k = max(max_k, 1)
-    if num_splits <= 0:
+    auto_splits = num_splits <= 0
+
+    def auto_split_count(cfg):
         # the no-split rule was measured with one length for every row (seqlens_k None); with a
         # length tensor the rows may be uneven, and splitting keeps a long row from straggling
-        num_splits = choose_num_splits(batch, nheads_k, max_k, q.device, waves=cfg.get("waves", WAVES),
-                                       min_split=cfg.get("min_split", 256),
-                                       full_unsplit=cfg.get("full_unsplit", 0.0) if seqlens_k is None else 0.0)
+        return choose_num_splits(batch, nheads_k, max_k, q.device, waves=cfg.get("waves", WAVES),
+                                 min_split=cfg.get("min_split", 256),
+                                 full_unsplit=cfg.get("full_unsplit", 0.0) if seqlens_k is None else 0.0)
+    if auto_splits:
+        num_splits = auto_split_count(cfg)
+    long_cfg = (long_split_config(block_d_for(head_dim), k_cache.shape[1], cdiv(max_k, num_splits))
+                if config is None and paged else None)
+    if long_cfg is not None:
+        cfg = long_cfg
+        if auto_splits:
+            num_splits = auto_split_count(cfg)
     if config is None and cfg["block_n"] == 128 and not cfg.get("multi_page") and cdiv(max_k, num_splits) <= 256:
         cfg = dict(DECODE_CONFIG_SHORT)  # a few tiles per split: 64-key tiles keep more loads in flight
     block_n = 16 if interpreting() else cfg["block_n"]
