@@ -187,6 +187,7 @@ def _decode_split(
     SPLIT: tl.constexpr = True, BLOCK_S: tl.constexpr = 2, S_CHUNK: tl.constexpr = 2,
     HAS_LEFTPAD: tl.constexpr = False, TABLE_ASM: tl.constexpr = False, MERGE_ROWS: tl.constexpr = 1,
     PDL: tl.constexpr = 0, PAGES_PER_TILE: tl.constexpr = 1, TABLE_VEC: tl.constexpr = False,
+    SKEW: tl.constexpr = 0,
 ):
     """One (KV split, batch·kv head, row block) program: attention of the packed rows over keys
     [pid_s·split_len, (pid_s+1)·split_len) of the cache.
@@ -263,7 +264,20 @@ def _decode_split(
     # never runs: Triton's pipeliner issues the lookups (pure inline PTX) of the first tiles in its
     # prologue, before the loop's bounds are checked
     last_page = tl.maximum(capacity // page_size - 1, 0)
-    for start_n in range(lo, hi, BLOCK_N):
+    n_tiles = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N)
+    if SKEW == 1:     # start at a tile spread by program, wrap around
+        rot = (pid_bh * n_tiles) // n_bh
+    elif SKEW == 2:   # spread by batch entry (the kv heads of an entry stay together)
+        rot = (off_b.to(tl.int32) * n_tiles) // (n_bh // nheads_k)
+    else:
+        rot = 0
+    for j in range(0, n_tiles):
+        if SKEW > 0:
+            jj = j + rot
+            jj = tl.where(jj >= n_tiles, jj - n_tiles, jj)
+            start_n = lo + jj * BLOCK_N
+        else:
+            start_n = lo + j * BLOCK_N
         o_n = start_n + o_nb                                                          # [BLOCK_N]
         m_n = o_n < hi
         if HAS_LEFTPAD:
@@ -624,7 +638,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         BLOCK_S=block_s, S_CHUNK=s_chunk, MERGE_ROWS=merge_rows, HAS_LEFTPAD=cache_leftpad is not None,
         TABLE_ASM=table_asm,
         PAGES_PER_TILE=ppt, TABLE_VEC=table_vec,
-        PDL=pdl, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0,
+        PDL=pdl, SKEW=cfg.get("skew", 0), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0,
     )
     return out, lse
 
