@@ -23,6 +23,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="*", default=["16:65536", "16:131072"], help="B:L")
     ap.add_argument("--allocs", type=int, default=3)
+    ap.add_argument("--skews", type=int, nargs="*", default=[0, 1, 2])
+    ap.add_argument("--rep", type=int, default=40, help="ms of replays per timing (do_bench rep)")
     args = ap.parse_args()
     dev, dt, h, hk, d = "cuda", torch.bfloat16, 32, 8, 128
     rows = []
@@ -36,7 +38,7 @@ def main():
             ref = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                  enable_gqa=True).transpose(1, 2)
             res = {}
-            for name, kw, cfg in [(f"skew{s}", {}, {**dec.decode_config(d), "skew": s}) for s in (0, 1, 2)] + [
+            for name, kw, cfg in [(f"skew{s}", {}, {**dec.decode_config(d), "skew": s}) for s in args.skews] + [
                     ("ident256", dict(block_table=torch.arange(b * n // 256, device=dev, dtype=torch.int32).view(b, -1)),
                      dec.decode_config(d, 256))]:
                 kk = k if not kw else k.view(-1, 256, hk, d)
@@ -46,13 +48,13 @@ def main():
                     return dec.decode_forward(q, kk, vv, None, d ** -0.5, False, max_seqlen_k=n, config=cfg, **kw)[0]
                 err = (call().float() - ref.float()).abs().max().item()
                 assert err < 2e-2, (name, err)
-                res[name] = kv_bytes / timed([call], 1) * 1e-9
+                res[name] = kv_bytes / timed([call], 1, rep=args.rep) * 1e-9
 
             def cudnn():
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                           enable_gqa=True)
-            res["cudnn"] = kv_bytes / timed([cudnn], 1) * 1e-9
+            res["cudnn"] = kv_bytes / timed([cudnn], 1, rep=args.rep) * 1e-9
             rows.append((b, n, a, res))
             print(b, n, a, {k_: round(v_, 3) for k_, v_ in res.items()}, flush=True)
         del caches

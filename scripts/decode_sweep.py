@@ -24,11 +24,11 @@ from tileflash.bench.bench import _graph_of, _to_paged
 from tileflash.ops import decode as dec
 
 
-def timed(calls, sets, graph_calls=8):
+def timed(calls, sets, graph_calls=8, rep=40):
     """Median ms per call of a CUDA graph replaying max(graph_calls, sets) calls, cycling the
     `sets` calls (one per cache), as `tileflash bench --decode` times them."""
     n = max(graph_calls, sets)
-    return do_bench(_graph_of([calls[i % sets] for i in range(n)]), warmup=10, rep=40, return_mode="median") / n
+    return do_bench(_graph_of([calls[i % sets] for i in range(n)]), warmup=10, rep=rep, return_mode="median") / n
 
 
 FLAGS = {"asm": ("table_asm", True), "noasm": ("table_asm", False), "fresh": ("reuse_counter", False),
