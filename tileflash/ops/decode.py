@@ -68,6 +68,15 @@ LONG_SPLIT = 2048
 DECODE_CONFIG_PAGE64 = dict(block_n=64, num_warps=4, num_stages=3, waves=2, min_split=512, pdl=0)
 DECODE_CONFIG_SMALL_PAGE = dict(block_n=16, num_warps=2, num_stages=8, waves=4, pdl=0)  # other pages (8, 24, 96, odd)
 DECODE_CONFIG_WIDE = dict(block_n=64, num_warps=8, num_stages=2, waves=2, pdl=0)    # BLOCK_D 256: 2 x 64 KiB
+# skew: the order of a program's tiles (see _decode_split): 2 starts each batch entry's programs at
+# a tile spread over its split, wrapping around, so that the batch entries do not stream the same
+# offsets of their caches at the same time. Twelfth session, runs 4-5 (B=16, Hkv 8, contiguous,
+# 7 separately allocated caches per length, graph of 8 calls): L=128k 4.524-4.585 TB/s against
+# 4.343-4.566 in order (two of seven allocations read 3-4% slower in order), L=64k 4.488-4.571
+# against 4.515-4.578, L=8k 4.339-4.346 against 4.334-4.335; cuDNN 4.507-4.555 / 4.496-4.555 /
+# 4.343-4.350 on the same tensors. 1 (spread by program, the kv heads of an entry apart) read
+# 4.357-4.472 at 128k.
+SKEW = 2
 # pdl: where a programmatic dependent launch (sm90+) lets the next kernel be scheduled (see
 # _decode_split; 0: no PDL). Eleventh session, 8 calls per graph, same-run A/B: with one program
 # per SM (128-key tiles on 3 stages) the trigger after the key loop (2) took B=1 L=8k from 17.3-17.4
@@ -208,7 +217,9 @@ def _decode_split(
     before it in the stream to complete, with its writes visible, before its first global access;
     it lets the next PDL kernel be scheduled (which waits the same way, so only its launch and
     index arithmetic overlap our tail) at its start (PDL=1), after its key loop (PDL=2), or at its
-    exit (PDL=3, no explicit trigger)."""
+    exit (PDL=3, no explicit trigger).
+    SKEW: the order of the split's tiles: in order (0), or rotated to start at a tile spread by
+    batch entry (2) or by program (1), wrapping around; the sum then runs in that order."""
     if PDL > 0:
         gdc_wait()                # nothing global is read or written before this
     if PDL == 1:
@@ -264,20 +275,20 @@ def _decode_split(
     # never runs: Triton's pipeliner issues the lookups (pure inline PTX) of the first tiles in its
     # prologue, before the loop's bounds are checked
     last_page = tl.maximum(capacity // page_size - 1, 0)
+    # the split's tiles in a rotated order (SKEW): tile (j + rot) mod n_tiles at step j. SKEW 2:
+    # batch entry b of B starts b/B of the way into its split (its kv heads together), so the
+    # entries do not all stream the same offsets of their caches at once; 1: by program; 0: in order
     n_tiles = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N)
-    if SKEW == 1:     # start at a tile spread by program, wrap around
+    if SKEW == 1:
         rot = (pid_bh * n_tiles) // n_bh
-    elif SKEW == 2:   # spread by batch entry (the kv heads of an entry stay together)
+    elif SKEW == 2:
         rot = (off_b.to(tl.int32) * n_tiles) // (n_bh // nheads_k)
     else:
         rot = 0
     for j in range(0, n_tiles):
-        if SKEW > 0:
-            jj = j + rot
-            jj = tl.where(jj >= n_tiles, jj - n_tiles, jj)
-            start_n = lo + jj * BLOCK_N
-        else:
-            start_n = lo + j * BLOCK_N
+        jj = j + rot
+        jj = tl.where(jj >= n_tiles, jj - n_tiles, jj)
+        start_n = lo + jj * BLOCK_N
         o_n = start_n + o_nb                                                          # [BLOCK_N]
         m_n = o_n < hi
         if HAS_LEFTPAD:
@@ -526,7 +537,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     masked (positions stay absolute). One launch: the split programs merge their own partials
     (see ``_decode_split``), with ticket counters reused across calls (``ticket_counters``).
     config: dict(block_n, num_warps, num_stages[, waves, min_split, table_asm, reuse_counter,
-    multi_page, table_vec, merge_rows, pdl]) overriding ``decode_config`` (and the switch of pages
+    multi_page, table_vec, merge_rows, pdl, skew]) overriding ``decode_config`` (and the switch of pages
     of 16 to ``long_split_config`` on long splits, which applies only when config is None), for
     tuning scripts:
     waves and min_split go to
@@ -536,7 +547,8 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     a tile span several whole pages (``pages_per_tile``), table_vec=False keeps their lookups one
     entry per load; merge_rows (a power of two) sets the merge's rows per load; pdl 0-3 sets
     programmatic dependent launch (0 off; 1, 2, 3: see ``_decode_split``; ignored where the GPU
-    has no PDL, and overridden by ``TILEFLASH_PDL``; see ``pdl_trigger``).
+    has no PDL, and overridden by ``TILEFLASH_PDL``; see ``pdl_trigger``); skew 0-2 sets the
+    order of each program's tiles (default SKEW; see ``_decode_split``).
     """
     if seqlens_k is None and max_seqlen_k < 0:
         raise ValueError("decode_forward: pass seqlens_k, or max_seqlen_k >= 0 as every entry's length")
@@ -638,7 +650,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         BLOCK_S=block_s, S_CHUNK=s_chunk, MERGE_ROWS=merge_rows, HAS_LEFTPAD=cache_leftpad is not None,
         TABLE_ASM=table_asm,
         PAGES_PER_TILE=ppt, TABLE_VEC=table_vec,
-        PDL=pdl, SKEW=cfg.get("skew", 0), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0,
+        PDL=pdl, SKEW=cfg.get("skew", SKEW), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0,
     )
     return out, lse
 
