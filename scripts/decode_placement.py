@@ -40,6 +40,8 @@ def main():
             res = {}
             for name, kw, cfg in [(f"skew{s}", {}, {**dec.decode_config(d), "skew": s}) for s in args.skews] + [
                     ("ident256", dict(block_table=torch.arange(b * n // 256, device=dev, dtype=torch.int32).view(b, -1)),
+                     dec.decode_config(d, 256)),
+                    ("shuf256", dict(block_table=torch.randperm(b * n // 256, device=dev).int().view(b, -1)),
                      dec.decode_config(d, 256))]:
                 kk = k if not kw else k.view(-1, 256, hk, d)
                 vv = v if not kw else v.view(-1, 256, hk, d)

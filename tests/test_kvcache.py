@@ -630,7 +630,7 @@ def test_skewed_tile_order(backend, paged):
     for ns, causal, window, leftpad in [(1, False, (-1, -1), None), (3, False, (-1, -1), pad), (1, True, (40, 0), None),
                                         (3, True, (-1, -1), pad)]:
         outs = []
-        for skew in (0, 1, 2):
+        for skew in (0, 1, 2, 3):
             cfg = {**dec.decode_config(d, page if paged else 0), "skew": skew}
             out, lse = dec.decode_forward(q, kp if paged else kc, vp if paged else vc, lens, d ** -0.5, causal,
                                           window=window, num_splits=ns, cache_leftpad=leftpad, config=cfg, **kw)

@@ -281,13 +281,17 @@ def _decode_split(
     n_tiles = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N)
     if SKEW == 1:
         rot = (pid_bh * n_tiles) // n_bh
-    elif SKEW == 2:
+    elif SKEW >= 2:
         rot = (off_b.to(tl.int32) * n_tiles) // (n_bh // nheads_k)
     else:
         rot = 0
+    step = tl.where(n_tiles % 37 == 0, 1, 37)        # SKEW 3: every 37th tile (coprime: a permutation)
     for j in range(0, n_tiles):
-        jj = j + rot
-        jj = tl.where(jj >= n_tiles, jj - n_tiles, jj)
+        if SKEW == 3:
+            jj = (j * step + rot) % n_tiles
+        else:
+            jj = j + rot
+            jj = tl.where(jj >= n_tiles, jj - n_tiles, jj)
         start_n = lo + jj * BLOCK_N
         o_n = start_n + o_nb                                                          # [BLOCK_N]
         m_n = o_n < hi
