@@ -196,7 +196,7 @@ def _decode_split(
     SPLIT: tl.constexpr = True, BLOCK_S: tl.constexpr = 2, S_CHUNK: tl.constexpr = 2,
     HAS_LEFTPAD: tl.constexpr = False, TABLE_ASM: tl.constexpr = False, MERGE_ROWS: tl.constexpr = 1,
     PDL: tl.constexpr = 0, PAGES_PER_TILE: tl.constexpr = 1, TABLE_VEC: tl.constexpr = False,
-    SKEW: tl.constexpr = 0,
+    SKEW: tl.constexpr = 0, CONTIG: tl.constexpr = 0,
 ):
     """One (KV split, batch·kv head, row block) program: attention of the packed rows over keys
     [pid_s·split_len, (pid_s+1)·split_len) of the cache.
@@ -339,6 +339,13 @@ def _decode_split(
             row = (o_n % page_size).to(tl.int64)
             p_kt = K_base + page[None, :] * stride_kb + row[None, :] * stride_kn + o_d[:, None]
             p_v = V_base + page[:, None] * stride_vb + row[:, None] * stride_vn + o_d[None, :]
+        elif CONTIG == 1 or CONTIG == 2:
+            r0 = start_n.to(tl.int64)
+            if CONTIG == 2:
+                z = _table_load(Q.to(tl.pointer_type(tl.int32), bitcast=True), True)
+                r0 += tl.where(z == 0x7FFFFFF1, 1, 0).to(tl.int64)
+            p_kt = K_base + (r0 + o_nb[None, :]) * stride_kn + o_d[:, None]
+            p_v = V_base + (r0 + o_nb[:, None]) * stride_vn + o_d[None, :]
         else:
             p_kt = K_base + o_n[None, :].to(tl.int64) * stride_kn + o_d[:, None]
             p_v = V_base + o_n[:, None].to(tl.int64) * stride_vn + o_d[None, :]
@@ -654,7 +661,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         BLOCK_S=block_s, S_CHUNK=s_chunk, MERGE_ROWS=merge_rows, HAS_LEFTPAD=cache_leftpad is not None,
         TABLE_ASM=table_asm,
         PAGES_PER_TILE=ppt, TABLE_VEC=table_vec,
-        PDL=pdl, SKEW=cfg.get("skew", SKEW), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0,
+        PDL=pdl, SKEW=cfg.get("skew", SKEW), CONTIG=cfg.get("contig", 0), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0,
     )
     return out, lse
 
