@@ -24,7 +24,6 @@ def main():
     ap.add_argument("--shapes", nargs="*", default=["16:65536", "16:131072"], help="B:L")
     ap.add_argument("--allocs", type=int, default=3)
     ap.add_argument("--skews", type=int, nargs="*", default=[0, 1, 2])
-    ap.add_argument("--contig", type=int, nargs="*", default=[], help="experiment: contiguous address modes")
     ap.add_argument("--rep", type=int, default=40, help="ms of replays per timing (do_bench rep)")
     args = ap.parse_args()
     dev, dt, h, hk, d = "cuda", torch.bfloat16, 32, 8, 128
@@ -40,7 +39,6 @@ def main():
                                                  enable_gqa=True).transpose(1, 2)
             res = {}
             for name, kw, cfg in [(f"skew{s}", {}, {**dec.decode_config(d), "skew": s}) for s in args.skews] + [
-                    (f"contig{c}", {}, {**dec.decode_config(d), "skew": 0, "contig": c}) for c in args.contig] + [
                     ("ident256", dict(block_table=torch.arange(b * n // 256, device=dev, dtype=torch.int32).view(b, -1)),
                      dec.decode_config(d, 256)),
                     ("shuf256", dict(block_table=torch.randperm(b * n // 256, device=dev).int().view(b, -1)),

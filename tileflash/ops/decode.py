@@ -70,12 +70,14 @@ DECODE_CONFIG_SMALL_PAGE = dict(block_n=16, num_warps=2, num_stages=8, waves=4, 
 DECODE_CONFIG_WIDE = dict(block_n=64, num_warps=8, num_stages=2, waves=2, pdl=0)    # BLOCK_D 256: 2 x 64 KiB
 # skew: the order of a program's tiles (see _decode_split): 2 starts each batch entry's programs at
 # a tile spread over its split, wrapping around, so that the batch entries do not stream the same
-# offsets of their caches at the same time. Twelfth session, runs 4-5 (B=16, Hkv 8, contiguous,
-# 7 separately allocated caches per length, graph of 8 calls): L=128k 4.524-4.585 TB/s against
-# 4.343-4.566 in order (two of seven allocations read 3-4% slower in order), L=64k 4.488-4.571
-# against 4.515-4.578, L=8k 4.339-4.346 against 4.334-4.335; cuDNN 4.507-4.555 / 4.496-4.555 /
-# 4.343-4.350 on the same tensors. 1 (spread by program, the kv heads of an entry apart) read
-# 4.357-4.472 at 128k.
+# offsets of their caches at the same time. Twelfth session, runs 4, 5, 7, 8 (B=16, Hkv 8,
+# contiguous, 2-4 separately allocated caches per run, graph of 8 calls, cuDNN on the same
+# tensors): against cuDNN, L=64k/128k 0.988-1.011x with skew 2 against 0.959-1.011x in order (3
+# of 24 in-order samples 2.4-4.1% low, none with skew 2), L=8k 0.998-1.002x against 0.996-0.998x.
+# 1 (spread by program, the kv heads of an entry apart) read 4.357-4.472 TB/s at 128k (run 4,
+# below both);
+# 3 (every 37th tile) +0.5% over 2 at 64k/128k but -0.7% at 8k (run 7). None is reliably ahead
+# of cuDNN (docs/perf-notes.md section 21).
 SKEW = 2
 # pdl: where a programmatic dependent launch (sm90+) lets the next kernel be scheduled (see
 # _decode_split; 0: no PDL). Eleventh session, 8 calls per graph, same-run A/B: with one program
@@ -196,7 +198,7 @@ def _decode_split(
     SPLIT: tl.constexpr = True, BLOCK_S: tl.constexpr = 2, S_CHUNK: tl.constexpr = 2,
     HAS_LEFTPAD: tl.constexpr = False, TABLE_ASM: tl.constexpr = False, MERGE_ROWS: tl.constexpr = 1,
     PDL: tl.constexpr = 0, PAGES_PER_TILE: tl.constexpr = 1, TABLE_VEC: tl.constexpr = False,
-    SKEW: tl.constexpr = 0, CONTIG: tl.constexpr = 0,
+    SKEW: tl.constexpr = 0,
 ):
     """One (KV split, batch·kv head, row block) program: attention of the packed rows over keys
     [pid_s·split_len, (pid_s+1)·split_len) of the cache.
@@ -219,7 +221,8 @@ def _decode_split(
     index arithmetic overlap our tail) at its start (PDL=1), after its key loop (PDL=2), or at its
     exit (PDL=3, no explicit trigger).
     SKEW: the order of the split's tiles: in order (0), or rotated to start at a tile spread by
-    batch entry (2) or by program (1), wrapping around; the sum then runs in that order."""
+    batch entry (2) or by program (1), wrapping around, or from that start every 37th tile (3);
+    the sum then runs in that order."""
     if PDL > 0:
         gdc_wait()                # nothing global is read or written before this
     if PDL == 1:
@@ -277,7 +280,8 @@ def _decode_split(
     last_page = tl.maximum(capacity // page_size - 1, 0)
     # the split's tiles in a rotated order (SKEW): tile (j + rot) mod n_tiles at step j. SKEW 2:
     # batch entry b of B starts b/B of the way into its split (its kv heads together), so the
-    # entries do not all stream the same offsets of their caches at once; 1: by program; 0: in order
+    # entries do not all stream the same offsets of their caches at once; 1: rot by program; 3: rot
+    # by batch entry, then every 37th tile, (j·37 + rot) mod n_tiles; 0: in order
     n_tiles = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N)
     if SKEW == 1:
         rot = (pid_bh * n_tiles) // n_bh
@@ -339,13 +343,6 @@ def _decode_split(
             row = (o_n % page_size).to(tl.int64)
             p_kt = K_base + page[None, :] * stride_kb + row[None, :] * stride_kn + o_d[:, None]
             p_v = V_base + page[:, None] * stride_vb + row[:, None] * stride_vn + o_d[None, :]
-        elif CONTIG == 1 or CONTIG == 2:
-            r0 = start_n.to(tl.int64)
-            if CONTIG == 2:
-                z = _table_load(Q.to(tl.pointer_type(tl.int32), bitcast=True), True)
-                r0 += tl.where(z == 0x7FFFFFF1, 1, 0).to(tl.int64)
-            p_kt = K_base + (r0 + o_nb[None, :]) * stride_kn + o_d[:, None]
-            p_v = V_base + (r0 + o_nb[:, None]) * stride_vn + o_d[None, :]
         else:
             p_kt = K_base + o_n[None, :].to(tl.int64) * stride_kn + o_d[:, None]
             p_v = V_base + o_n[:, None].to(tl.int64) * stride_vn + o_d[None, :]
@@ -661,7 +658,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         BLOCK_S=block_s, S_CHUNK=s_chunk, MERGE_ROWS=merge_rows, HAS_LEFTPAD=cache_leftpad is not None,
         TABLE_ASM=table_asm,
         PAGES_PER_TILE=ppt, TABLE_VEC=table_vec,
-        PDL=pdl, SKEW=cfg.get("skew", SKEW), CONTIG=cfg.get("contig", 0), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0,
+        PDL=pdl, SKEW=cfg.get("skew", SKEW), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0,
     )
     return out, lse
 
