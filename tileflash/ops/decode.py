@@ -290,13 +290,14 @@ def _decode_split(
     else:
         rot = 0
     step = tl.where(n_tiles % 37 == 0, 1, 37)        # SKEW 3: every 37th tile (coprime: a permutation)
-    for j in range(0, n_tiles):
+    for t_n in range(lo, hi, BLOCK_N):                # in order: t_n is the tile's first key
         if SKEW == 3:
-            jj = (j * step + rot) % n_tiles
+            start_n = lo + (((t_n - lo) // BLOCK_N * step + rot) % n_tiles) * BLOCK_N
+        elif SKEW > 0:
+            start_n = t_n + rot * BLOCK_N
+            start_n = tl.where(start_n >= lo + n_tiles * BLOCK_N, start_n - n_tiles * BLOCK_N, start_n)
         else:
-            jj = j + rot
-            jj = tl.where(jj >= n_tiles, jj - n_tiles, jj)
-        start_n = lo + jj * BLOCK_N
+            start_n = t_n
         o_n = start_n + o_nb                                                          # [BLOCK_N]
         m_n = o_n < hi
         if HAS_LEFTPAD:
@@ -658,7 +659,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         BLOCK_S=block_s, S_CHUNK=s_chunk, MERGE_ROWS=merge_rows, HAS_LEFTPAD=cache_leftpad is not None,
         TABLE_ASM=table_asm,
         PAGES_PER_TILE=ppt, TABLE_VEC=table_vec,
-        PDL=pdl, SKEW=cfg.get("skew", SKEW), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0,
+        PDL=pdl, SKEW=cfg.get("skew", SKEW if batch > 1 else 0), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0,
     )
     return out, lse
 
