@@ -33,7 +33,7 @@ def timed(calls, sets, graph_calls=8, rep=40):
 
 FLAGS = {"asm": ("table_asm", True), "noasm": ("table_asm", False), "fresh": ("reuse_counter", False),
          "mp": ("multi_page", True), "nomp": ("multi_page", False), "novec": ("table_vec", False), "nopdl": ("pdl", 0), "pdl1": ("pdl", 1), "pdl2": ("pdl", 2),
-         "pdl3": ("pdl", 3), "sk0": ("skew", 0), "sk1": ("skew", 1), "sk2": ("skew", 2)}
+         "pdl3": ("pdl", 3), "sk0": ("skew", 0), "sk1": ("skew", 1), "sk2": ("skew", 2), "sk3": ("skew", 3)}
 
 
 def parse_config(text):
@@ -55,7 +55,7 @@ def main():
                     help="contiguous configs as BLOCK_N/WARPS/STAGES[/flag...]; flags: asm, noasm (force the "
                          "block-table lookup through inline PTX or tl.load), mp, nomp (tiles of several whole pages or not), novec (their lookups one entry per load), fresh (a zeroed counter per call), "
                          "nopdl, pdl1, pdl2, pdl3 (programmatic dependent launch off, or on with the trigger at the "
-                         "start, after the key loop, at exit), sk0, sk1, sk2 (tile order: in order, rotated by program, by batch entry), mrN (N merge rows per load), msN (splits of at least N keys)")
+                         "start, after the key loop, at exit), sk0-sk3 (tile order: in order, rotated by program, by batch entry, every 37th tile), mrN (N merge rows per load), msN (splits of at least N keys)")
     ap.add_argument("--page-configs", nargs="*", default=None, help="paged configs, the same syntax (every page size)")
     args = ap.parse_args()
     dev, dt, h, hk, d = "cuda", torch.bfloat16, 32, 8, 128

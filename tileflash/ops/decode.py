@@ -75,9 +75,9 @@ DECODE_CONFIG_WIDE = dict(block_n=64, num_warps=8, num_stages=2, waves=2, pdl=0)
 # tensors): against cuDNN, L=64k/128k 0.988-1.011x with skew 2 against 0.959-1.011x in order (3
 # of 24 in-order samples 2.4-4.1% low, none with skew 2), L=8k 0.998-1.002x against 0.996-0.998x.
 # 1 (spread by program, the kv heads of an entry apart) read 4.357-4.472 TB/s at 128k (run 4,
-# below both);
-# 3 (every 37th tile) +0.5% over 2 at 64k/128k but -0.7% at 8k (run 7). None is reliably ahead
-# of cuDNN (docs/perf-notes.md section 21).
+# below both); 3 (every 37th tile) +0.5% over 2 at 64k/128k but -0.7% at 8k (run 7). None is
+# reliably ahead of cuDNN (docs/perf-notes.md section 21). At B=1 there is nothing to spread, and
+# the rotation's index arithmetic cost 0.6 us at L=8k (run 11), so B=1 runs in order.
 SKEW = 2
 # pdl: where a programmatic dependent launch (sm90+) lets the next kernel be scheduled (see
 # _decode_split; 0: no PDL). Eleventh session, 8 calls per graph, same-run A/B: with one program
@@ -283,10 +283,10 @@ def _decode_split(
     # entries do not all stream the same offsets of their caches at once; 1: rot by program; 3: rot
     # by batch entry, then every 37th tile, (j·37 + rot) mod n_tiles; 0: in order
     n_tiles = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N)
-    if SKEW == 1:
-        rot = (pid_bh * n_tiles) // n_bh
+    if SKEW == 1:     # products in int64: a block table may give a row far more tiles than memory holds
+        rot = ((pid_bh.to(tl.int64) * n_tiles) // n_bh).to(tl.int32)
     elif SKEW >= 2:
-        rot = (off_b.to(tl.int32) * n_tiles) // (n_bh // nheads_k)
+        rot = ((off_b * n_tiles) // (n_bh // nheads_k)).to(tl.int32)
     else:
         rot = 0
     step = tl.where(n_tiles % 37 == 0, 1, 37)        # SKEW 3: every 37th tile (coprime: a permutation)
@@ -556,8 +556,8 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     a tile span several whole pages (``pages_per_tile``), table_vec=False keeps their lookups one
     entry per load; merge_rows (a power of two) sets the merge's rows per load; pdl 0-3 sets
     programmatic dependent launch (0 off; 1, 2, 3: see ``_decode_split``; ignored where the GPU
-    has no PDL, and overridden by ``TILEFLASH_PDL``; see ``pdl_trigger``); skew 0-2 sets the
-    order of each program's tiles (default SKEW; see ``_decode_split``).
+    has no PDL, and overridden by ``TILEFLASH_PDL``; see ``pdl_trigger``); skew 0-3 sets the
+    order of each program's tiles (default SKEW at batch > 1, else 0; see ``_decode_split``).
     """
     if seqlens_k is None and max_seqlen_k < 0:
         raise ValueError("decode_forward: pass seqlens_k, or max_seqlen_k >= 0 as every entry's length")
