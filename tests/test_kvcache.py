@@ -605,23 +605,26 @@ def test_choose_num_splits_rule():
 
 
 @pytest.mark.parametrize("paged", [False, True])
-def test_skewed_tile_order(backend, paged):
+@pytest.mark.parametrize("cap", [160, 592])
+def test_skewed_tile_order(backend, paged, cap):
     """Every tile order (SKEW 0: in order; 1, 2: rotated by program or by batch entry, wrapping
-    around) against the reference: uneven lengths (a partial last tile, which the rotation puts
-    mid-loop; an empty row), a left-pad, a causal window over several new tokens, one and three
-    splits; the orders agree to the output's rounding."""
+    around; 3: every 37th tile, or every tile where 37 divides the count) against the reference:
+    uneven lengths (a partial last tile, which the rotation puts mid-loop; an empty row), a
+    left-pad, a causal window over several new tokens, one and three splits; cap 592 gives the
+    interpreter's 16-key tiles 37 per unsplit row (SKEW 3's fallback). The orders agree to the
+    output's rounding."""
     if backend == "tiled":
         pytest.skip("the Triton kernel's tile order")
     from tileflash.ops import decode as dec
 
     dev = backend_device(backend)
     dt = _dtype(dev)
-    g = torch.Generator().manual_seed(31 + paged)
-    b, hq, hk, d, cap, sq, page = 4, 4, 2, 64, 160, 3, 16
+    g = torch.Generator().manual_seed(31 + paged + cap)
+    b, hq, hk, d, sq, page = 4, 4, 2, 64, 3, 16
     kc = torch.randn(b, cap, hk, d, generator=g).to(dev, dt)
     vc = torch.randn(b, cap, hk, d, generator=g).to(dev, dt)
     q = torch.randn(b, sq, hq, d, generator=g).to(dev, dt)
-    lens = torch.tensor([cap, 77, 0, 131], dtype=torch.int32, device=dev)
+    lens = torch.tensor([cap, 77, 0, cap - 29], dtype=torch.int32, device=dev)
     pad = torch.tensor([0, 5, 0, 40], dtype=torch.int32, device=dev)
     kw = {}
     if paged:

@@ -291,8 +291,9 @@ def _decode_split(
         rot = 0
     step = tl.where(n_tiles % 37 == 0, 1, 37)        # SKEW 3: every 37th tile (coprime: a permutation)
     for t_n in range(lo, hi, BLOCK_N):                # in order: t_n is the tile's first key
-        if SKEW == 3:
-            start_n = lo + (((t_n - lo) // BLOCK_N * step + rot) % n_tiles) * BLOCK_N
+        if SKEW == 3:   # the pipeliner may compute this for a loop that never runs: no % 0
+            jj = (((t_n - lo) // BLOCK_N).to(tl.int64) * step + rot) % tl.maximum(n_tiles, 1)
+            start_n = lo + jj.to(tl.int32) * BLOCK_N
         elif SKEW > 0:
             start_n = t_n + rot * BLOCK_N
             start_n = tl.where(start_n >= lo + n_tiles * BLOCK_N, start_n - n_tiles * BLOCK_N, start_n)
