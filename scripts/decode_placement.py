@@ -2,11 +2,14 @@
 
 For B=16, Hq 32, Hkv 8, D 128 bf16, several separately allocated contiguous caches (all kept
 alive, so each gets memory of its own): the split kernel with the tile order as is (skew 0),
-started at a tile spread by program (skew 1) or by batch entry (skew 2); the same memory read as
-pages of 256 through an identity block table; and SDPA cuDNN on the same tensors. CUDA-graph
-replays of 8 calls, as `tileflash bench --decode` times them.
+started at a tile spread by program (skew 1) or by batch entry (skew 2), or every 37th tile from
+there (skew 3); the same memory read as pages of 256 through an identity block table and through
+a shuffled one (pages drawn from every batch entry's memory, checked against SDPA on the gathered
+cache); and SDPA cuDNN on the same tensors. CUDA-graph replays of 8 calls, as
+`tileflash bench --decode` times them. Twelfth session, runs 4-8: docs/perf-notes.md section 21.
 
 Usage: PYTHONPATH=. python3 scripts/decode_placement.py [--shapes 16:65536 16:131072] [--allocs 3]
+       [--skews 0 1 2 3] [--rep 40]
 """
 
 import argparse
