@@ -100,9 +100,10 @@ def compile_gluon(d, causal, cfg, dtype="fp16"):
     return triton.compile(src, target=GPUTarget("cuda", 90, 128), options=dict(num_warps=warps))
 
 
-def _compile_gluon_sm90(fn, const, dtype, d, desc_rows, ptr_types):
+def _compile_gluon_sm90(fn, const, dtype, d, desc_rows, ptr_types, fp32_descs=()):
     """Compile a Gluon kernel for sm_90: constexprs `const`, tensor descriptors of [rows, d] tiles
-    (rows from desc_rows[name]), pointers typed by ptr_types[name], fp32 scales, i32 the rest."""
+    (rows from desc_rows[name]; fp32 for the names in fp32_descs, else `dtype`), pointers typed by
+    ptr_types[name], fp32 scales, i32 the rest."""
     import torch
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -115,7 +116,12 @@ def _compile_gluon_sm90(fn, const, dtype, d, desc_rows, ptr_types):
             sig[name] = "constexpr"
         elif name.endswith("_desc"):
             rows = desc_rows[name]
-            sig[name] = f"tensordesc<{dtype}[{rows}, {d}],{G._smem_layout(rows, d, tdt)!r}>"
+            if name in fp32_descs:  # rows = (rows, cols)
+                rows, cols = rows
+                lay = G.gl.NVMMASharedLayout.get_default_for([rows, cols], G.gl.float32)
+                sig[name] = f"tensordesc<fp32[{rows}, {cols}],{lay!r}>"
+            else:
+                sig[name] = f"tensordesc<{dtype}[{rows}, {d}],{G._smem_layout(rows, d, tdt)!r}>"
         elif name in ptr_types:
             sig[name] = ptr_types[name].replace("DTYPE", dtype)
         elif name in ("qk_scale", "sm_scale"):
@@ -135,7 +141,10 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
     if ws:  # dK/dV only; K/V blocks are the two halves of BLOCK_N
         const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
                      CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True),
-                     PINGPONG=cfg.get("PINGPONG", False))
+                     PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=cfg.get("WITH_DQ", False),
+                     DETERMINISTIC=deterministic)
+        if not const["WITH_DQ"]:
+            const.update(dq_desc=None, SEM=None)  # the launcher passes None for the unused dQ buffers
     else:
         const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
                      DETERMINISTIC=deterministic, VEC=cfg.get("VEC", 2), WITH_DQ=cfg.get("WITH_DQ", False),
@@ -144,8 +153,9 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
             const.update(DQ=None, SEM=None)  # the launcher passes None for the unused dQ buffers
     kv_rows = bn // 2 if ws else bn
     return _compile_gluon_sm90(GB._attn_bwd_sm90_ws if ws else GB._attn_bwd_sm90, const, dtype, d,
-                               dict(q_desc=bm, do_desc=bm, k_desc=kv_rows, v_desc=kv_rows),
-                               dict(LSE="*fp32", DELTA="*fp32", DQ="*fp32", SEM="*i32", DK="*DTYPE", DV="*DTYPE"))
+                               dict(q_desc=bm, do_desc=bm, k_desc=kv_rows, v_desc=kv_rows, dq_desc=(bm, min(d, 64))),
+                               dict(LSE="*fp32", DELTA="*fp32", DQ="*fp32", SEM="*i32", DK="*DTYPE", DV="*DTYPE"),
+                               fp32_descs=("dq_desc",))
 
 
 def compile_gluon_bwd_dq(d, causal, cfg, dtype="fp16"):

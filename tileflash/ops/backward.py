@@ -433,6 +433,10 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
         do4.stride(0), do4.stride(1), do4.stride(2),
         nheads, pre_s, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=pre_m,
     )
+    if gluon and backward_sm90.fused_enabled() and dq.stride(-1) == 1 and backward_sm90.backward(
+            dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal,
+            backward_sm90.fused_config_for(head_dim, causal)) is not None:
+        return dq, dk, dv  # Hopper, fused: one Gluon kernel wrote dQ, dK and dV
     # Hopper: the Gluon kernel writes dK and dV (None: it did not compile, the Triton kernel runs)
     gluon_done = gluon and backward_sm90.backward(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale,
                                                   causal) is not None

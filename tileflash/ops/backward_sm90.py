@@ -118,6 +118,23 @@ if _f90.HAVE_GLUON:
             gl.atomic_add(sem_ptr, 1, sem="release")
 
     @gluon.jit
+    def _dq_turn(sem_ptr, order):
+        """Wait until `order` adds to this Q block have completed (the counter at sem_ptr)."""
+        while gl.atomic_add(sem_ptr, 0, sem="acquire") < order:
+            pass
+        _cta_barrier()
+
+    @gluon.jit
+    def _dq_turn_done(sem_ptr):
+        """Count this partition's adds to the Q block once its TMA reductions have completed (written
+        to global memory, not only read from shared memory): the issuing thread waits for them, and
+        the barrier orders that wait before the release."""
+        gl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n\tmov.b32 $0, 0;", "=r,r", [sem_ptr.to(gl.int64, bitcast=True).to(gl.int32)],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+        _cta_barrier()
+        gl.atomic_add(sem_ptr, 1, sem="release")
+
+    @gluon.jit
     def _kv_block_coords(nheads_k, seqlen_q, seqlen_k, kv_rb, kv_rh, kv_ch, BLOCK_N: gl.constexpr):
         """Which (batch, kv head, K/V block) a dK/dV program owns (grid: batch·kv heads x K/V
         blocks) and where its K/V tile starts in the 2-D views:
@@ -324,18 +341,26 @@ if _f90.HAVE_GLUON:
                     kv_group, q_rb, q_rh, q_ch, BLOCK_M)
 
     @gluon.jit
-    def _bwd_ws_consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, q_full, q_empty, pp_bar, LSE, DELTA, DK, DV,
-                         off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale, sm_scale,
-                         stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+    def _bwd_ws_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_full, q_empty, pp_bar, LSE,
+                         DELTA, DK, DV, dq_desc, SEM, off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group,
+                         shift, qk_scale, sm_scale, stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh,
+                         stride_dvb, stride_dvn, stride_dvh, seqlen_q, nheads, n_m,
                          C: gl.constexpr, HALF_N: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, CARRY_DK: gl.constexpr, PINGPONG: gl.constexpr):
+                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, CARRY_DK: gl.constexpr, PINGPONG: gl.constexpr,
+                         WITH_DQ: gl.constexpr, DETERMINISTIC: gl.constexpr):
         """Keys [start_n + C·HALF_N, +HALF_N): the dK/dV schedule of _attn_bwd_sm90 (WITH_DQ=False)
         on one warpgroup, releasing each ring slot when its dK matmul retires. CARRY_DK as there:
         True leaves dK in flight into the next block, which makes ptxas serialize every wgmma
         (C7515); False waits for dK at the end of each block. PINGPONG: each of the block's two
         matmul issues (Sᵀ and dPᵀ; dV and dK) is a turn taken alternately with the other consumer
         (the forward's _ws_turn / _ws_pass, two turns per block), so one consumer's elementwise
-        work runs while the other's matmuls do; False: the consumers run free."""
+        work runs while the other's matmuls do; False: the consumers run free.
+        WITH_DQ (PINGPONG off): the fused schedule. dSᵀ goes to this consumer's shared buffer,
+        dQ_part = dS·K over its HALF_N keys runs as a fifth matmul, and the [BLOCK_M, HEAD_DIM]
+        part goes through shared memory (dq_smem) into the fp32 (B·Sq, H·D) view of dq_desc by one
+        TMA bulk reduction (add), which runs while the next block is computed. DETERMINISTIC: the adds to a Q block
+        happen in the order (K block 0, consumer 0), (0, 1), (1, 0), ... (a counter per
+        (b, h, Q block) at SEM), so the fp32 sums are the same bits on every run."""
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, BLOCK_M, 16])
         dkv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -353,6 +378,14 @@ if _f90.HAVE_GLUON:
             dk = gl.zeros([HALF_N, HEAD_DIM], gl.float32, dkv_layout)
         dv = gl.zeros([HALF_N, HEAD_DIM], gl.float32, dkv_layout)                         # [HALF_N, HEAD_DIM]
         zero_st = gl.zeros([HALF_N, BLOCK_M], gl.float32, st_layout)
+        if WITH_DQ:
+            gl.static_assert(not CARRY_DK, "WITH_DQ waits for dK within each block (CARRY_DK=False)")
+            ds_c = ds_smem.index(C)                                                       # [HALF_N, BLOCK_M]
+            DQ_SPLIT: gl.constexpr = 2 if HEAD_DIM > 64 else 1
+            DQ_D: gl.constexpr = HEAD_DIM // DQ_SPLIT
+            dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                                instr_shape=[16, DQ_D, 16])
+            order = 2 * gl.program_id(1) + C   # this consumer's place in every Q block's sum
         mbarrier.wait(kv_bar, 0)
         for it in range(total):
             stage = it % STAGES
@@ -387,8 +420,33 @@ if _f90.HAVE_GLUON:
             else:  # dV runs while dSᵀ is computed
                 dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                         # [HALF_N, HEAD_DIM]
                 dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)                   # [HALF_N, BLOCK_M]
+                if WITH_DQ:  # dSᵀ to shared memory: the A operand of dQ_part = dS·K
+                    ds_c.store(dst)
+                    fence_async_shared()
                 dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)  # [HALF_N, HEAD_DIM]
-            if CARRY_DK:
+            if WITH_DQ:
+                # dQ_part = dS·K over this consumer's keys, DQ_SPLIT column slices of DQ_D (fewer live
+                # registers: dK and dV stay resident), each added by a TMA reduction
+                sem = SEM + (off_b * nheads + h) * n_m + start_m // BLOCK_M                # (b, h, Q block)
+                for hc in gl.static_range(DQ_SPLIT):
+                    dq_tok = warpgroup_mma(ds_c.permute((1, 0)), k_c.slice(hc * DQ_D, DQ_D, dim=1),
+                                           gl.zeros([BLOCK_M, DQ_D], gl.float32, dq_layout),
+                                           use_acc=False, is_async=True)                # [BLOCK_M, DQ_D]
+                    if hc == 0:
+                        dq_part, dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, dv, dk))
+                        mbarrier.arrive(q_empty.index(stage), count=1)                    # Q/dO slot done
+                    else:
+                        dq_part = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok,))
+                    dq_s = dq_smem.index(C * DQ_SPLIT + hc)                                # [BLOCK_M, DQ_D] fp32
+                    _f90.tma.store_wait(DQ_SPLIT - 1)   # the previous block's reduction from dq_s is done reading
+                    dq_s.store(dq_part)
+                    fence_async_shared()
+                    if DETERMINISTIC and hc == 0:
+                        _dq_turn(sem, order)
+                    _f90._tma_add(dq_desc, [off_b * seqlen_q + start_m, h * HEAD_DIM + hc * DQ_D], dq_s)
+                if DETERMINISTIC:
+                    _dq_turn_done(sem)
+            elif CARRY_DK:
                 dv = warpgroup_mma_wait(num_outstanding=1, deps=(dv,))                    # dK runs on
             else:
                 dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
@@ -401,17 +459,18 @@ if _f90.HAVE_GLUON:
 
     @gluon.jit
     def _attn_bwd_sm90_ws(
-        q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DK, DV,
+        q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DK, DV, dq_desc, SEM,
         q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
         stride_lb, stride_lh,
         stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
         nheads_k, kv_group, seqlen_q, seqlen_k, qk_scale, sm_scale,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, CARRY_DK: gl.constexpr = True,
-        PINGPONG: gl.constexpr = False,
+        PINGPONG: gl.constexpr = False, WITH_DQ: gl.constexpr = False, DETERMINISTIC: gl.constexpr = True,
     ):
-        """dK/dV only, one program per (batch·kv head, K/V block) as _attn_bwd_sm90; k_desc/v_desc
-        blocks are the BLOCK_N // 2-key halves."""
+        """One program per (batch·kv head, K/V block) as _attn_bwd_sm90; k_desc/v_desc blocks are
+        the BLOCK_N // 2-key halves. WITH_DQ: also dQ, summed into the fp32 buffer behind dq_desc
+        (see _bwd_ws_consumer); otherwise dq_desc and SEM are unused."""
         HALF_N: gl.constexpr = BLOCK_N // 2
         off_b, off_hk, start_n, shift, kv_row, kv_col = _kv_block_coords(nheads_k, seqlen_q, seqlen_k, kv_rb, kv_rh,
                                                                          kv_ch, BLOCK_N)
@@ -432,18 +491,29 @@ if _f90.HAVE_GLUON:
             mbarrier.init(q_empty.index(i), count=2)   # one release per consumer
         for i in gl.static_range(2):
             mbarrier.init(pp_bar.index(i), count=1)
+        gl.static_assert(not (WITH_DQ and PINGPONG), "WITH_DQ runs without PINGPONG turns")
+        if WITH_DQ:  # each consumer's dSᵀ (the A operand of its dQ matmul) and fp32 dQ part (the TMA source)
+            ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF_N, BLOCK_M], dtype)
+            ds_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, BLOCK_M], ds_layout)
+            dq_smem = gl.allocate_shared_memory(gl.float32, [2 * (HEAD_DIM // dq_desc.block_type.shape[1]), BLOCK_M,
+                                                             dq_desc.block_type.shape[1]], dq_desc.layout)
+        else:
+            ds_smem = k_smem   # unused
+            dq_smem = k_smem
 
         gl.warp_specialize([
-            (_bwd_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, q_full, q_empty, pp_bar, LSE, DELTA, DK, DV,
-                                off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale,
-                                sm_scale, stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb,
-                                stride_dvn, stride_dvh, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK,
-                                PINGPONG)),
-            (_bwd_ws_consumer, (k_smem, v_smem, q_smem, do_smem, kv_bar, q_full, q_empty, pp_bar, LSE, DELTA, DK, DV,
-                                off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale,
-                                sm_scale, stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb,
-                                stride_dvn, stride_dvh, 1, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK,
-                                PINGPONG)),
+            (_bwd_ws_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_full, q_empty,
+                                pp_bar, LSE, DELTA, DK, DV, dq_desc, SEM, off_b, off_hk, start_n, lo, mask_end,
+                                per_head, total, kv_group, shift, qk_scale, sm_scale, stride_lb, stride_lh,
+                                stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, seqlen_q,
+                                nheads_k * kv_group, n_m, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK,
+                                PINGPONG, WITH_DQ, DETERMINISTIC)),
+            (_bwd_ws_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_full, q_empty,
+                                pp_bar, LSE, DELTA, DK, DV, dq_desc, SEM, off_b, off_hk, start_n, lo, mask_end,
+                                per_head, total, kv_group, shift, qk_scale, sm_scale, stride_lb, stride_lh,
+                                stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, seqlen_q,
+                                nheads_k * kv_group, n_m, 1, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK,
+                                PINGPONG, WITH_DQ, DETERMINISTIC)),
             (_bwd_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
                                 q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh,
                                 q_ch, HALF_N, BLOCK_M, STAGES)),
@@ -612,6 +682,19 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
                 CARRY_DK=wide)
 
 
+def fused_config_for(head_dim: int, causal: bool) -> dict:
+    """Tiles of the fused warp-specialized backward (``WS=True, WITH_DQ=True``): dK, dV and dQ in one
+    kernel, dQ summed over K blocks by TMA reductions into an fp32 buffer (ordered by default, so
+    bitwise deterministic). The dK/dV tiles of :func:`config_for` with dK waited within each block
+    and a 2-slot Q/dO ring (the fp32 dQ staging takes the third slot's shared memory at D = 128)."""
+    return dict(config_for(head_dim, causal, 4096), STAGES=2, CARRY_DK=False, WITH_DQ=True)
+
+
+def fused_enabled() -> bool:
+    """TILEFLASH_GLUON_FUSED=1 routes Hopper backward calls to the fused kernel (:func:`fused_config_for`)."""
+    return enabled() and os.environ.get("TILEFLASH_GLUON_FUSED", "0") == "1"
+
+
 _BROKEN: set = set()
 
 
@@ -686,31 +769,42 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     with_dq, ws = cfg.get("WITH_DQ", False), cfg.get("WS", False)
-    if with_dq and ws:
-        raise ValueError("the warp-specialized Gluon backward (WS) computes dK/dV only; WITH_DQ needs WS=False")
+    if with_dq and ws and cfg.get("PINGPONG", False):
+        raise ValueError("the warp-specialized Gluon backward's fused mode (WITH_DQ) runs without PINGPONG")
     q_desc, (q_rb, q_rh, q_ch) = _f90._desc(q, seqlen_q, nheads, bm)
     do_desc, _ = _f90._desc(dout, seqlen_q, nheads, bm)
     # the WS kernel loads K/V as the two 64-key halves of BLOCK_N
     k_desc, (kv_rb, kv_rh, kv_ch) = _f90._desc(k, seqlen_k, nheads_k, bn // 2 if ws else bn)
     v_desc, _ = _f90._desc(v, seqlen_k, nheads_k, bn // 2 if ws else bn)
-    if with_dq:
+    if with_dq and ws:
+        # fp32 dQ in q's (B, Sq, H, D) order, summed over K blocks by TMA reductions of [bm, d]
+        # tiles of its (B·Sq, H·D) view; one counter per (b, h, Q block) orders the sums
+        dq_acc = torch.zeros((batch, seqlen_q, nheads, d), dtype=torch.float32, device=q.device)
+        sem = torch.zeros((batch * nheads * (seqlen_q // bm),), dtype=torch.int32, device=q.device)
+        dq_view = dq_acc.view(batch * seqlen_q, nheads * d)
+        dq_d = d // 2 if d > 64 else d  # the kernel's DQ_D: dQ parts in column slices of 64
+        dq_desc = _f90.TensorDescriptor(dq_view, list(dq_view.shape), [nheads * d, 1], [bm, dq_d],
+                                        gl.NVMMASharedLayout.get_default_for([bm, dq_d], gl.float32))
+    elif with_dq:
         # fp32 dQ, (B·H, Sq, D), summed over K blocks; one counter per (b, h, Q block) orders the sums
         dq_acc = torch.zeros((batch * nheads, seqlen_q, d), dtype=torch.float32, device=q.device)
         sem = torch.zeros((batch * nheads * (seqlen_q // bm),), dtype=torch.int32, device=q.device)
     else:
         dq_acc = sem = None  # unused (WITH_DQ is a constexpr): no allocation, no memset
     grid = (batch * nheads_k, seqlen_k // bn)
-    if ws:  # dK/dV only (supported() keeps WITH_DQ off for it)
+    if ws:
         _attn_bwd_sm90_ws[grid](
-            q_desc, k_desc, v_desc, do_desc, lse, delta, dk, dv,
+            q_desc, k_desc, v_desc, do_desc, lse, delta, dk, dv, dq_desc if with_dq else None, sem,
             q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
             lse.stride(0), lse.stride(1),
             dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
             nheads_k, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E, softmax_scale,
             HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
             CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True),
-            PINGPONG=cfg.get("PINGPONG", False),
+            PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=with_dq, DETERMINISTIC=deterministic,
         )
+        if with_dq:  # dq = scale · dq_acc, cast to q's dtype in one pass
+            torch.mul(dq_acc, softmax_scale, out=dq)
         return
     _attn_bwd_sm90[grid](
         q_desc, k_desc, v_desc, do_desc, lse, delta, dq_acc, sem, dk, dv,

@@ -51,6 +51,18 @@ try:  # Gluon ships with triton >= 3.5; without it (or on other GPUs) the Triton
     # triton 3.8 renamed the TMA copies (the old names raise); same arguments
     _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
     _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
+    if hasattr(tma, "async_atomic_add"):  # triton >= 3.8
+        _tma_add = tma.async_atomic_add
+    else:  # triton 3.6 builds the same op (cp.reduce.async.bulk.tensor ... .add) without exposing it
+        from triton._C.libtriton import ir as _ir
+        from triton.experimental.gluon.language._core import builtin as _builtin
+
+        @_builtin
+        def _tma_add(tensor_desc, coord, src, _semantic=None):
+            """global[tile at coord] += shared src, one TMA bulk reduction (asynchronous, like a store)."""
+            coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+            _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
+                                                      src.handle)
 except ImportError:  # pragma: no cover - depends on the installed triton
     HAVE_GLUON = False
 

@@ -1,0 +1,122 @@
+"""The fused warp-specialized Gluon backward (dQ, dK, dV in one kernel) against the default split
+backward (Gluon dK/dV + Gluon dQ), cuDNN and SDPA-flash, in one run (GPU).
+
+Usage: PYTHONPATH=. python3 scripts/fused_bwd_check.py [--dtype float16] [--sizes 1024 4096 16384] [--d 64 128]
+For each (D, causal, N), B·N = 16k tokens and H = 2048 / D (as gluon_bwd_check.py):
+* accuracy (N <= 4k): dq/dk/dv of the fused path (output buffers poisoned with NaN) against fp32
+  autograd on batch 0, flash-attn's rule: error <= 2x the Triton backward's error + 1e-3;
+* determinism: the ordered fused mode run twice, compared bitwise (the unordered one is not);
+* speed, do_bench median, the whole backward through ``flash_attn_backward`` (delta included):
+  default split, fused ordered (TILEFLASH_GLUON_FUSED=1), fused unordered (delta + the kernel
+  called directly with deterministic=False), cuDNN and SDPA-flash (autograd of SDPA).
+The table is printed last.
+"""
+
+import argparse
+import os
+
+import torch
+import torch.nn.functional as Fn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+from tileflash.ops import backward as B
+from tileflash.ops import backward_sm90 as GB
+from tileflash.ops import forward as F
+
+from gluon_bwd_check import ref_grads  # same directory
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384])
+    ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
+    args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
+    rows = []
+    for d in args.d:
+        for causal in map(bool, args.causal):
+            for n in args.sizes:
+                b, h = 16384 // n, 2048 // d
+                torch.manual_seed(0)
+                q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=dtype) for _ in range(4))
+                flops = 2.5 * 4 * b * h * n * n * d * (0.5 if causal else 1)
+                scale = d ** -0.5
+                out, lse = F.flash_attn_forward(q, k, v, scale, causal)
+                tri_cfg = B.default_bwd_config(d, causal)
+
+                def split():
+                    return B.flash_attn_backward(do, q, k, v, out, lse, scale, causal)
+
+                bufs = [torch.full_like(x, float("nan")) for x in (q, k, v)]
+
+                def fused():
+                    return B.flash_attn_backward(do, q, k, v, out, lse, scale, causal, dq=bufs[0], dk=bufs[1],
+                                                 dv=bufs[2])
+
+                cfg = GB.fused_config_for(d, causal)
+
+                def fused_nd():
+                    delta = torch.empty_like(lse)
+                    B._bwd_preprocess[(n // 64, b * h)](out, do, delta, *out.stride()[:3], *do.stride()[:3], h, n,
+                                                        HEAD_DIM=d, BLOCK_D=d, BLOCK_M=64)
+                    return GB.backward(do, q, k, v, lse, delta, *bufs, scale, causal, cfg, False)
+
+                t1 = B.flash_attn_backward(do, q, k, v, out, lse, scale, causal, config=tri_cfg)
+                s1 = split()
+                os.environ["TILEFLASH_GLUON_FUSED"] = "1"
+                try:
+                    f1 = [x.clone() for x in fused()]
+                    nan = any(torch.isnan(x).any().item() for x in f1)
+                    for x in bufs:
+                        x.fill_(float("nan"))
+                    f2 = [x.clone() for x in fused()]
+                    det = all(torch.equal(x, y) for x, y in zip(f1, f2))
+                    t = {"fused": do_bench(fused, warmup=25, rep=100)}
+                finally:
+                    os.environ.pop("TILEFLASH_GLUON_FUSED")
+                diff = max((x.float() - y.float()).abs().max().item() for x, y in zip(f1, s1))
+                nd = [x.clone() for x in fused_nd()]
+                nd_diff = max((x.float() - y.float()).abs().max().item() for x, y in zip(nd, f1))
+                ok = "n/a"
+                if n <= 4096:
+                    ref = ref_grads(q, k, v, do, causal, scale)
+                    errs = []
+                    for name, gg, ggn, tt, rr in zip("qkv", f1, nd, t1, ref):
+                        eg = (gg[:1].float() - rr).abs().max().item()
+                        en = (ggn[:1].float() - rr).abs().max().item()
+                        et = (tt[:1].float() - rr).abs().max().item()
+                        errs.append((name, round(eg, 5), round(en, 5), round(et, 5)))
+                    ok = "ok" if all(eg <= 2 * et + 1e-3 and en <= 2 * et + 1e-3 for _, eg, en, et in errs) \
+                        else "FAIL " + str(errs)
+                    print(f"  errors (fused, unordered, triton): {errs}", flush=True)
+                t["split"] = do_bench(split, warmup=25, rep=100)
+                t["fused_nd"] = do_bench(fused_nd, warmup=25, rep=100)
+                qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+                dot = do.transpose(1, 2)
+                for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+                    with sdpa_kernel(be):
+                        o = Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                        t[name] = do_bench(lambda: torch.autograd.grad(o, (qt, kt, vt), dot, retain_graph=True),
+                                           warmup=25, rep=100)
+                tf = {key: flops / ms * 1e-9 for key, ms in t.items()}
+                row = (d, int(causal), n, tf["split"], tf["fused"], tf["fused_nd"], tf["cudnn"], tf["flash"], diff,
+                       nd_diff, det, nan, ok)
+                rows.append(row)
+                print("D={} causal={} N={}: split {:.0f} fused {:.0f} fused-nd {:.0f} cudnn {:.0f} flash {:.0f} "
+                      "TFLOP/s; max|fused-split| {:.3g} max|nd-fused| {:.3g} bitwise rerun {} nan {} vs fp32 {}"
+                      .format(*row), flush=True)
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}; backward TFLOP/s "
+          "(do_bench median, whole backward incl. delta)")
+    print("| D | causal | N | split | fused | fused unordered | cuDNN | SDPA-flash | fused/cuDNN | fused/split "
+          "| bitwise rerun | fp32 rule |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for d, c, n, sp, fu, fn, cu, fl, diff, ndd, det, nan, ok in rows:
+        print(f"| {d} | {c} | {n} | {sp:.0f} | {fu:.0f} | {fn:.0f} | {cu:.0f} | {fl:.0f} | {fu / cu:.2f} | "
+              f"{fu / sp:.2f} | {'same' if det else 'DIFFERENT'}{' NaN' if nan else ''} | {ok} |")
+
+
+if __name__ == "__main__":
+    main()
