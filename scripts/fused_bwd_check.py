@@ -33,6 +33,8 @@ def main():
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--modes", action="store_true", help="also time the kernels alone: the default dK/dV and dQ "
+                    "kernels, and the fused kernel with a TMA store instead of the add, and with no dQ write")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     rows = []
@@ -94,6 +96,26 @@ def main():
                     print(f"  errors (fused, unordered, triton): {errs}", flush=True)
                 t["split"] = do_bench(split, warmup=25, rep=100)
                 t["fused_nd"] = do_bench(fused_nd, warmup=25, rep=100)
+                if args.modes:  # where the fused kernel's time goes (wrong results, timed only)
+                    delta = torch.empty_like(lse)
+                    B._bwd_preprocess[(n // 64, b * h)](out, do, delta, *out.stride()[:3], *do.stride()[:3], h, n,
+                                                        HEAD_DIM=d, BLOCK_D=d, BLOCK_M=64)
+                    parts = {"dkdv kernel (default)": lambda: GB.backward(do, q, k, v, lse, delta, *bufs, scale,
+                                                                          causal),
+                             "dq kernel (default)": lambda: GB.backward_dq(do, q, k, v, lse, delta, bufs[0], scale,
+                                                                           causal),
+                             "fused, TMA store instead of add": lambda: GB.backward(
+                                 do, q, k, v, lse, delta, *bufs, scale, causal, dict(cfg, DQ_MODE=1), False),
+                             "fused, no dQ write": lambda: GB.backward(
+                                 do, q, k, v, lse, delta, *bufs, scale, causal, dict(cfg, DQ_MODE=2), False),
+                             "fused unordered (launcher: memset+kernel+cast)": lambda: GB.backward(
+                                 do, q, k, v, lse, delta, *bufs, scale, causal, cfg, False),
+                             "fused ordered (launcher)": lambda: GB.backward(
+                                 do, q, k, v, lse, delta, *bufs, scale, causal, cfg, True)}
+                    for name, fn in parts.items():
+                        ms = do_bench(fn, warmup=25, rep=100)
+                        print(f"    D={d} causal={int(causal)} N={n} {name}: {ms * 1e3:.0f} us "
+                              f"({flops / ms * 1e-9:.0f} TFLOP/s-equivalent)", flush=True)
                 qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
                 dot = do.transpose(1, 2)
                 for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):

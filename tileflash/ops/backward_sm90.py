@@ -347,7 +347,7 @@ if _f90.HAVE_GLUON:
                          stride_dvb, stride_dvn, stride_dvh, seqlen_q, nheads, n_m,
                          C: gl.constexpr, HALF_N: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                          STAGES: gl.constexpr, CAUSAL: gl.constexpr, CARRY_DK: gl.constexpr, PINGPONG: gl.constexpr,
-                         WITH_DQ: gl.constexpr, DETERMINISTIC: gl.constexpr):
+                         WITH_DQ: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_MODE: gl.constexpr):
         """Keys [start_n + C·HALF_N, +HALF_N): the dK/dV schedule of _attn_bwd_sm90 (WITH_DQ=False)
         on one warpgroup, releasing each ring slot when its dK matmul retires. CARRY_DK as there:
         True leaves dK in flight into the next block, which makes ptxas serialize every wgmma
@@ -358,7 +358,9 @@ if _f90.HAVE_GLUON:
         WITH_DQ (PINGPONG off): the fused schedule. dSᵀ goes to this consumer's shared buffer,
         dQ_part = dS·K over its HALF_N keys runs as a fifth matmul, and the [BLOCK_M, HEAD_DIM]
         part goes through shared memory (dq_smem) into the fp32 (B·Sq, H·D) view of dq_desc by one
-        TMA bulk reduction (add), which runs while the next block is computed. DETERMINISTIC: the adds to a Q block
+        TMA bulk reduction (add), which runs while the next block is computed. DQ_MODE 1 (a plain
+        TMA store) and 2 (no global write) are wrong on purpose, to time the reduction's cost
+        (scripts/fused_bwd_check.py --modes). DETERMINISTIC: the adds to a Q block
         happen in the order (K block 0, consumer 0), (0, 1), (1, 0), ... (a counter per
         (b, h, Q block) at SEM), so the fp32 sums are the same bits on every run."""
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -386,6 +388,7 @@ if _f90.HAVE_GLUON:
             dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                                 instr_shape=[16, DQ_D, 16])
             order = 2 * gl.program_id(1) + C   # this consumer's place in every Q block's sum
+            prev_sem = SEM
         mbarrier.wait(kv_bar, 0)
         for it in range(total):
             stage = it % STAGES
@@ -438,14 +441,21 @@ if _f90.HAVE_GLUON:
                     else:
                         dq_part = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok,))
                     dq_s = dq_smem.index(C * DQ_SPLIT + hc)                                # [BLOCK_M, DQ_D] fp32
-                    _f90.tma.store_wait(DQ_SPLIT - 1)   # the previous block's reduction from dq_s is done reading
+                    if DETERMINISTIC and hc == 0:
+                        # the previous block's reductions had a block's time to complete: count them
+                        # (lazily, so this consumer never waits for its own adds), then wait for this turn
+                        if it > 0:
+                            _dq_turn_done(prev_sem)
+                        _dq_turn(sem, order)
+                    else:
+                        _f90.tma.store_wait(DQ_SPLIT - 1)   # the previous block's reduction from dq_s has read it
                     dq_s.store(dq_part)
                     fence_async_shared()
-                    if DETERMINISTIC and hc == 0:
-                        _dq_turn(sem, order)
-                    _f90._tma_add(dq_desc, [off_b * seqlen_q + start_m, h * HEAD_DIM + hc * DQ_D], dq_s)
-                if DETERMINISTIC:
-                    _dq_turn_done(sem)
+                    if DQ_MODE == 0:
+                        _f90._tma_add(dq_desc, [off_b * seqlen_q + start_m, h * HEAD_DIM + hc * DQ_D], dq_s)
+                    elif DQ_MODE == 1:  # timing only (wrong dQ): a plain TMA store, no reduction
+                        _f90._tma_store(dq_desc, [off_b * seqlen_q + start_m, h * HEAD_DIM + hc * DQ_D], dq_s)
+                prev_sem = sem
             elif CARRY_DK:
                 dv = warpgroup_mma_wait(num_outstanding=1, deps=(dv,))                    # dK runs on
             else:
@@ -454,6 +464,9 @@ if _f90.HAVE_GLUON:
         if CARRY_DK:
             dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
 
+        if WITH_DQ and DETERMINISTIC:
+            if total > 0:
+                _dq_turn_done(prev_sem)
         _store_dkdv(DK, DV, dk, dv, start_c, off_b, off_hk, sm_scale, stride_dkb, stride_dkn, stride_dkh,
                     stride_dvb, stride_dvn, stride_dvh, HALF_N, HEAD_DIM, dkv_layout)
 
@@ -467,6 +480,7 @@ if _f90.HAVE_GLUON:
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, CARRY_DK: gl.constexpr = True,
         PINGPONG: gl.constexpr = False, WITH_DQ: gl.constexpr = False, DETERMINISTIC: gl.constexpr = True,
+        DQ_MODE: gl.constexpr = 0,
     ):
         """One program per (batch·kv head, K/V block) as _attn_bwd_sm90; k_desc/v_desc blocks are
         the BLOCK_N // 2-key halves. WITH_DQ: also dQ, summed into the fp32 buffer behind dq_desc
@@ -507,13 +521,13 @@ if _f90.HAVE_GLUON:
                                 per_head, total, kv_group, shift, qk_scale, sm_scale, stride_lb, stride_lh,
                                 stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, seqlen_q,
                                 nheads_k * kv_group, n_m, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK,
-                                PINGPONG, WITH_DQ, DETERMINISTIC)),
+                                PINGPONG, WITH_DQ, DETERMINISTIC, DQ_MODE)),
             (_bwd_ws_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_full, q_empty,
                                 pp_bar, LSE, DELTA, DK, DV, dq_desc, SEM, off_b, off_hk, start_n, lo, mask_end,
                                 per_head, total, kv_group, shift, qk_scale, sm_scale, stride_lb, stride_lh,
                                 stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, seqlen_q,
                                 nheads_k * kv_group, n_m, 1, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK,
-                                PINGPONG, WITH_DQ, DETERMINISTIC)),
+                                PINGPONG, WITH_DQ, DETERMINISTIC, DQ_MODE)),
             (_bwd_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
                                 q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh,
                                 q_ch, HALF_N, BLOCK_M, STAGES)),
@@ -802,6 +816,7 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
             HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
             CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True),
             PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=with_dq, DETERMINISTIC=deterministic,
+            DQ_MODE=cfg.get("DQ_MODE", 0),
         )
         if with_dq:  # dq = scale · dq_acc, cast to q's dtype in one pass
             torch.mul(dq_acc, softmax_scale, out=dq)
