@@ -64,15 +64,68 @@ def test_bwd_head_offsets_must_fit_int32():
     assert gb._head_offsets_fit(below)
 
 
-def test_ws_kernel_refuses_the_fused_mode():
-    """The warp-specialized kernel computes dK/dV only: asking it for dQ is an error, not a silent
-    dK/dV-only result (raised before any launch, so CPU tensors do)."""
+def test_ws_fused_mode_refuses_pingpong():
+    """The warp-specialized kernel's fused mode (WITH_DQ) has no PINGPONG turns: asking for both is
+    an error, not a silently different schedule (raised before any launch, so CPU tensors do)."""
     q = torch.empty(1, 128, 2, 64, dtype=torch.float16)
     lse = torch.empty(1, 2, 128)
-    cfg = dict(gb.config_for(64, False, 128), WITH_DQ=True)
-    assert cfg["WS"]
-    with pytest.raises(ValueError, match="dK/dV only"):
+    cfg = dict(gb.fused_config_for(64, False), PINGPONG=True)
+    assert cfg["WS"] and cfg["WITH_DQ"]
+    with pytest.raises(ValueError, match="without PINGPONG"):
         gb._launch(q, q, q, q, lse, lse, q, q, q, 0.125, False, cfg, True)
+
+
+def test_fused_mode_is_opt_in(monkeypatch):
+    """TILEFLASH_GLUON_FUSED=1 turns the fused backward on; it is off by default (slower than the
+    split default on the H200, docs/perf-notes.md §22)."""
+    monkeypatch.delenv("TILEFLASH_GLUON_FUSED", raising=False)
+    assert not gb.fused_enabled()
+    monkeypatch.setenv("TILEFLASH_GLUON_FUSED", "1")
+    assert gb.fused_enabled() == gb.enabled()
+    for d in (64, 128):
+        for causal in (False, True):
+            cfg = gb.fused_config_for(d, causal)
+            assert cfg["WS"] and cfg["WITH_DQ"] and not cfg["CARRY_DK"] and cfg["STAGES"] == 2
+
+
+@pytest.mark.skipif(not gb._f90.HAVE_GLUON, reason="this triton has no Gluon")
+def test_fused_mode_compiles_for_sm90():
+    """No GPU needed: the fused mode compiles for sm_90 with the installed triton, adds dQ with TMA
+    bulk reductions (one per consumer and column slice), and orders them (an acquire load before
+    and a release after) only when deterministic; DQ_MODE 1/2, the timing variants, add nothing."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    code = """
+import json, re, sys
+sys.path.insert(0, "scripts")
+from compile_check import compile_gluon_bwd
+from tileflash.ops import backward_sm90 as GB
+rows = {}
+for d, causal, det, mode in ((128, False, True, 0), (128, True, False, 0), (64, False, True, 0), (64, True, True, 0),
+                             (128, False, False, 1), (128, False, False, 2)):
+    ptx = compile_gluon_bwd(d, causal, dict(GB.fused_config_for(d, causal), DQ_MODE=mode), deterministic=det).asm["ptx"]
+    rows[f"{d} {int(causal)} {int(det)} {mode}"] = [ptx.count("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"),
+        len(re.findall(r"(?:atom|red)[.]global[.]gpu[.]release", ptx)), ptx.count("ld.global.gpu.acquire"),
+        ptx.count("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group")]
+print(json.dumps(rows))
+"""
+    env = {key: val for key, val in os.environ.items() if key != "TRITON_INTERPRET"}  # compile, not interpret
+    env["PYTHONPATH"] = str(root)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900,
+                         cwd=root)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = json.loads(res.stdout.strip().splitlines()[-1])
+    # [reductions, releases, acquires, plain TMA stores]: D=128 splits dQ into two 64-column slices
+    # two releases per consumer: the lazy one inside the loop (the previous block's adds) and the last
+    assert rows["128 0 1 0"][:3] == [4, 4, 2] and rows["128 1 0 0"][:3] == [4, 0, 0]
+    assert rows["64 0 1 0"][:3] == [2, 4, 2] and rows["64 1 1 0"][:3] == [2, 4, 2]
+    assert rows["128 0 0 1"][0] == 0 and rows["128 0 0 1"][3] == 4
+    assert rows["128 0 0 2"][0] == 0 and rows["128 0 0 2"][3] == 0
 
 
 @needs_sm90
@@ -208,6 +261,49 @@ def test_gluon_fused_mode_matches_reference(case, d, causal):
     res, bufs = _direct(q, k, v, do, causal, FUSED)
     assert res is not None and res[0] is bufs[0]  # dq written by the kernel
     check_cuda_grads(res, q, k, v, do, causal)
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c)))
+def test_ws_fused_mode_matches_reference(case, d, causal, dtype):
+    """The warp-specialized kernel's fused mode (fused_config_for): dQ summed in fp32 by ordered TMA
+    reductions, every gradient buffer NaN-poisoned, flash-attn's rule; unordered within 1e-2 of it."""
+    b, sq, sk, h, hk = case
+    if causal and sq > sk:
+        pytest.skip("causal with Sq > Sk runs the Triton backward (rows without keys)")
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype, "cuda", seed=sq + 5 * d)
+    do = torch.randn_like(q)
+    cfg = gb.fused_config_for(d, causal)
+    res, bufs = _direct(q, k, v, do, causal, cfg)
+    assert res is not None and res[0] is bufs[0]  # dq written by the kernel
+    check_cuda_grads(res, q, k, v, do, causal)
+    nondet, _ = _direct(q, k, v, do, causal, cfg, deterministic=False)
+    assert torch.equal(res[1], nondet[1]) and torch.equal(res[2], nondet[2])  # dK, dV: no atomics
+    assert (res[0].float() - nondet[0].float()).abs().max().item() <= 1e-2 * res[0].float().abs().max().item()
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_ws_fused_mode_through_the_public_api(causal, monkeypatch, gluon_bwd_calls):
+    """TILEFLASH_GLUON_FUSED=1: autograd of flash_attn_func takes the fused kernel (one Gluon
+    launch, no dQ kernel) and its gradients are bitwise the same in three runs (ordered sums)."""
+    monkeypatch.setenv("TILEFLASH_GLUON_FUSED", "1")
+    dq_calls = count_calls(monkeypatch, gb, "backward_dq")
+    q, k, v = make_qkv(2, 2048, 2048, 8, 2, 128, torch.bfloat16, "cuda", seed=9)
+    do = torch.randn_like(q)
+    runs = [_grads(q, k, v, do, causal) for _ in range(3)]
+    assert len(gluon_bwd_calls) == 3 and not dq_calls
+    check_cuda_grads(runs[0], q, k, v, do, causal)
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)
+    monkeypatch.delenv("TILEFLASH_GLUON_FUSED")
+    split = _grads(q, k, v, do, causal)
+    for a, b in zip(runs[0], split):  # the split default: same math, other fp32 summation order for dQ
+        assert (a.float() - b.float()).abs().max().item() <= 1e-2 * b.float().abs().max().item()
 
 
 @needs_sm90
