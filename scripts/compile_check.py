@@ -142,7 +142,7 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
         const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
                      CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True),
                      PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=cfg.get("WITH_DQ", False),
-                     DETERMINISTIC=deterministic, DQ_MODE=cfg.get("DQ_MODE", 0))
+                     DETERMINISTIC=deterministic, DQ_MODE=cfg.get("DQ_MODE", 0), DQ_PARTS=cfg.get("DQ_PARTS", 1))
         if not const["WITH_DQ"]:
             const.update(dq_desc=None, SEM=None)  # the launcher passes None for the unused dQ buffers
     else:
@@ -153,7 +153,7 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
             const.update(DQ=None, SEM=None)  # the launcher passes None for the unused dQ buffers
     kv_rows = bn // 2 if ws else bn
     return _compile_gluon_sm90(GB._attn_bwd_sm90_ws if ws else GB._attn_bwd_sm90, const, dtype, d,
-                               dict(q_desc=bm, do_desc=bm, k_desc=kv_rows, v_desc=kv_rows, dq_desc=(bm, min(d, 64))),
+                               dict(q_desc=bm, do_desc=bm, k_desc=kv_rows, v_desc=kv_rows, dq_desc=(bm, d // cfg.get("DQ_SPLIT", 2 if d > 64 else 1))),
                                dict(LSE="*fp32", DELTA="*fp32", DQ="*fp32", SEM="*i32", DK="*DTYPE", DV="*DTYPE"),
                                fp32_descs=("dq_desc",))
 

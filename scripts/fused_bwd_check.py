@@ -33,6 +33,8 @@ def main():
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--variants", nargs="*", default=[], help="fused configurations timed beside the default, "
+                    "e.g. DQ_SPLIT=1,DQ_PARTS=2 or DQ_SPLIT=1,det=0 (keys of fused_config_for; det: ordered sums)")
     ap.add_argument("--modes", action="store_true", help="also time the kernels alone: the default dK/dV and dQ "
                     "kernels, and the fused kernel with a TMA store instead of the add, and with no dQ write")
     args = ap.parse_args()
@@ -96,6 +98,34 @@ def main():
                     print(f"  errors (fused, unordered, triton): {errs}", flush=True)
                 t["split"] = do_bench(split, warmup=25, rep=100)
                 t["fused_nd"] = do_bench(fused_nd, warmup=25, rep=100)
+                if args.variants:  # fused configurations against the split default, the kernel launcher alone
+                    delta = torch.empty_like(lse)
+                    B._bwd_preprocess[(n // 64, b * h)](out, do, delta, *out.stride()[:3], *do.stride()[:3], h, n,
+                                                        HEAD_DIM=d, BLOCK_D=d, BLOCK_M=64)
+                    for spec in args.variants:
+                        vcfg, vdet = dict(cfg), True
+                        for item in spec.split(","):
+                            key, val = item.split("=")
+                            if key == "det":
+                                vdet = bool(int(val))
+                            else:
+                                vcfg[key] = int(val)
+                        try:
+                            runs = []
+                            for _ in range(2):
+                                vb = [torch.full_like(x, float("nan")) for x in (q, k, v)]
+                                runs.append(GB.backward(do, q, k, v, lse, delta, *vb, scale, causal, vcfg, vdet))
+                            rel = max(((x.float() - y.float()).abs().max() / y.float().abs().max()).item()
+                                      for x, y in zip(runs[0], s1))
+                            same = all(torch.equal(x, y) for x, y in zip(*runs))
+                            ms = do_bench(lambda: GB.backward(do, q, k, v, lse, delta, *vb, scale, causal, vcfg, vdet),
+                                          warmup=25, rep=100)
+                            print(f"    D={d} causal={int(causal)} N={n} variant {spec}: {ms * 1e3:.0f} us "
+                                  f"({flops / ms * 1e-9:.0f} TFLOP/s-equivalent, launcher) max rel diff to split "
+                                  f"{rel:.2g}, rerun {'same' if same else 'different'}", flush=True)
+                        except Exception as e:  # noqa: BLE001
+                            print(f"    D={d} causal={int(causal)} N={n} variant {spec}: FAILED {repr(e)[:300]}",
+                                  flush=True)
                 if args.modes:  # where the fused kernel's time goes (wrong results, timed only)
                     delta = torch.empty_like(lse)
                     B._bwd_preprocess[(n // 64, b * h)](out, do, delta, *out.stride()[:3], *do.stride()[:3], h, n,
