@@ -347,8 +347,7 @@ if _f90.HAVE_GLUON:
                          stride_dvb, stride_dvn, stride_dvh, seqlen_q, nheads, n_m,
                          C: gl.constexpr, HALF_N: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                          STAGES: gl.constexpr, CAUSAL: gl.constexpr, CARRY_DK: gl.constexpr, PINGPONG: gl.constexpr,
-                         WITH_DQ: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_MODE: gl.constexpr,
-                         DQ_PARTS: gl.constexpr):
+                         WITH_DQ: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_MODE: gl.constexpr):
         """Keys [start_n + C·HALF_N, +HALF_N): the dK/dV schedule of _attn_bwd_sm90 (WITH_DQ=False)
         on one warpgroup, releasing each ring slot when its dK matmul retires. CARRY_DK as there:
         True leaves dK in flight into the next block, which makes ptxas serialize every wgmma
@@ -389,10 +388,7 @@ if _f90.HAVE_GLUON:
             dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                                 instr_shape=[16, DQ_D, 16])
             # this consumer's place in every Q block's sum: after both consumers of the K blocks before
-            # (one buffer), or after the same consumer of the K blocks before (DQ_PARTS = 2)
-            order = gl.program_id(1) if DQ_PARTS == 2 else 2 * gl.program_id(1) + C
-            part = C if DQ_PARTS == 2 else 0
-            batch = gl.num_programs(0) // (nheads // kv_group)   # grid axis 0: batch · kv heads
+            order = 2 * gl.program_id(1) + C
             prev_sem = SEM
         mbarrier.wait(kv_bar, 0)
         for it in range(total):
@@ -435,10 +431,8 @@ if _f90.HAVE_GLUON:
             if WITH_DQ:
                 # dQ_part = dS·K over this consumer's keys, DQ_SPLIT column slices of DQ_D (fewer live
                 # registers: dK and dV stay resident), each added by a TMA reduction
-                # DQ_PARTS = 2: each consumer sums into its own buffer (rows C·B·Sq onward, counters
-                # C·B·H·n_m onward), so the two consumers never wait for each other
-                sem = SEM + ((part * batch + off_b) * nheads + h) * n_m + start_m // BLOCK_M  # (part, b, h, Q block)
-                dq_row = (part * batch + off_b) * seqlen_q + start_m
+                sem = SEM + (off_b * nheads + h) * n_m + start_m // BLOCK_M                # (b, h, Q block)
+                dq_row = off_b * seqlen_q + start_m
                 if DQ_SPLIT == 1:  # dV retires first (its P operand's registers free), then one dQ matmul
                     dv = warpgroup_mma_wait(num_outstanding=1, deps=(dv,))
                 for hc in gl.static_range(DQ_SPLIT):
@@ -490,7 +484,7 @@ if _f90.HAVE_GLUON:
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, CARRY_DK: gl.constexpr = True,
         PINGPONG: gl.constexpr = False, WITH_DQ: gl.constexpr = False, DETERMINISTIC: gl.constexpr = True,
-        DQ_MODE: gl.constexpr = 0, DQ_PARTS: gl.constexpr = 1,
+        DQ_MODE: gl.constexpr = 0,
     ):
         """One program per (batch·kv head, K/V block) as _attn_bwd_sm90; k_desc/v_desc blocks are
         the BLOCK_N // 2-key halves. WITH_DQ: also dQ, summed into the fp32 buffer behind dq_desc
@@ -531,13 +525,13 @@ if _f90.HAVE_GLUON:
                                 per_head, total, kv_group, shift, qk_scale, sm_scale, stride_lb, stride_lh,
                                 stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, seqlen_q,
                                 nheads_k * kv_group, n_m, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK,
-                                PINGPONG, WITH_DQ, DETERMINISTIC, DQ_MODE, DQ_PARTS)),
+                                PINGPONG, WITH_DQ, DETERMINISTIC, DQ_MODE)),
             (_bwd_ws_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_full, q_empty,
                                 pp_bar, LSE, DELTA, DK, DV, dq_desc, SEM, off_b, off_hk, start_n, lo, mask_end,
                                 per_head, total, kv_group, shift, qk_scale, sm_scale, stride_lb, stride_lh,
                                 stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, seqlen_q,
                                 nheads_k * kv_group, n_m, 1, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK,
-                                PINGPONG, WITH_DQ, DETERMINISTIC, DQ_MODE, DQ_PARTS)),
+                                PINGPONG, WITH_DQ, DETERMINISTIC, DQ_MODE)),
             (_bwd_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
                                 q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh,
                                 q_ch, HALF_N, BLOCK_M, STAGES)),
@@ -803,10 +797,9 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
     if with_dq and ws:
         # fp32 dQ in q's (B, Sq, H, D) order, summed over K blocks by TMA reductions of [bm, d]
         # tiles of its (B·Sq, H·D) view; one counter per (b, h, Q block) orders the sums
-        parts = cfg.get("DQ_PARTS", 1)  # 2: one buffer per consumer, summed below
-        dq_acc = torch.zeros((parts, batch, seqlen_q, nheads, d), dtype=torch.float32, device=q.device)
-        sem = torch.zeros((parts * batch * nheads * (seqlen_q // bm),), dtype=torch.int32, device=q.device)
-        dq_view = dq_acc.view(parts * batch * seqlen_q, nheads * d)
+        dq_acc = torch.zeros((batch, seqlen_q, nheads, d), dtype=torch.float32, device=q.device)
+        sem = torch.zeros((batch * nheads * (seqlen_q // bm),), dtype=torch.int32, device=q.device)
+        dq_view = dq_acc.view(batch * seqlen_q, nheads * d)
         dq_d = d // cfg.get("DQ_SPLIT", 2 if d > 64 else 1)  # the kernel's DQ_D: dQ parts in column slices
         dq_desc = _f90.TensorDescriptor(dq_view, list(dq_view.shape), [nheads * d, 1], [bm, dq_d],
                                         gl.NVMMASharedLayout.get_default_for([bm, dq_d], gl.float32))
@@ -827,10 +820,10 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
             HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
             CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True),
             PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=with_dq, DETERMINISTIC=deterministic,
-            DQ_MODE=cfg.get("DQ_MODE", 0), DQ_PARTS=cfg.get("DQ_PARTS", 1),
+            DQ_MODE=cfg.get("DQ_MODE", 0),
         )
-        if with_dq:  # dq = scale · dq_acc, cast to q's dtype in one pass (after the two parts' sum)
-            torch.mul(dq_acc[0] if dq_acc.shape[0] == 1 else dq_acc[0].add_(dq_acc[1]), softmax_scale, out=dq)
+        if with_dq:  # dq = scale · dq_acc, cast to q's dtype in one pass
+            torch.mul(dq_acc, softmax_scale, out=dq)
         return
     _attn_bwd_sm90[grid](
         q_desc, k_desc, v_desc, do_desc, lse, delta, dq_acc, sem, dk, dv,
