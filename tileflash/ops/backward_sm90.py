@@ -125,12 +125,11 @@ if _f90.HAVE_GLUON:
         _cta_barrier()
 
     @gluon.jit
-    def _dq_turn_done(sem_ptr, PENDING: gl.constexpr):
-        """Count this partition's adds to a Q block once its TMA reductions have completed (written
-        to global memory, not only read from shared memory): the issuing thread waits until at most
-        PENDING later bulk groups are in flight, and the barrier orders that wait before the release."""
-        gl.inline_asm_elementwise(f"cp.async.bulk.wait_group {PENDING};\n\tmov.b32 $0, 0;", "=r,r",
-                                  [sem_ptr.to(gl.int64, bitcast=True).to(gl.int32)],
+    def _dq_turn_done(sem_ptr):
+        """Count this partition's adds to the Q block once its TMA reductions have completed (written
+        to global memory, not only read from shared memory): the issuing thread waits for them, and
+        the barrier orders that wait before the release."""
+        gl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n\tmov.b32 $0, 0;", "=r,r", [sem_ptr.to(gl.int64, bitcast=True).to(gl.int32)],
                                   dtype=gl.int32, is_pure=False, pack=1)
         _cta_barrier()
         gl.atomic_add(sem_ptr, 1, sem="release")
@@ -348,8 +347,7 @@ if _f90.HAVE_GLUON:
                          stride_dvb, stride_dvn, stride_dvh, seqlen_q, nheads, n_m,
                          C: gl.constexpr, HALF_N: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                          STAGES: gl.constexpr, CAUSAL: gl.constexpr, CARRY_DK: gl.constexpr, PINGPONG: gl.constexpr,
-                         WITH_DQ: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_MODE: gl.constexpr,
-                         DQ_LAG: gl.constexpr):
+                         WITH_DQ: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_MODE: gl.constexpr):
         """Keys [start_n + C·HALF_N, +HALF_N): the dK/dV schedule of _attn_bwd_sm90 (WITH_DQ=False)
         on one warpgroup, releasing each ring slot when its dK matmul retires. CARRY_DK as there:
         True leaves dK in flight into the next block, which makes ptxas serialize every wgmma
@@ -392,7 +390,6 @@ if _f90.HAVE_GLUON:
             # this consumer's place in every Q block's sum: after both consumers of the K blocks before
             order = 2 * gl.program_id(1) + C
             prev_sem = SEM
-            prev_sem2 = SEM
         mbarrier.wait(kv_bar, 0)
         for it in range(total):
             stage = it % STAGES
@@ -449,23 +446,19 @@ if _f90.HAVE_GLUON:
                         dq_part = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok,))
                     dq_s = dq_smem.index(C * DQ_SPLIT + hc)                                # [BLOCK_M, DQ_D] fp32
                     if DETERMINISTIC and hc == 0:
-                        # the reductions of block it - DQ_LAG had DQ_LAG blocks' time to complete: count
-                        # them (lazily, so this consumer never waits for its own adds), then wait for this turn
-                        if DQ_LAG == 1:
-                            if it > 0:
-                                _dq_turn_done(prev_sem, 0)
-                        else:
-                            if it > 1:
-                                _dq_turn_done(prev_sem2, DQ_SPLIT)   # the last block's DQ_SPLIT may run on
+                        # the previous block's reductions had a block's time to complete: count them
+                        # (lazily, so this consumer never waits for its own adds), then wait for this turn
+                        if it > 0:
+                            _dq_turn_done(prev_sem)
                         _dq_turn(sem, order)
-                    _f90.tma.store_wait(DQ_SPLIT - 1)       # the previous block's reduction from dq_s has read it
+                    else:
+                        _f90.tma.store_wait(DQ_SPLIT - 1)   # the previous block's reduction from dq_s has read it
                     dq_s.store(dq_part)
                     fence_async_shared()
                     if DQ_MODE == 0:
                         _f90._tma_add(dq_desc, [dq_row, h * HEAD_DIM + hc * DQ_D], dq_s)
                     elif DQ_MODE == 1:  # timing only (wrong dQ): a plain TMA store, no reduction
                         _f90._tma_store(dq_desc, [dq_row, h * HEAD_DIM + hc * DQ_D], dq_s)
-                prev_sem2 = prev_sem
                 prev_sem = sem
             elif CARRY_DK:
                 dv = warpgroup_mma_wait(num_outstanding=1, deps=(dv,))                    # dK runs on
@@ -476,11 +469,8 @@ if _f90.HAVE_GLUON:
             dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
 
         if WITH_DQ and DETERMINISTIC:
-            if DQ_LAG == 2:
-                if total > 1:
-                    _dq_turn_done(prev_sem2, DQ_SPLIT)
             if total > 0:
-                _dq_turn_done(prev_sem, 0)
+                _dq_turn_done(prev_sem)
         _store_dkdv(DK, DV, dk, dv, start_c, off_b, off_hk, sm_scale, stride_dkb, stride_dkn, stride_dkh,
                     stride_dvb, stride_dvn, stride_dvh, HALF_N, HEAD_DIM, dkv_layout)
 
@@ -494,7 +484,7 @@ if _f90.HAVE_GLUON:
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, CARRY_DK: gl.constexpr = True,
         PINGPONG: gl.constexpr = False, WITH_DQ: gl.constexpr = False, DETERMINISTIC: gl.constexpr = True,
-        DQ_MODE: gl.constexpr = 0, DQ_LAG: gl.constexpr = 1,
+        DQ_MODE: gl.constexpr = 0,
     ):
         """One program per (batch·kv head, K/V block) as _attn_bwd_sm90; k_desc/v_desc blocks are
         the BLOCK_N // 2-key halves. WITH_DQ: also dQ, summed into the fp32 buffer behind dq_desc
@@ -535,13 +525,13 @@ if _f90.HAVE_GLUON:
                                 per_head, total, kv_group, shift, qk_scale, sm_scale, stride_lb, stride_lh,
                                 stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, seqlen_q,
                                 nheads_k * kv_group, n_m, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK,
-                                PINGPONG, WITH_DQ, DETERMINISTIC, DQ_MODE, DQ_LAG)),
+                                PINGPONG, WITH_DQ, DETERMINISTIC, DQ_MODE)),
             (_bwd_ws_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_full, q_empty,
                                 pp_bar, LSE, DELTA, DK, DV, dq_desc, SEM, off_b, off_hk, start_n, lo, mask_end,
                                 per_head, total, kv_group, shift, qk_scale, sm_scale, stride_lb, stride_lh,
                                 stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, seqlen_q,
                                 nheads_k * kv_group, n_m, 1, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK,
-                                PINGPONG, WITH_DQ, DETERMINISTIC, DQ_MODE, DQ_LAG)),
+                                PINGPONG, WITH_DQ, DETERMINISTIC, DQ_MODE)),
             (_bwd_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
                                 q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh,
                                 q_ch, HALF_N, BLOCK_M, STAGES)),
@@ -830,7 +820,7 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
             HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
             CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True),
             PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=with_dq, DETERMINISTIC=deterministic,
-            DQ_MODE=cfg.get("DQ_MODE", 0), DQ_LAG=cfg.get("DQ_LAG", 1),
+            DQ_MODE=cfg.get("DQ_MODE", 0),
         )
         if with_dq:  # dq = scale · dq_acc, cast to q's dtype in one pass
             torch.mul(dq_acc, softmax_scale, out=dq)
