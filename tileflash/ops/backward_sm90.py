@@ -44,12 +44,23 @@ Two modes (``WITH_DQ``, a constexpr):
   pair in all, no atomics, bitwise deterministic. At D=128 the first Gluon dK/dV kernel measured
   17–27% faster than the Triton dK/dV kernel (session 6), and the default is 9–13% faster than
   that one (session 7, run 9; docs/perf-notes.md §15–16).
-* ``True`` (``WS=False`` only), the fused FA2/FA3 schedule (5 matmuls per pair): the dQ buffer is shared by every K
-  block, so its updates are atomic adds. By default they are **ordered** (FA3's deterministic
-  mode): the program of K block n adds to Q block m only after the programs of K blocks 0..n-1
-  have added theirs (a per-(b, h, Q block) counter in global memory, released after each add),
-  so the fp32 sums happen in the same order on every run. ``deterministic=False`` drops the
-  ordering. Correct (GPU-tested) but slower than the default so far, so nothing routes to it.
+* ``True``, the fused FA2/FA3 schedule (5 matmuls per pair): the fp32 dQ buffer is shared by
+  every K block, so its updates are atomic adds. By default they are **ordered** (FA3's
+  deterministic mode): the program of K block n adds to Q block m only after the programs of K
+  blocks 0..n-1 have added theirs (a per-(b, h, Q block) counter in global memory, released
+  after each add), so the fp32 sums happen in the same order on every run.
+  ``deterministic=False`` drops the ordering. Two kernels have it:
+
+  - the warp-specialized one (``WS=True``, :func:`fused_config_for`; routed to only with
+    ``TILEFLASH_GLUON_FUSED=1``): each consumer stages its dSᵀ and its fp32 dQ part in shared
+    memory and adds the part with one TMA bulk reduction per 64- or 128-column slice; its two
+    consumers add in a fixed order too (K block n's consumer 0, then 1). On the H200 it measured
+    0.58–0.76× the split default ordered and 0.59–0.98× unordered (session 13, docs/perf-notes.md
+    §22, which has where the time goes), so it is off by default;
+  - the 8-warp one (``WS=False``): per-thread vector atomics; slower still (session 6), reachable
+    through ``backward(..., cfg=dict(..., WITH_DQ=True, WS=False))`` only.
+
+  Both are correct and bitwise reproducible when ordered (GPU-tested).
 
 Scope, decided by :func:`supported`: dense fp16/bf16 on sm90, head dim 64 or 128, no
 window/softcap/ALiBi/dropout, causal only bottom-right with Sq <= Sk, Sq and Sk multiples of 128,
