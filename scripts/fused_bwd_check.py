@@ -22,9 +22,8 @@ from triton.testing import do_bench
 
 from tileflash.ops import backward as B
 from tileflash.ops import backward_sm90 as GB
-from tileflash.ops import forward as F
 
-from gluon_bwd_check import ref_grads  # same directory
+from gluon_bwd_check import problem, ref_grads  # same directory
 
 
 def main():
@@ -43,12 +42,8 @@ def main():
     for d in args.d:
         for causal in map(bool, args.causal):
             for n in args.sizes:
-                b, h = 16384 // n, 2048 // d
-                torch.manual_seed(0)
-                q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=dtype) for _ in range(4))
-                flops = 2.5 * 4 * b * h * n * n * d * (0.5 if causal else 1)
-                scale = d ** -0.5
-                out, lse = F.flash_attn_forward(q, k, v, scale, causal)
+                q, k, v, do, out, lse, scale, flops = problem(d, n, causal, dtype)
+                b, h = q.shape[0], q.shape[2]
                 tri_cfg = B.default_bwd_config(d, causal)
 
                 def split():

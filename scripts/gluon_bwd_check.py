@@ -40,6 +40,19 @@ def ref_grads(q, k, v, do, causal, scale):
     return [g.transpose(1, 2) for g in (q32.grad, k32.grad, v32.grad)]
 
 
+def problem(d, n, causal, dtype):
+    """The benchmark shape for (D, N): B·N = 16k tokens, H = 2048 / D, fresh random q, k, v, dO
+    (seed 0) and the forward's out and LSE: (q, k, v, do, out, lse, scale, flops), flops the
+    backward's (2.5 × 4·B·H·N²·D, × 0.5 causal)."""
+    b, h = 16384 // n, 2048 // d
+    torch.manual_seed(0)
+    q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=dtype) for _ in range(4))
+    flops = 2.5 * 4 * b * h * n * n * d * (0.5 if causal else 1)
+    scale = d ** -0.5
+    out, lse = F.flash_attn_forward(q, k, v, scale, causal)
+    return q, k, v, do, out, lse, scale, flops
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="float16")
@@ -61,12 +74,7 @@ def main():
     for d in args.d:
         for causal in (False, True):
             for n in args.sizes:
-                b, h = 16384 // n, 2048 // d
-                torch.manual_seed(0)
-                q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=dtype) for _ in range(4))
-                flops = 2.5 * 4 * b * h * n * n * d * (0.5 if causal else 1)
-                scale = d ** -0.5
-                out, lse = F.flash_attn_forward(q, k, v, scale, causal)
+                q, k, v, do, out, lse, scale, flops = problem(d, n, causal, dtype)
                 tri_cfg = B.default_bwd_config(d, causal)
 
                 def tri():
