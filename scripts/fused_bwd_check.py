@@ -16,14 +16,12 @@ import argparse
 import os
 
 import torch
-import torch.nn.functional as Fn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 from tileflash.ops import backward as B
 from tileflash.ops import backward_sm90 as GB
 
-from gluon_bwd_check import problem, ref_grads  # same directory
+from gluon_bwd_check import problem, ref_grads, sdpa_backward_ms  # same directory
 
 
 def main():
@@ -141,13 +139,7 @@ def main():
                         ms = do_bench(fn, warmup=25, rep=100)
                         print(f"    D={d} causal={int(causal)} N={n} {name}: {ms * 1e3:.0f} us "
                               f"({flops / ms * 1e-9:.0f} TFLOP/s-equivalent)", flush=True)
-                qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
-                dot = do.transpose(1, 2)
-                for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
-                    with sdpa_kernel(be):
-                        o = Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-                        t[name] = do_bench(lambda: torch.autograd.grad(o, (qt, kt, vt), dot, retain_graph=True),
-                                           warmup=25, rep=100)
+                t.update(sdpa_backward_ms(q, k, v, do, causal))
                 tf = {key: flops / ms * 1e-9 for key, ms in t.items()}
                 row = (d, int(causal), n, tf["split"], tf["fused"], tf["fused_nd"], tf["cudnn"], tf["flash"], diff,
                        nd_diff, det, nan, ok)

@@ -53,6 +53,20 @@ def problem(d, n, causal, dtype):
     return q, k, v, do, out, lse, scale, flops
 
 
+def sdpa_backward_ms(q, k, v, do, causal):
+    """do_bench medians (ms) of the cuDNN and SDPA-flash backward (autograd of SDPA) on the same
+    tensors: {"cudnn": ms, "flash": ms}."""
+    qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+    dot = do.transpose(1, 2)
+    t = {}
+    for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+        with sdpa_kernel(be):
+            o = Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+            t[name] = do_bench(lambda: torch.autograd.grad(o, (qt, kt, vt), dot, retain_graph=True),
+                               warmup=25, rep=100)
+    return t
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="float16")
@@ -153,13 +167,7 @@ def main():
                               flush=True)
                     except Exception as e:  # noqa: BLE001
                         print(f"  D={d} causal={int(causal)} N={n} gluon {spec}: FAILED {repr(e)[:300]}", flush=True)
-                qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
-                dot = do.transpose(1, 2)
-                for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
-                    with sdpa_kernel(be):
-                        o = Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-                        t[name] = do_bench(lambda: torch.autograd.grad(o, (qt, kt, vt), dot, retain_graph=True),
-                                           warmup=25, rep=100)
+                t.update(sdpa_backward_ms(q, k, v, do, causal))
                 tf = {key: flops / ms * 1e-9 for key, ms in t.items()}
                 row = (d, int(causal), n, tf["gluon"], tf["triton"], tf["cudnn"], tf["flash"], diff, det, nan, ok,
                        tf.get("tdq", float("nan")))
