@@ -481,7 +481,9 @@ if _f90.HAVE_GLUON:
 
         if WITH_DQ and DETERMINISTIC:
             if total > 0:
-                _dq_turn_done(prev_sem)
+                _dq_turn_done(prev_sem)   # also waits for the last reductions: dq_smem is free at exit
+        elif WITH_DQ:
+            _f90.tma.store_wait(0)        # the last reductions have read dq_smem before the program exits
         _store_dkdv(DK, DV, dk, dv, start_c, off_b, off_hk, sm_scale, stride_dkb, stride_dkn, stride_dkh,
                     stride_dvb, stride_dvn, stride_dvh, HALF_N, HEAD_DIM, dkv_layout)
 
@@ -786,6 +788,8 @@ def backward(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal
     installed triton (the caller then runs the Triton backward)."""
     d = q.shape[-1]
     cfg = cfg or config_for(d, causal, q.shape[1])
+    if _f90._key(d, causal, q.dtype, cfg) in _BROKEN:
+        return None  # failed to compile before (e.g. the fused mode, which supported() does not check)
     ran = _f90.launch_or_fall_back(
         _BROKEN, _f90._key(d, causal, q.dtype, cfg), "the Hopper Gluon backward",
         "using the Triton backward for this configuration. TILEFLASH_GLUON_BWD=0 turns the Gluon backward off.",
