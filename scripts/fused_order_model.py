@@ -10,7 +10,7 @@ visiting every Q block (non-causal; causal visitors are a prefix of the K blocks
 Random schedules; prints how many deadlocked. Perf-notes §22: lag 1 (the kernel) and 2 never
 deadlock, lag 3 does with a 2-slot ring.
 Usage: python scripts/fused_order_model.py"""
-import random, sys
+import random
 
 def run(NK, T, R, STAGES, LAG, seed):
     rng = random.Random(seed)
