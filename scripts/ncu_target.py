@@ -2,7 +2,8 @@
 
 Usage: PYTHONPATH=. python3 scripts/ncu_target.py PROVIDER --d 64 --n 8192 [--causal] [--cfg JSON]
 PROVIDER: gluon (the Hopper Gluon forward, tiles from --cfg or config_for), cudnn / flash (SDPA's
-forward), bwd (tileflash's backward: Gluon dK/dV and Triton dQ), cudnn-bwd (SDPA cuDNN, forward
+forward), bwd (tileflash's backward as routed: the Gluon dK/dV and dQ kernels, or the fused
+kernel when TILEFLASH_GLUON_FUSED=1 is set, as ncu_attn.sh's fbwd128 case does), cudnn-bwd (SDPA cuDNN, forward
 and backward). Shapes as in gluon_check: B·N = 16k tokens, H = 2048 / D, fp16. The call runs three
 times, then once between cudaProfilerStart/Stop: profile with `ncu --profile-from-start off`.
 """
