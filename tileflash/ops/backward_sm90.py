@@ -367,9 +367,11 @@ if _f90.HAVE_GLUON:
         (the forward's _ws_turn / _ws_pass, two turns per block), so one consumer's elementwise
         work runs while the other's matmuls do; False: the consumers run free.
         WITH_DQ (PINGPONG off): the fused schedule. dSᵀ goes to this consumer's shared buffer,
-        dQ_part = dS·K over its HALF_N keys runs as a fifth matmul, and the [BLOCK_M, HEAD_DIM]
-        part goes through shared memory (dq_smem) into the fp32 (B·Sq, H·D) view of dq_desc by one
-        TMA bulk reduction (add), which runs while the next block is computed. DQ_MODE 1 (a plain
+        dQ_part = dS·K over its HALF_N keys runs as a fifth matmul, in DQ_SPLIT column slices of DQ_D
+        (dq_desc's block width: two of 64 at D = 128, so that dK and dV stay resident; one slice
+        after dV retires when DQ_SPLIT = 1), and each [BLOCK_M, DQ_D] slice goes through shared
+        memory (dq_smem) into the fp32 (B·Sq, H·D) view of dq_desc by one TMA bulk reduction (add),
+        which runs while the next block is computed. DQ_MODE 1 (a plain
         TMA store) and 2 (no global write) are wrong on purpose, to time the reduction's cost
         (scripts/fused_bwd_check.py --modes). DETERMINISTIC: the adds to a Q block
         happen in the order (K block 0, consumer 0), (0, 1), (1, 0), ... (a counter per
