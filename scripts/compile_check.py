@@ -153,7 +153,8 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
             const.update(DQ=None, SEM=None)  # the launcher passes None for the unused dQ buffers
     kv_rows = bn // 2 if ws else bn
     return _compile_gluon_sm90(GB._attn_bwd_sm90_ws if ws else GB._attn_bwd_sm90, const, dtype, d,
-                               dict(q_desc=bm, do_desc=bm, k_desc=kv_rows, v_desc=kv_rows, dq_desc=(bm, d // cfg.get("DQ_SPLIT", 2 if d > 64 else 1))),
+                               dict(q_desc=bm, do_desc=bm, k_desc=kv_rows, v_desc=kv_rows,
+                                    dq_desc=(bm, d // cfg.get("DQ_SPLIT", 1))),
                                dict(LSE="*fp32", DELTA="*fp32", DQ="*fp32", SEM="*i32", DK="*DTYPE", DV="*DTYPE"),
                                fp32_descs=("dq_desc",))
 

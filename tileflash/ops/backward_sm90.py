@@ -719,8 +719,11 @@ def fused_config_for(head_dim: int, causal: bool) -> dict:
     """Tiles of the fused warp-specialized backward (``WS=True, WITH_DQ=True``): dK, dV and dQ in one
     kernel, dQ summed over K blocks by TMA reductions into an fp32 buffer (ordered by default, so
     bitwise deterministic). The dK/dV tiles of :func:`config_for` with dK waited within each block
-    and a 2-slot Q/dO ring (the fp32 dQ staging takes the third slot's shared memory at D = 128)."""
-    return dict(config_for(head_dim, causal, 4096), STAGES=2, CARRY_DK=False, WITH_DQ=True)
+    and a 2-slot Q/dO ring (the fp32 dQ staging takes the third slot's shared memory at D = 128).
+    ``DQ_SPLIT``: dQ parts in column slices of head_dim / DQ_SPLIT, two of 64 at D = 128 (with one
+    128-column slice ptxas serialized the wgmmas for want of registers, advisory C7512)."""
+    return dict(config_for(head_dim, causal, 4096), STAGES=2, CARRY_DK=False, WITH_DQ=True,
+                DQ_SPLIT=2 if head_dim > 64 else 1)
 
 
 def fused_enabled() -> bool:
@@ -812,12 +815,12 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
     k_desc, (kv_rb, kv_rh, kv_ch) = _f90._desc(k, seqlen_k, nheads_k, bn // 2 if ws else bn)
     v_desc, _ = _f90._desc(v, seqlen_k, nheads_k, bn // 2 if ws else bn)
     if with_dq and ws:
-        # fp32 dQ in q's (B, Sq, H, D) order, summed over K blocks by TMA reductions of [bm, d]
-        # tiles of its (B·Sq, H·D) view; one counter per (b, h, Q block) orders the sums
+        # fp32 dQ in q's (B, Sq, H, D) order, summed over K blocks by TMA reductions of
+        # [bm, d / DQ_SPLIT] tiles of its (B·Sq, H·D) view; one counter per (b, h, Q block) orders the sums
         dq_acc = torch.zeros((batch, seqlen_q, nheads, d), dtype=torch.float32, device=q.device)
         sem = torch.zeros((batch * nheads * (seqlen_q // bm),), dtype=torch.int32, device=q.device)
         dq_view = dq_acc.view(batch * seqlen_q, nheads * d)
-        dq_d = d // cfg.get("DQ_SPLIT", 2 if d > 64 else 1)  # the kernel's DQ_D: dQ parts in column slices
+        dq_d = d // cfg.get("DQ_SPLIT", 1)  # the kernel's DQ_D (it reads it off dq_desc's block)
         dq_desc = _f90.TensorDescriptor(dq_view, list(dq_view.shape), [nheads * d, 1], [bm, dq_d],
                                         gl.NVMMASharedLayout.get_default_for([bm, dq_d], gl.float32))
     elif with_dq:
