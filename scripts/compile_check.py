@@ -76,11 +76,12 @@ def compile_gluon(d, causal, cfg, dtype="fp16"):
 
     ws = cfg.get("WS", False)
     bm, bn, tdt = cfg["BLOCK_M"], cfg["BLOCK_N"], getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[dtype])
-    rows = bm // 2 if ws else bm
+    rows = G.q_block_rows(cfg)
     fn = G._attn_fwd_sm90_ws if ws else G._attn_fwd_sm90
     warps = 4 if ws else cfg["num_warps"]
     const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal, num_warps=warps)
-    const.update(dict(CONSUMER_REGS=232, PINGPONG=cfg.get("PINGPONG", True)) if ws else dict(LOOKAHEAD=cfg.get("LOOKAHEAD", False)))
+    const.update(dict(CONSUMER_REGS=cfg.get("CONSUMER_REGS", 232), PINGPONG=cfg.get("PINGPONG", True),
+                      NUM_C=cfg.get("CONSUMERS", 2)) if ws else dict(LOOKAHEAD=cfg.get("LOOKAHEAD", False)))
     sig = {}
     for name in fn.arg_names:
         if name in const:
@@ -252,7 +253,7 @@ def main():
         cases = []  # (tag, d, causal, cfg, build)
         for d in (64, 128):
             for causal in (False, True):
-                for n in (1024, 2048, 4096):
+                for n in (1024, 2048, 4096, 8192):
                     cases.append((f"gluon D={d} causal={causal!s:<5} N={n}", G.config_for(d, causal, n), compile_gluon))
                 # the default (the warp-specialized dK/dV kernel), the 8-warp dK/dV kernel, the fused
                 # mode (dQ by ordered atomic adds), the 8-warp kernel with dK waited every block

@@ -68,15 +68,32 @@ def test_gluon_kernels_compile_for_sm90(dtype):
     lines = [ln for ln in res.stdout.splitlines() if "gluon" in ln]
     assert res.returncode == 0 and " 0 failure(s)" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
     assert not any(ln.startswith("FAIL") for ln in lines)
-    # forward: D 64/128 x causal x N 1k/2k/4k; backward (tileflash.ops.backward_sm90): D 64/128 x causal
+    # forward: D 64/128 x causal x N 1k/2k/4k/8k; backward (tileflash.ops.backward_sm90): D 64/128 x causal
     # x (warp-specialized dK/dV, 8-warp dK/dV, fused with dQ, dK/dV with dK waited every block)
-    assert len([ln for ln in lines if ln.startswith("ok") and " gluon D=" in ln]) == 12
+    assert len([ln for ln in lines if ln.startswith("ok") and " gluon D=" in ln]) == 16
+    # D = 64 from 2k (8k causal) runs three consumer warpgroups
+    assert len([ln for ln in lines if ln.startswith("ok") and " gluon D=64" in ln and "'CONSUMERS': 3" in ln]) == 4
     assert len([ln for ln in lines if ln.startswith("ok") and "gluon-bwd" in ln]) == 16
     assert len([ln for ln in lines if ln.startswith("ok") and "gluon-bwd" in ln and "'WS': True" in ln]) == 4
     # the Gluon dQ kernel: D 64/128 x causal
     assert len([ln for ln in lines if ln.startswith("ok") and "gluon-dq" in ln]) == 4
     # the ping-pong kernel runs three partitions: 4 + 4 consumer warps and a producer warp (12 warps)
     assert any("'WS': True" in ln for ln in lines)
+
+
+def test_three_consumer_rule():
+    """D = 64 takes the three-consumer kernel (192-row Q blocks) from N = 2k, causal from 8k; short
+    calls and D = 128 keep two consumers (the thresholds come from the H200 sweep in config_for)."""
+    def consumers(d, causal, n):
+        cfg = g90.config_for(d, causal, n)
+        return cfg.get("CONSUMERS", 2) if cfg.get("WS") else 0
+    assert [consumers(64, False, n) for n in (1024, 2048, 4096, 16384)] == [0, 3, 3, 3]
+    assert [consumers(64, True, n) for n in (1024, 4096, 8192, 16384)] == [0, 2, 3, 3]
+    assert {consumers(128, c, n) for c in (False, True) for n in (1024, 4096, 16384)} == {2}
+    cfg = g90.config_for(64, False, 4096)
+    assert cfg["BLOCK_M"] == 192 and g90.q_block_rows(cfg) == 64
+    assert g90.q_block_rows(g90.config_for(128, False, 4096)) == 64
+    assert g90.q_block_rows(g90.config_for(64, False, 1024)) == 128  # one-partition kernel: whole block
 
 
 def test_routing_rules_on_cpu_tensors():
@@ -98,6 +115,8 @@ def test_routing_rules_on_gpu():
 
     assert ok() and ok(d=64) and ok(causal=True, sk=384) and ok(dtype=torch.bfloat16)
     assert not ok(sq=200)                       # not a whole number of 128-row blocks
+    assert ok(sq=2240, sk=2304, d=64)           # three consumers: a whole number of 64-row slices
+    assert not ok(sq=2272, sk=2304, d=64)       # ... but not of 64-row slices
     assert not ok(sk=200)
     assert not ok(d=96) and not ok(d=256)
     assert not ok(causal=True, sq=384, sk=256)  # rows with no visible key: the Triton kernel
@@ -184,6 +203,31 @@ def test_gluon_forward_under_autograd_and_public_api(gluon_calls):
 
 
 @needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("case", [(2, 2240, 2304, 3, 1, False), (1, 8320, 8320, 2, 1, True),
+                                  (1, 2112, 2304, 2, 2, False), (2, 8192, 8448, 2, 1, True)],
+                         ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_three_consumer_kernel_through_public_route(case, dtype, layout, gluon_calls):
+    """The three-consumer kernel as the public call routes to it (D = 64), against the fp32
+    reference with NaN-poisoned outputs. Lengths of 35 and 130 slices of 64 leave the last
+    192-row Q block one or two slices past the end: those slices load rows of the next (b, h)
+    (or TMA zeros) and must store nothing, or the next batch's rows and LSE would be clobbered."""
+    b, sq, sk, h, hk, causal = case
+    assert g90.config_for(64, causal, sq).get("CONSUMERS") == 3
+    q, k, v = make_qkv(b, sq, sk, h, hk, 64, dtype, "cuda", seed=sq + hk)
+    if layout == "bhsd":
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+        out = torch.full((b, h, sq, 64), float("nan"), dtype=dtype, device="cuda").transpose(1, 2)
+    else:
+        out = torch.full((b, sq, h, 64), float("nan"), dtype=dtype, device="cuda")
+    lse = torch.full((b, h, sq), float("nan"), device="cuda")
+    fwd_mod.flash_attn_forward(q, k, v, 0.125, causal, out=out, lse=lse)
+    assert len(gluon_calls) == 1, "the call did not take the Gluon kernel"
+    check_cuda_out(out, lse, q, k, v, causal)
+
+
+@needs_sm90
 @pytest.mark.parametrize("cfg", [
     dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=8, LOOKAHEAD=True),
     dict(BLOCK_M=128, BLOCK_N=64, STAGES=4, num_warps=8, LOOKAHEAD=True),
@@ -191,7 +235,9 @@ def test_gluon_forward_under_autograd_and_public_api(gluon_calls):
     dict(BLOCK_M=128, BLOCK_N=64, STAGES=3, num_warps=8, LOOKAHEAD=False),
     dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=4, WS=True),
     dict(BLOCK_M=128, BLOCK_N=64, STAGES=4, num_warps=4, WS=True),
-], ids=["la-128-128", "la-128-64", "64-64", "128-64", "ws-128-128", "ws-128-64"])
+    dict(BLOCK_M=192, BLOCK_N=128, STAGES=2, num_warps=4, WS=True, CONSUMERS=3, CONSUMER_REGS=160),
+    dict(BLOCK_M=192, BLOCK_N=64, STAGES=4, num_warps=4, WS=True, CONSUMERS=3, CONSUMER_REGS=160),
+], ids=["la-128-128", "la-128-64", "64-64", "128-64", "ws-128-128", "ws-128-64", "c3-192-128", "c3-192-64"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])
 def test_gluon_schedules_and_tiles(cfg, d, causal):

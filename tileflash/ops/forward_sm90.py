@@ -18,10 +18,14 @@ The default for D = 128 (and long causal D = 64) is a warp-specialized version o
 (``_attn_fwd_sm90_ws``, FA3's inter-warpgroup ping-pong): a one-warp producer partition streams Q
 and the K/V ring with TMA, and two four-warp consumer partitions own the two 64-row halves of the
 Q block and take turns issuing their matmuls (an mbarrier pair passes the turn), so that one
-consumer's softmax runs while the other's matmuls occupy the tensor cores.
+consumer's softmax runs while the other's matmuls occupy the tensor cores. At D = 64 from N = 2k
+(causal: 8k) three consumers share each K/V block (192-row Q blocks, turns round robin), as FA3
+does at that head dim: per score, D = 64 needs as many MUFU cycles as tensor-core cycles, so more
+rows per K/V load and a third warpgroup's softmax to overlap pay off there.
 
 Scope: the hot path only (dense, fp16/bf16, head dim 64 or 128, no window/softcap/ALiBi/dropout,
-positive scale, causal or not, Sq % BLOCK_M == 0, Sk % BLOCK_N == 0, Sq <= Sk when causal).
+positive scale, causal or not, Sq % BLOCK_M == 0 (with three consumers Sq % 64 == 0: the last
+Q block may run past Sq), Sk % BLOCK_N == 0, Sq <= Sk when causal).
 :func:`supported` decides; everything else runs the Triton kernel, which stays the reference
 implementation (it runs in the CPU interpreter; this one cannot). The numerics follow
 ``tileflash.ops.forward``: base-2 scores with the scale folded in, fp32 accumulation, P cast to
@@ -108,10 +112,10 @@ if HAVE_GLUON:
         return off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift
 
     @gluon.jit
-    def _kv_ring_bars(STAGES: gl.constexpr):
-        """The mbarriers of a K/V ring of STAGES slots streamed by a producer warp to two consumer
-        warpgroups: (k_full, v_full, k_empty, v_empty), full on the TMA's bytes, empty after both
-        consumers' releases."""
+    def _kv_ring_bars(STAGES: gl.constexpr, NUM_C: gl.constexpr = 2):
+        """The mbarriers of a K/V ring of STAGES slots streamed by a producer warp to NUM_C consumer
+        warpgroups: (k_full, v_full, k_empty, v_empty), full on the TMA's bytes, empty after every
+        consumer's release."""
         k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -119,8 +123,8 @@ if HAVE_GLUON:
         for i in gl.static_range(STAGES):
             mbarrier.init(k_full.index(i), count=1)
             mbarrier.init(v_full.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=2)   # one release per consumer
-            mbarrier.init(v_empty.index(i), count=2)
+            mbarrier.init(k_empty.index(i), count=NUM_C)   # one release per consumer
+            mbarrier.init(v_empty.index(i), count=NUM_C)
         return k_full, v_full, k_empty, v_empty
 
     @gluon.jit
@@ -305,10 +309,10 @@ if HAVE_GLUON:
     @gluon.jit
     def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty,
                      q_row, q_col, kv_row, kv_col, n_blocks,
-                     HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-        """Loads the two Q halves once, then K_j and V_j into slot j % STAGES as soon as both
-        consumers have released that slot's previous block."""
-        for c in gl.static_range(2):
+                     HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_C: gl.constexpr = 2):
+        """Loads the NUM_C Q slices of HALF_M rows once, then K_j and V_j into slot j % STAGES as soon
+        as every consumer has released that slot's previous block."""
+        for c in gl.static_range(NUM_C):
             _load_block(q_desc, q_bar.index(c), q_smem.index(c), q_row + c * HALF_M, q_col, True)
         for j in range(n_blocks):
             slot = j % STAGES
@@ -320,29 +324,34 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _ws_turn(pp_bar, turn, C: gl.constexpr, PINGPONG: gl.constexpr):
-        """Wait for this consumer's turn at the tensor cores: consumer 0's turn t follows consumer
-        1's turn t-1, consumer 1's turn t follows consumer 0's turn t (each arrival is one turn).
-        PINGPONG=False: no turns, the two consumers run free."""
+        """Wait for this consumer's turn at the tensor cores, round robin over the NUM_C consumers:
+        consumer 0's turn t follows consumer NUM_C-1's turn t-1, consumer C's turn t follows
+        consumer C-1's turn t (each arrival on pp_bar[C] is one turn; a consumer is never more
+        than one arrival behind, so parity waits are safe). PINGPONG=False: no turns, the
+        consumers run free."""
         if not PINGPONG:
             pass
         elif C == 0:
             mbarrier.wait(pp_bar.index(0), (turn - 1) & 1, pred=turn > 0)
         else:
-            mbarrier.wait(pp_bar.index(1), turn & 1)
+            mbarrier.wait(pp_bar.index(C), turn & 1)
 
     @gluon.jit
-    def _ws_pass(pp_bar, C: gl.constexpr, PINGPONG: gl.constexpr):
-        """End this consumer's turn: the other consumer may issue its matmuls."""
+    def _ws_pass(pp_bar, C: gl.constexpr, PINGPONG: gl.constexpr, NUM_C: gl.constexpr = 2):
+        """End this consumer's turn: the next consumer (C+1 mod NUM_C) may issue its matmuls."""
         if PINGPONG:
-            mbarrier.arrive(pp_bar.index(1 - C), count=1)
+            mbarrier.arrive(pp_bar.index((C + 1) % NUM_C), count=1)
 
     @gluon.jit
     def _ws_consumer(q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
-                     q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale,
+                     q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q,
                      C: gl.constexpr, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                     STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+                     STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, NUM_C: gl.constexpr):
         """Rows [start_m + C·HALF_M, +HALF_M): the schedule of _attn_fwd_sm90 on one warpgroup,
-        with each issue of matmuls taken as a turn (see _ws_turn)."""
+        with each issue of matmuls taken as a turn (see _ws_turn). With NUM_C = 3 the Q block
+        (3·HALF_M rows) may run past seqlen_q (a multiple of HALF_M): a slice wholly past it
+        computes on whatever rows its TMA load brought (the next (b, h) or zeros), keeps its
+        turns and releases, and stores nothing."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -365,7 +374,7 @@ if HAVE_GLUON:
         _ws_turn(pp_bar, 0, C, PINGPONG)
         mbarrier.wait(k_full.index(0), 0)
         s = warpgroup_mma(q_c, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        _ws_pass(pp_bar, C, PINGPONG)
+        _ws_pass(pp_bar, C, PINGPONG, NUM_C)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))                                   # [HALF_M, BLOCK_N]
         mbarrier.arrive(k_empty.index(0), count=1)
         if n_full > 0:
@@ -382,7 +391,7 @@ if HAVE_GLUON:
             s_tok = warpgroup_mma(q_c, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             mbarrier.wait(v_full.index(prev), ((j - 1) // STAGES) & 1)
             acc_tok = warpgroup_mma(b_p, v_smem.index(prev), acc, is_async=True)
-            _ws_pass(pp_bar, C, PINGPONG)
+            _ws_pass(pp_bar, C, PINGPONG, NUM_C)
             s, b_p = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, b_p))
             mbarrier.arrive(k_empty.index(stage), count=1)
             if j < n_full:
@@ -398,17 +407,21 @@ if HAVE_GLUON:
         _ws_turn(pp_bar, n_blocks, C, PINGPONG)
         mbarrier.wait(v_full.index(last), ((n_blocks - 1) // STAGES) & 1)
         acc = warpgroup_mma(b_p, v_smem.index(last), acc, is_async=True)
-        _ws_pass(pp_bar, C, PINGPONG)
+        _ws_pass(pp_bar, C, PINGPONG, NUM_C)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))                              # [HALF_M, HEAD_DIM]
         mbarrier.arrive(v_empty.index(last), count=1)
 
         o = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)                             # [HALF_M, HEAD_DIM]
-        q_c.store(o.to(dtype))
-        fence_async_shared()
-        _tma_store(o_desc, [q_row + C * HALF_M, q_col], q_c)
-        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453                                        # [HALF_M]
-        gl.store(LSE + lse_base + offs_m, lse)
-        tma.store_wait(pendings=0)
+        in_range = True
+        if NUM_C != 2:  # 2 consumers: BLOCK_M divides seqlen_q (supported()), every slice stores
+            in_range = start_m + C * HALF_M < seqlen_q
+        if in_range:
+            q_c.store(o.to(dtype))
+            fence_async_shared()
+            _tma_store(o_desc, [q_row + C * HALF_M, q_col], q_c)
+            lse = (m_i + gl.log2(l_i)) * 0.6931471805599453                                    # [HALF_M]
+            gl.store(LSE + lse_base + offs_m, lse)
+            tma.store_wait(pendings=0)
 
     @gluon.jit
     def _attn_fwd_sm90_ws(
@@ -418,36 +431,55 @@ if HAVE_GLUON:
         nheads, kv_group, seqlen_q, seqlen_k, qk_scale,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, PINGPONG: gl.constexpr = True,
+        NUM_C: gl.constexpr = 2,
     ):
-        """One program per (128-row Q block, batch·head); q_desc/o_desc blocks are the 64-row halves."""
-        HALF_M: gl.constexpr = BLOCK_M // 2
+        """One program per (Q block of BLOCK_M rows, batch·head): NUM_C consumer warpgroups (2 or 3)
+        own the Q block's SUB_M = BLOCK_M / NUM_C row slices (the q_desc/o_desc blocks) and take
+        turns at the tensor cores, round robin; a 1-warp producer streams Q and the K/V ring.
+        NUM_C = 3 is FA3's D = 64 shape (192-row Q blocks): each K/V byte serves 1.5x the rows."""
+        SUB_M: gl.constexpr = BLOCK_M // NUM_C
         off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift = _q_block_coords(
             nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, BLOCK_M, CAUSAL)
         lse_base = off_b * stride_lb + off_h * stride_lh
-        # both halves run the same number of turns: the block's key range, masked per row
+        # every slice runs the same number of turns: the block's key range, masked per row
         n_full, n_blocks = _key_blocks(start_m, shift, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
 
         dtype: gl.constexpr = q_desc.dtype
-        q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_DIM], q_desc.layout)        # Q halves, then O
+        q_smem = gl.allocate_shared_memory(dtype, [NUM_C, SUB_M, HEAD_DIM], q_desc.layout)     # Q slices, then O
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        pp_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
+        q_bar = gl.allocate_shared_memory(gl.int64, [NUM_C, 1], mbarrier.MBarrierLayout())
+        pp_bar = gl.allocate_shared_memory(gl.int64, [NUM_C, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NUM_C):
             mbarrier.init(q_bar.index(i), count=1)
             mbarrier.init(pp_bar.index(i), count=1)
-        k_full, v_full, k_empty, v_empty = _kv_ring_bars(STAGES)
+        k_full, v_full, k_empty, v_empty = _kv_ring_bars(STAGES, NUM_C)
 
-        gl.warp_specialize([
-            (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
-                            q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale,
-                            0, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG)),
-            (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
-                            q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale,
-                            1, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG)),
-            (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty,
-                            q_row, q_col, kv_row, kv_col, n_blocks, HALF_M, BLOCK_N, STAGES)),
-        ], [4, 1], [CONSUMER_REGS, 24])
+        if NUM_C == 2:
+            gl.warp_specialize([
+                (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
+                                q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q,
+                                0, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C)),
+                (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
+                                q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q,
+                                1, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C)),
+                (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty,
+                                v_empty, q_row, q_col, kv_row, kv_col, n_blocks, SUB_M, BLOCK_N, STAGES, NUM_C)),
+            ], [4, 1], [CONSUMER_REGS, 24])
+        else:
+            gl.warp_specialize([
+                (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
+                                q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q,
+                                0, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C)),
+                (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
+                                q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q,
+                                1, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C)),
+                (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
+                                q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q,
+                                2, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C)),
+                (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty,
+                                v_empty, q_row, q_col, kv_row, kv_col, n_blocks, SUB_M, BLOCK_N, STAGES, NUM_C)),
+            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
 
 def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
@@ -458,8 +490,15 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
       halves, 128-key blocks, a 2-slot K/V ring. Non-causal 528 / 578 / 600 / 618 at N = 1k / 2k /
       4k / 16k, causal 380 / 481 / 526 / 637, against 465 / 501 / 503 / 516 and 377 / 395 / 429 /
       486 for the one-warpgroup-pair kernel below (run 5).
-    * D = 64, causal, N >= 4k: the same ping-pong kernel with a 3-slot ring (377 / 429 against
-      364 / 396).
+    * D = 64, N >= 2k non-causal or N >= 8k causal: the same warp-specialized kernel with three
+      consumer warpgroups (``CONSUMERS=3``, FA3's D = 64 shape): 192-row Q blocks in 64-row
+      slices, 128-key blocks, a 2-slot ring, turns round robin. Sixteenth-session run 2 (fp16, same
+      run): non-causal 470 / 507 TFLOP/s at N = 4k / 16k against 416 / 429 for the 8-warp kernel
+      below (cuDNN 448 / 453); causal 467 at 16k against 429 for the ping-pong kernel (cuDNN 435),
+      but 384 against 385 at 4k. At N = 1k the partial last Q block (1024 = 5⅓ · 192) costs more
+      than the sharing gains (389 against 402), so short calls keep the kernels below.
+    * D = 64, causal, 4k <= N < 8k: the two-consumer ping-pong kernel with a 3-slot ring (377 / 429
+      against 364 / 396).
     * D = 64 otherwise: the single-partition kernel, 8 warps on 128-row blocks, 64-key blocks, a
       4-slot ring (non-causal 399 / 411 / 425 / 425, where the ping-pong kernel gave 350 / 384 /
       406 / 419); causal with Sq <= 1024: 64-row blocks on 4 warps (312-319 against 253).
@@ -468,11 +507,19 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
     at every tile it was tried with, so it is off (docs/perf-notes.md §14)."""
     if head_dim > 64:
         return dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=4, WS=True)
+    if seqlen_q >= (8192 if causal else 2048):
+        return dict(BLOCK_M=192, BLOCK_N=128, STAGES=2, num_warps=4, WS=True, CONSUMERS=3, CONSUMER_REGS=160)
     if causal and seqlen_q >= 4096:
         return dict(BLOCK_M=128, BLOCK_N=128, STAGES=3, num_warps=4, WS=True)
     if causal and seqlen_q <= 1024:
         return dict(BLOCK_M=64, BLOCK_N=64, STAGES=3, num_warps=4)
     return dict(BLOCK_M=128, BLOCK_N=64, STAGES=4, num_warps=8)
+
+
+def q_block_rows(cfg: dict) -> int:
+    """Rows of one Q/O TMA block: a consumer's slice for the warp-specialized kernel (BLOCK_M split
+    over ``CONSUMERS`` warpgroups, 2 by default), else the whole Q block."""
+    return cfg["BLOCK_M"] // cfg.get("CONSUMERS", 2) if cfg.get("WS", False) else cfg["BLOCK_M"]
 
 
 def _view_params(t: torch.Tensor, seqlen: int, nheads: int):
@@ -555,7 +602,9 @@ def supported(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, var
     cfg = config_for(d, causal, sq)
     if _key(d, causal, q.dtype, cfg) in _BROKEN:
         return False
-    if sq % cfg["BLOCK_M"] or sk % cfg["BLOCK_N"]:
+    if sq % q_block_rows(cfg) or sk % cfg["BLOCK_N"]:
+        return False
+    if cfg.get("CONSUMERS", 2) == 2 and sq % cfg["BLOCK_M"]:
         return False
     if lse.stride(-1) != 1:
         return False
@@ -607,11 +656,12 @@ def _launch(q, k, v, out, lse, softmax_scale, causal, cfg):
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     ws = cfg.get("WS", False)
-    q_desc, (q_rb, q_rh, q_ch) = _desc(q, seqlen_q, nheads, bm // 2 if ws else bm)
-    o_desc, _ = _desc(out, seqlen_q, nheads, bm // 2 if ws else bm)
+    q_rows = q_block_rows(cfg)
+    q_desc, (q_rb, q_rh, q_ch) = _desc(q, seqlen_q, nheads, q_rows)
+    o_desc, _ = _desc(out, seqlen_q, nheads, q_rows)
     k_desc, (kv_rb, kv_rh, kv_ch) = _desc(k, seqlen_k, nheads_k, bn)
     v_desc, _ = _desc(v, seqlen_k, nheads_k, bn)
-    grid = (seqlen_q // bm, batch * nheads)
+    grid = (triton.cdiv(seqlen_q, bm), batch * nheads)  # 3 consumers: the last block may run past Sq
     if ws:
         _attn_fwd_sm90_ws[grid](
             q_desc, k_desc, v_desc, o_desc, lse,
@@ -619,7 +669,10 @@ def _launch(q, k, v, out, lse, softmax_scale, causal, cfg):
             lse.stride(0), lse.stride(1),
             nheads, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E,
             HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+            # registers per consumer thread: 232 for 2 consumers (12 warps); 160 for 3 (16 warps with the
+            # producer's warpgroup: 168 + 2·160 + 24 = 512 per lane, the whole register file; no spills)
             CONSUMER_REGS=cfg.get("CONSUMER_REGS", 232), num_warps=4, PINGPONG=cfg.get("PINGPONG", True),
+            NUM_C=cfg.get("CONSUMERS", 2),
         )
         return out, lse
     _attn_fwd_sm90[grid](
