@@ -343,12 +343,12 @@ if HAVE_GLUON:
             mbarrier.arrive(pp_bar.index((C + 1) % NUM_C), count=1)
 
     @gluon.jit
-    def _ws_consumer(q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
-                     q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q,
-                     C: gl.constexpr, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+    def _ws_consumer(shared, C: gl.constexpr, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                      STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, NUM_C: gl.constexpr):
         """Rows [start_m + C·HALF_M, +HALF_M): the schedule of _attn_fwd_sm90 on one warpgroup,
-        with each issue of matmuls taken as a turn (see _ws_turn). With NUM_C = 3 the Q block
+        with each issue of matmuls taken as a turn (see _ws_turn). ``shared`` holds what every
+        consumer gets alike (buffers, barriers, coordinates; see _attn_fwd_sm90_ws), so that the
+        partition list names only what differs. With NUM_C = 3 the Q block
         (3·HALF_M rows) may run past seqlen_q (a multiple of HALF_M): a slice wholly past it
         computes on whatever rows its TMA load brought (the next (b, h) or zeros), keeps its
         turns and releases, and stores nothing."""
@@ -360,6 +360,8 @@ if HAVE_GLUON:
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
+         q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q) = shared
         dtype: gl.constexpr = k_smem.dtype
         q_c = q_smem.index(C)                                                                  # [HALF_M, HEAD_DIM]
 
@@ -455,28 +457,21 @@ if HAVE_GLUON:
             mbarrier.init(pp_bar.index(i), count=1)
         k_full, v_full, k_empty, v_empty = _kv_ring_bars(STAGES, NUM_C)
 
+        # runtime values only: a tuple does not keep constexprs constant
+        shared = (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
+                  q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q)
         if NUM_C == 2:
             gl.warp_specialize([
-                (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
-                                q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q,
-                                0, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C)),
-                (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
-                                q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q,
-                                1, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C)),
+                (_ws_consumer, (shared, 0, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C)),
+                (_ws_consumer, (shared, 1, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C)),
                 (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty,
                                 v_empty, q_row, q_col, kv_row, kv_col, n_blocks, SUB_M, BLOCK_N, STAGES, NUM_C)),
             ], [4, 1], [CONSUMER_REGS, 24])
         else:
             gl.warp_specialize([
-                (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
-                                q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q,
-                                0, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C)),
-                (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
-                                q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q,
-                                1, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C)),
-                (_ws_consumer, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
-                                q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q,
-                                2, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C)),
+                (_ws_consumer, (shared, 0, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C)),
+                (_ws_consumer, (shared, 1, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C)),
+                (_ws_consumer, (shared, 2, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C)),
                 (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty,
                                 v_empty, q_row, q_col, kv_row, kv_col, n_blocks, SUB_M, BLOCK_N, STAGES, NUM_C)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
