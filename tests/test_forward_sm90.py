@@ -90,6 +90,9 @@ def test_three_consumer_rule():
     assert [consumers(64, False, n) for n in (1024, 2048, 4096, 16384)] == [0, 3, 3, 3]
     assert [consumers(64, True, n) for n in (1024, 4096, 8192, 16384)] == [0, 2, 3, 3]
     assert {consumers(128, c, n) for c in (False, True) for n in (1024, 4096, 16384)} == {2}
+    # a key length that is a multiple of 64 but not of 128 keeps the 64-key-block kernel
+    assert g90.config_for(64, False, 2048, 2112).get("CONSUMERS") is None
+    assert g90.config_for(64, False, 2048, 2048)["CONSUMERS"] == 3
     cfg = g90.config_for(64, False, 4096)
     assert cfg["BLOCK_M"] == 192 and g90.q_block_rows(cfg) == 64
     assert g90.q_block_rows(g90.config_for(128, False, 4096)) == 64
@@ -117,6 +120,7 @@ def test_routing_rules_on_gpu():
     assert not ok(sq=200)                       # not a whole number of 128-row blocks
     assert ok(sq=2240, sk=2304, d=64)           # three consumers: a whole number of 64-row slices
     assert not ok(sq=2272, sk=2304, d=64)       # ... but not of 64-row slices
+    assert ok(sq=2048, sk=2112, d=64)           # Sk not a multiple of 128: the 64-key-block kernel
     assert not ok(sk=200)
     assert not ok(d=96) and not ok(d=256)
     assert not ok(causal=True, sq=384, sk=256)  # rows with no visible key: the Triton kernel

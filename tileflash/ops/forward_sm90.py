@@ -477,7 +477,7 @@ if HAVE_GLUON:
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
 
-def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
+def config_for(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int | None = None) -> dict:
     """Kernel and tiles for a call, from ``scripts/gluon_check.py`` sweeps on the H200 (testing.md,
     fifth session, runs 2, 3 and 5; fp16, B·N = 16k tokens; TFLOP/s):
 
@@ -487,7 +487,7 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
       486 for the one-warpgroup-pair kernel below (run 5).
     * D = 64, N >= 2k non-causal or N >= 8k causal: the same warp-specialized kernel with three
       consumer warpgroups (``CONSUMERS=3``, FA3's D = 64 shape): 192-row Q blocks in 64-row
-      slices, 128-key blocks, a 2-slot ring, turns round robin. Sixteenth-session run 2 (fp16, same
+      slices, 128-key blocks, a 2-slot ring, turns round robin. Fourteenth-session run 2 (fp16, same
       run): non-causal 470 / 507 TFLOP/s at N = 4k / 16k against 416 / 429 for the 8-warp kernel
       below (cuDNN 448 / 453); causal 467 at 16k against 429 for the ping-pong kernel (cuDNN 435),
       but 384 against 385 at 4k. At N = 1k the partial last Q block (1024 = 5⅓ · 192) costs more
@@ -499,10 +499,13 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
       406 / 419); causal with Sq <= 1024: 64-row blocks on 4 warps (312-319 against 253).
 
     The LOOKAHEAD schedule (Q·K_{j+1}ᵀ issued before the softmax of block j) measured 2-20% slower
-    at every tile it was tried with, so it is off (docs/perf-notes.md §14)."""
+    at every tile it was tried with, so it is off (docs/perf-notes.md §14). ``seqlen_k`` (when
+    given) keeps a key length that is not a multiple of the three-consumer kernel's 128-key
+    blocks on the kernels that take it."""
     if head_dim > 64:
         return dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=4, WS=True)
-    if seqlen_q >= (8192 if causal else 2048):
+    # three consumers need 128-key blocks: a Sk that is a multiple of 64 only keeps the kernels below
+    if seqlen_q >= (8192 if causal else 2048) and (seqlen_k is None or seqlen_k % 128 == 0):
         return dict(BLOCK_M=192, BLOCK_N=128, STAGES=2, num_warps=4, WS=True, CONSUMERS=3, CONSUMER_REGS=160)
     if causal and seqlen_q >= 4096:
         return dict(BLOCK_M=128, BLOCK_N=128, STAGES=3, num_warps=4, WS=True)
@@ -594,7 +597,7 @@ def supported(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, var
     sq, sk = q.shape[1], k.shape[1]
     if causal and (sq > sk or causal_shift != sk - sq):
         return False
-    cfg = config_for(d, causal, sq)
+    cfg = config_for(d, causal, sq, sk)
     if _key(d, causal, q.dtype, cfg) in _BROKEN:
         return False
     if sq % q_block_rows(cfg) or sk % cfg["BLOCK_N"]:
@@ -635,7 +638,7 @@ def forward(q, k, v, out, lse, softmax_scale: float, causal: bool, cfg: dict | N
     triton (Gluon's API changes between releases): the caller then runs the Triton kernel, and
     later calls skip this configuration."""
     d = q.shape[-1]
-    cfg = cfg or config_for(d, causal, q.shape[1])
+    cfg = cfg or config_for(d, causal, q.shape[1], k.shape[1])
     ran = launch_or_fall_back(_BROKEN, _key(d, causal, q.dtype, cfg), "the Hopper Gluon forward",
                               "using the Triton kernel for this configuration. TILEFLASH_GLUON=0 turns the Gluon "
                               "kernel off.", lambda: _launch(q, k, v, out, lse, softmax_scale, causal, cfg))
