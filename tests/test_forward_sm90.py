@@ -99,6 +99,27 @@ def test_three_consumer_rule():
     assert g90.q_block_rows(g90.config_for(64, False, 1024)) == 128  # one-partition kernel: whole block
 
 
+@pytest.mark.parametrize("num_c", [2, 3])
+def test_turn_protocol_model(num_c):
+    """scripts/ws_turn_model.py replays the warp-specialized forward's barrier protocol (producer,
+    NUM_C consumers, K/V ring, round-robin turns) under random schedules with PTX's mbarrier
+    parity rule: no schedule deadlocks and the matmuls are always issued in round-robin order.
+    Negative control: the first three-consumer version's turn wait (every consumer but 0 on
+    pp_bar[1], which hung on the H200) deadlocks or breaks the order in the same model."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import ws_turn_model as model
+
+    for stages in (2, 3, 4):
+        for n_blocks in (1, 2, 5, 9):
+            assert model.explore(num_c, stages, n_blocks, schedules=60) == {"ok": 60}
+    if num_c == 3:
+        bad = model.explore(3, 2, 9, schedules=60, turn_bug=True)
+        assert bad.get("deadlock", 0) > 0 and bad.get("ok", 0) < 60, bad
+
+
 def test_routing_rules_on_cpu_tensors():
     q, k, v = (torch.empty(1, 256, 2, 64, dtype=torch.float16) for _ in range(3))
     out, lse = torch.empty_like(q), torch.empty(1, 2, 256)
