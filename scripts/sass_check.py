@@ -59,7 +59,7 @@ def cases():
 
     for d in (64, 128):
         for causal in (False, True):
-            for n in (1024, 4096):
+            for n in (1024, 4096, 16384):  # 16k: the three-consumer kernel at D=64, causal too
                 cfg = G.config_for(d, causal, n)
                 yield f"fwd D={d} causal={causal:d} N={n}", (lambda d=d, c=causal, cfg=cfg: compile_gluon(d, c, cfg))
             cfg = GB.config_for(d, causal, 4096)

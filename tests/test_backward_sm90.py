@@ -527,7 +527,8 @@ def test_default_kernels_keep_wgmma_asynchronous():
                          capture_output=True, text=True, env=env, timeout=900)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     rows = json.loads(res.stdout.strip().splitlines()[-1])
-    assert len(rows) == 16 and {"bwd D=64 causal=0", "bwd D=64 causal=1", "dq D=128 causal=1"} <= set(rows)
+    assert len(rows) == 20 and {"bwd D=64 causal=0", "bwd D=64 causal=1", "dq D=128 causal=1",
+                                "fwd D=64 causal=1 N=16384"} <= set(rows)
     for name, r in rows.items():
         assert r["hgmma"] >= 16 and r["loop"] > 0, (name, r)
         if name != "bwd D=64 causal=0":
