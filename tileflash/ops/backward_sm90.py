@@ -352,15 +352,14 @@ if _f90.HAVE_GLUON:
                     kv_group, q_rb, q_rh, q_ch, BLOCK_M)
 
     @gluon.jit
-    def _bwd_ws_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_full, q_empty, pp_bar, LSE,
-                         DELTA, DK, DV, dq_desc, SEM, off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group,
-                         shift, qk_scale, sm_scale, stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh,
-                         stride_dvb, stride_dvn, stride_dvh, seqlen_q, nheads, n_m,
-                         C: gl.constexpr, HALF_N: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+    def _bwd_ws_consumer(shared, dq_desc, SEM, C: gl.constexpr, HALF_N: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                          STAGES: gl.constexpr, CAUSAL: gl.constexpr, CARRY_DK: gl.constexpr, PINGPONG: gl.constexpr,
                          WITH_DQ: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_MODE: gl.constexpr):
         """Keys [start_n + C·HALF_N, +HALF_N): the dK/dV schedule of _attn_bwd_sm90 (WITH_DQ=False)
-        on one warpgroup, releasing each ring slot when its dK matmul retires. CARRY_DK as there:
+        on one warpgroup, releasing each ring slot when its dK matmul retires. ``shared`` holds
+        what both consumers get alike (buffers, barriers, pointers, coordinates and strides; see
+        _attn_bwd_sm90_ws), as the forward's _ws_consumer does; dq_desc and SEM stay apart, since
+        they are None (constexprs, which a tuple does not keep) without WITH_DQ. CARRY_DK as there:
         True leaves dK in flight into the next block, which makes ptxas serialize every wgmma
         (C7515); False waits for dK at the end of each block. PINGPONG: each of the block's two
         matmul issues (Sᵀ and dPᵀ; dV and dK) is a turn taken alternately with the other consumer
@@ -376,6 +375,10 @@ if _f90.HAVE_GLUON:
         (scripts/fused_bwd_check.py --modes). DETERMINISTIC: the adds to a Q block
         happen in the order (K block 0, consumer 0), (0, 1), (1, 0), ... (a counter per
         (b, h, Q block) at SEM), so the fp32 sums are the same bits on every run."""
+        (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_full, q_empty, pp_bar, LSE, DELTA, DK, DV,
+         off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale, sm_scale,
+         stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+         seqlen_q, nheads, n_m) = shared
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, BLOCK_M, 16])
         dkv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -534,18 +537,15 @@ if _f90.HAVE_GLUON:
             ds_smem = k_smem   # unused
             dq_smem = k_smem
 
+        # runtime values only: a tuple does not keep constexprs constant
+        shared = (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_full, q_empty, pp_bar, LSE, DELTA, DK,
+                  DV, off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale, sm_scale,
+                  stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+                  seqlen_q, nheads_k * kv_group, n_m)
         gl.warp_specialize([
-            (_bwd_ws_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_full, q_empty,
-                                pp_bar, LSE, DELTA, DK, DV, dq_desc, SEM, off_b, off_hk, start_n, lo, mask_end,
-                                per_head, total, kv_group, shift, qk_scale, sm_scale, stride_lb, stride_lh,
-                                stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, seqlen_q,
-                                nheads_k * kv_group, n_m, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK,
+            (_bwd_ws_consumer, (shared, dq_desc, SEM, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK,
                                 PINGPONG, WITH_DQ, DETERMINISTIC, DQ_MODE)),
-            (_bwd_ws_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_full, q_empty,
-                                pp_bar, LSE, DELTA, DK, DV, dq_desc, SEM, off_b, off_hk, start_n, lo, mask_end,
-                                per_head, total, kv_group, shift, qk_scale, sm_scale, stride_lb, stride_lh,
-                                stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, seqlen_q,
-                                nheads_k * kv_group, n_m, 1, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK,
+            (_bwd_ws_consumer, (shared, dq_desc, SEM, 1, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK,
                                 PINGPONG, WITH_DQ, DETERMINISTIC, DQ_MODE)),
             (_bwd_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
                                 q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh,
