@@ -5,7 +5,7 @@
 * host time per call (200 calls, no sync), for tileflash and cuDNN SDPA;
 * with --cprofile, the top host functions of tileflash's forward call.
 
-Usage: PYTHONPATH=. python3 scripts/host_profile.py [--cprofile] [D:CAUSAL:N ...]   (default 128:0:1024 64:1:1024
+Usage: PYTHONPATH=. python3 scripts/host_profile.py [--cprofile] [--fwd-only] [D:CAUSAL:N ...]   (default 128:0:1024 64:1:1024
 128:0:4096)
 """
 
@@ -62,8 +62,8 @@ def main():
             print(rows[-1], flush=True)
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         do = torch.randn_like(q)
-        for name, fwd in (("tileflash", lambda: tileflash.flash_attn_func(*leaves, causal=causal)),
-                          ("cudnn", None)):
+        providers = (("tileflash", lambda: tileflash.flash_attn_func(*leaves, causal=causal)), ("cudnn", None))
+        for name, fwd in () if "--fwd-only" in sys.argv else providers:
             if fwd is None:
                 def fwd():
                     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):

@@ -127,6 +127,97 @@ def test_routing_rules_on_cpu_tensors():
     assert not g90.supported(q, k, v, out, lse, 0.125, False, 0, _flags(), False, None)
 
 
+def _cpu_plan(monkeypatch, b=2, sq=256, sk=256, h=4, hk=2, d=64, causal=False):
+    """A plan built from CPU tensors, with the device checks of _layout_config bypassed (only the
+    host logic is under test: CPU tensors never take the Gluon kernel)."""
+    cfg = g90.config_for(d, causal, sq, sk)
+    monkeypatch.setattr(g90, "_layout_config", lambda *a: cfg)
+    monkeypatch.setattr(g90, "_PLANS", {})
+    q, k, v = (torch.empty(b, s, n, d, dtype=torch.float16) for s, n in ((sq, h), (sk, hk), (sk, hk)))
+    return q, k, v, torch.empty_like(q), torch.empty(b, h, sq)
+
+
+@pytest.mark.skipif(not g90.HAVE_GLUON, reason="this triton has no Gluon")
+@pytest.mark.parametrize("d,causal,sq", [(64, False, 1024), (64, False, 4096), (64, True, 1024), (128, True, 2048)])
+def test_plan_matches_the_kernel_signature(monkeypatch, d, causal, sq):
+    """The cached launch plan (host time, perf-notes §24) feeds the compiled kernel's launcher
+    positionally: its runtime arguments must be exactly the kernel's non-constexpr parameters, in
+    order, and its tail the constexpr ones with the values the JIT call passes. Its descriptors,
+    rebased on a call's tensors, must equal freshly validated ones."""
+    q, k, v, out, lse = _cpu_plan(monkeypatch, sq=sq, sk=sq, d=d, causal=causal)
+    plan = g90.plan_for(q, k, v, out, lse, 0.125, causal, 0, _flags(HAS_RIGHT=causal), False, None)
+    assert plan is not None and plan.cfg == g90.config_for(d, causal, sq, sq)
+    params = plan.kernel.params
+    n_runtime = 5 + len(plan.ints) + 1
+    assert [p.is_constexpr for p in params] == [False] * n_runtime + [True] * len(plan.tail)
+    assert plan.tail == tuple(plan.constexprs.get(p.name, p.default) for p in params[n_runtime:])
+    assert set(plan.constexprs) <= {p.name for p in params[n_runtime:]}
+    rows = g90.q_block_rows(plan.cfg)
+    fresh = [g90._desc(t, t.shape[1], t.shape[2], r)[0]
+             for t, r in ((q, rows), (k, plan.cfg["BLOCK_N"]), (v, plan.cfg["BLOCK_N"]), (out, rows))]
+    for got, want, t in zip(plan.descriptors(q, k, v, out), fresh, (q, k, v, out)):
+        assert type(got) is type(want) and got.base is t and want.base is t
+        assert {n: x for n, x in vars(got).items() if n != "base"} == \
+            {n: x for n, x in vars(want).items() if n != "base"}
+    assert all(t.base is None for t in plan.templates)  # a cached plan holds no tensor
+
+
+@pytest.mark.skipif(not g90.HAVE_GLUON, reason="this triton has no Gluon")
+def test_plan_cache_keys_and_per_call_checks(monkeypatch):
+    """One plan per layout; what is not in the key (scale, flags, causal alignment, pointer
+    alignment) is checked on every call."""
+    q, k, v, out, lse = _cpu_plan(monkeypatch)
+
+    def plan(q=q, k=k, v=v, out=out, lse=lse, scale=0.125, causal=False, shift=0, flags=None):
+        return g90.plan_for(q, k, v, out, lse, scale, causal, shift, flags or _flags(HAS_RIGHT=causal), False, None)
+
+    first = plan()
+    assert first is not None and plan() is first and len(g90._PLANS) == 1
+    q2 = torch.empty_like(q)
+    assert plan(q=q2) is first                                   # same layout, other memory: same plan
+    qt = torch.empty(2, 4, 256, 64, dtype=torch.float16).transpose(1, 2)  # (B, H, S, D) memory
+    assert plan(q=qt, out=torch.empty_like(qt)) not in (None, first) and len(g90._PLANS) == 2
+    assert plan(causal=True) is not first                        # causal is in the key
+    assert plan(scale=-0.1) is None and plan(scale=float("nan")) is None
+    assert plan(flags=_flags(HAS_SOFTCAP=True)) is None and plan(flags=_flags(HAS_RIGHT=True)) is None
+    assert plan(causal=True, shift=5) is None                    # top-left alignment with Sq != Sk
+    buf = torch.empty(q.numel() + 8, dtype=torch.float16)
+    assert plan(q=buf[1:q.numel() + 1].view(q.shape)) is None    # 2-byte aligned base
+    assert plan(q=buf[8:].view(q.shape)) is first                # 16-byte aligned base
+    g90._PLANS.update({i: None for i in range(g90._PLANS_MAX)})
+    assert plan() is first and len(g90._PLANS) > g90._PLANS_MAX  # a hit changes nothing
+    k2 = torch.empty(2, 512, 2, 64, dtype=torch.float16)
+    assert plan(k=k2, v=torch.empty_like(k2)) is not None and len(g90._PLANS) == 1  # a miss in a full cache
+
+
+@needs_sm90
+def test_repeated_calls_take_the_cached_launcher(gluon_calls):
+    """The second call of a layout launches through the plan's cached launcher (no JIT binding);
+    its results are bitwise those of the first call (JIT path) and right against the reference,
+    on fresh NaN-poisoned buffers. An LSE whose pointer is not 16-byte aligned (the JIT specialized
+    on it) goes through the JIT again."""
+    for d, causal, n in ((64, True, 1024), (64, False, 2048), (128, False, 1024)):
+        q, k, v = make_qkv(2, n, n, 4, 2, d, torch.bfloat16, "cuda", seed=n + d)
+        results, runs = [], []
+        for lse_offset in (0, 0, 1):
+            out = torch.full_like(q, float("nan"))
+            buf = torch.full((2 * 4 * n + lse_offset,), float("nan"), device="cuda")
+            lse = buf[lse_offset:].view(2, 4, n)
+            plan = g90.plan_for(q, k, v, out, lse, d ** -0.5, causal, 0, _flags(HAS_RIGHT=causal), False, None)
+            assert plan is not None
+            if results:
+                assert plan.runner is not None, "the first launch should have kept the compiled launcher"
+                real = plan.runner
+                plan.runner = lambda *a, real=real: (runs.append(lse_offset), real(*a))
+            fwd_mod.flash_attn_forward(q, k, v, d ** -0.5, causal, out=out, lse=lse)
+            check_cuda_out(out, lse, q, k, v, causal)
+            results.append((out, lse))
+        assert runs == [0], runs  # the aligned repeat took the launcher, the misaligned LSE the JIT
+        for out, lse in results[1:]:
+            assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1])
+    assert len(gluon_calls) == 9
+
+
 @needs_sm90
 def test_routing_rules_on_gpu():
     def ok(sq=256, sk=256, d=128, dtype=torch.float16, causal=False, scale=0.1, flags=None, config=None,
@@ -286,8 +377,9 @@ def test_compile_failure_falls_back_to_triton(monkeypatch):
         attempts.append(1)
         raise RuntimeError("PassManager::run failed (simulated)")
 
-    monkeypatch.setattr(g90, "_launch", broken)
+    monkeypatch.setattr(g90, "_run", broken)
     monkeypatch.setattr(g90, "_BROKEN", set())
+    monkeypatch.setattr(g90, "_PLANS", {})  # plans made here must not outlive the simulated failure
     q, k, v = make_qkv(1, 256, 256, 2, 2, 128, torch.float16, "cuda", seed=3)
     with pytest.warns(RuntimeWarning, match="failed to compile"):
         out, _ = fwd_mod.flash_attn_forward(q, k, v, 0.088, False)

@@ -464,6 +464,13 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift
         return out.zero_(), lse.fill_(float("-inf"))
     flags, sc, alibi_strides = feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch, dropout_p,
                                             seqlen_q + abs(causal_shift), seqlen_k + abs(causal_shift))
+    plan = forward_sm90.plan_for(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen, config)
+    if plan is not None:
+        # Hopper, plain dense call, aligned lengths: the Gluon kernel (asynchronous wgmma); None if it
+        # did not compile with this triton (warned once), and then the Triton kernel below runs
+        done = forward_sm90.forward(q, k, v, out, lse, softmax_scale, causal, plan=plan)
+        if done is not None:
+            return done
     args = (
         q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seed if dropout_p > 0 else None,
         *strides3(q, varlen), *strides3(k, varlen), *strides3(v, varlen), *strides3(out, varlen),
@@ -478,12 +485,6 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         RAW_MAX=softmax_scale > 0 and not flags["HAS_SOFTCAP"] and not flags["HAS_ALIBI"],
     )
-    if forward_sm90.supported(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen, config):
-        # Hopper, plain dense call, aligned lengths: the Gluon kernel (asynchronous wgmma); None if it
-        # did not compile with this triton (warned once), and then the Triton kernel below runs
-        done = forward_sm90.forward(q, k, v, out, lse, softmax_scale, causal)
-        if done is not None:
-            return done
     # TMA path (falls back to pointers where descriptors are not possible)
     use_tma = tma_requested(config, q.device) and tma_supported(q, k, v, out)
     if use_tma and q.is_cuda:

@@ -576,44 +576,144 @@ def enabled() -> bool:
 def supported(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen, config) -> bool:
     """Whether this call can take the Gluon kernel (see the module docstring for the scope).
     A ``config`` (pinned Triton tiles) keeps the Triton kernel."""
-    if not enabled() or config is not None or varlen or not q.is_cuda:
-        return False
-    if torch.cuda.get_device_capability(q.device)[0] != 9:
-        return False
+    return plan_for(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen, config) is not None
+
+
+class _Plan:
+    """Everything a launch needs that follows from the call's layout (shapes, strides, dtypes,
+    device, causal) and its tile config, but not from its data pointers: built once per layout
+    by :func:`plan_for`, so that a repeated call pays for a dictionary lookup instead of the
+    routing checks, the 2-D views and the descriptors' validation (host time, perf-notes §24).
+
+    ``templates`` are validated ``TensorDescriptor`` objects with ``base=None`` (a plan holds no
+    tensor); :meth:`descriptors` copies them onto the call's tensors. ``runner`` is the compiled
+    kernel's launcher for this grid, kept after the first launch through triton's JIT: every
+    argument triton specializes on (integers' divisibility by 16 and equality to 1, the LSE
+    pointer's 16-byte alignment, the descriptors' block shapes and layouts) is fixed by the plan's
+    key, so the JIT would pick the same kernel every time; :func:`_run` uses the runner only when
+    the LSE pointer is 16-byte aligned, as it was when the kernel was chosen."""
+
+    __slots__ = ("cfg", "key", "kernel", "grid", "templates", "ints", "constexprs", "runner", "tail")
+
+    def __init__(self, q, k, v, out, lse, causal, cfg):
+        batch, seqlen_q, nheads, d = q.shape
+        seqlen_k, nheads_k = k.shape[1], k.shape[2]
+        bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+        ws = cfg.get("WS", False)
+        q_rows = q_block_rows(cfg)
+        q_desc, (q_rb, q_rh, q_ch) = _desc(q, seqlen_q, nheads, q_rows)
+        o_desc, _ = _desc(out, seqlen_q, nheads, q_rows)
+        k_desc, (kv_rb, kv_rh, kv_ch) = _desc(k, seqlen_k, nheads_k, bn)
+        v_desc, _ = _desc(v, seqlen_k, nheads_k, bn)
+        for t in (q_desc, k_desc, v_desc, o_desc):
+            t.base = None
+        self.cfg, self.key = cfg, _key(d, causal, q.dtype, cfg)
+        self.templates = (q_desc, k_desc, v_desc, o_desc)
+        self.grid = (triton.cdiv(seqlen_q, bm), batch * nheads)  # 3 consumers: the last block may run past Sq
+        # the kernels' runtime arguments after (q_desc, k_desc, v_desc, o_desc, LSE), up to the scale
+        self.ints = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, lse.stride(0), lse.stride(1),
+                     nheads, nheads // nheads_k, seqlen_q, seqlen_k)
+        if ws:
+            self.kernel = _attn_fwd_sm90_ws
+            # registers per consumer thread: 232 for 2 consumers (12 warps); 160 for 3 (16 warps with the
+            # producer's warpgroup: 168 + 2·160 + 24 = 512 per lane, the whole register file; no spills)
+            self.constexprs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+                                   CONSUMER_REGS=cfg.get("CONSUMER_REGS", 232), num_warps=4,
+                                   PINGPONG=cfg.get("PINGPONG", True), NUM_C=cfg.get("CONSUMERS", 2))
+        else:
+            self.kernel = _attn_fwd_sm90
+            self.constexprs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+                                   LOOKAHEAD=cfg.get("LOOKAHEAD", False), num_warps=cfg["num_warps"])
+        # the constexpr parameters in the kernel's order (defaults included): the compiled kernel's
+        # launcher takes every parameter positionally and skips the constexprs
+        params = self.kernel.params[5 + len(self.ints) + 1:]
+        self.tail = tuple(self.constexprs[p.name] if p.name in self.constexprs else p.default for p in params)
+        self.runner = None
+
+    def descriptors(self, q, k, v, out):
+        return tuple(_rebase(t, x) for t, x in zip(self.templates, (q, k, v, out)))
+
+
+def _rebase(template, t):
+    """``template`` (a validated descriptor) on tensor t's memory, without re-running the checks of
+    ``TensorDescriptor.__post_init__`` (t has the template's layout: the plan's key says so)."""
+    d = object.__new__(type(template))
+    d.__dict__.update(template.__dict__)
+    d.base = t
+    return d
+
+
+# layout key -> _Plan, or None where the Gluon kernel cannot take that layout
+_PLANS: dict = {}
+_PLANS_MAX = 1024  # emptied when full (a workload with ever-new shapes re-plans, as before the cache)
+
+
+def plan_for(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen, config):
+    """The launch plan of this call (:class:`_Plan`) if the Gluon kernel can take it, else None.
+
+    What depends only on the layout is decided once per (shapes, strides, dtypes, device, causal)
+    and cached; the scale, the feature flags, the causal alignment and the pointers' 16-byte
+    alignment are checked on every call."""
+    if not enabled() or config is not None or varlen or not softmax_scale > 0:  # (NaN scales fail too)
+        return None
+    if flags["HAS_LEFT"] or flags["HAS_SOFTCAP"] or flags["HAS_ALIBI"] or flags["HAS_DROPOUT"]:
+        return None
+    if flags["HAS_RIGHT"] and not causal:
+        return None  # a right window bound other than causal's
+    if causal and causal_shift != k.shape[1] - q.shape[1]:
+        return None
+    if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16 or out.data_ptr() % 16:
+        return None
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.shape, out.stride(), lse.shape,
+           lse.stride(), q.dtype, k.dtype, v.dtype, out.dtype, lse.dtype, q.device, bool(causal))
+    try:
+        return _PLANS[key]
+    except KeyError:
+        pass
+    cfg = _layout_config(q, k, v, out, lse, causal)
+    plan = None if cfg is None else _Plan(q, k, v, out, lse, bool(causal), cfg)
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    _PLANS[key] = plan
+    return plan
+
+
+def _layout_config(q, k, v, out, lse, causal):
+    """config_for's tiles if the Gluon kernel can take tensors of this layout, else None."""
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return None
     if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
-        return False
+        return None
     d = q.shape[-1]
-    if d not in (64, 128) or not softmax_scale > 0:  # (NaN scales fail too)
-        return False
+    if d not in (64, 128):
+        return None
     # the public API validates these; direct callers of flash_attn_forward(out=, lse=) may not
     if k.shape[-1] != d or v.shape[-1] != d or q.shape[2] % k.shape[2] or k.shape != v.shape:
-        return False
+        return None
     if out.shape != q.shape or out.dtype != q.dtype or lse.dtype != torch.float32:
-        return False
-    if flags["HAS_LEFT"] or flags["HAS_SOFTCAP"] or flags["HAS_ALIBI"] or flags["HAS_DROPOUT"]:
-        return False
-    if flags["HAS_RIGHT"] and not causal:
-        return False  # a right window bound other than causal's
+        return None
+    if lse.shape != (q.shape[0], q.shape[2], q.shape[1]) or lse.stride(-1) != 1:
+        return None
     sq, sk = q.shape[1], k.shape[1]
-    if causal and (sq > sk or causal_shift != sk - sq):
-        return False
+    if causal and sq > sk:
+        return None
     cfg = config_for(d, causal, sq, sk)
     if _key(d, causal, q.dtype, cfg) in _BROKEN:
-        return False
+        return None
     if sq % q_block_rows(cfg) or sk % cfg["BLOCK_N"]:
-        return False
+        return None
     if cfg.get("CONSUMERS", 2) == 2 and sq % cfg["BLOCK_M"]:
-        return False
-    if lse.stride(-1) != 1:
-        return False
+        return None
     for t in (q, k, v, out):
-        if t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
-            return False
+        if any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
+            return None
     views = [_view_params(t, t.shape[1], t.shape[2]) for t in (q, k, v, out)]
     if any(vw is None for vw in views):
-        return False
+        return None
     # one set of offsets serves Q and O, one K and V
-    return views[0][2:] == views[3][2:] and views[1][2:] == views[2][2:]
+    if views[0][2:] != views[3][2:] or views[1][2:] != views[2][2:]:
+        return None
+    return cfg
 
 
 @functools.lru_cache(maxsize=None)
@@ -630,18 +730,23 @@ def _desc(t, seqlen, nheads, block_rows):
     return TensorDescriptor(t, [rows, ss], [ss, 1], [block_rows, d], layout), (rb, rh, ch)
 
 
-def forward(q, k, v, out, lse, softmax_scale: float, causal: bool, cfg: dict | None = None):
-    """Launch the Gluon kernel; the caller checked :func:`supported`. q (B, Sq, H, D), k/v
-    (B, Sk, Hk, D), out like q, lse (B, H, Sq) fp32 with strides (H·Sq, Sq). ``cfg`` overrides
-    :func:`config_for` (``scripts/gluon_check.py`` sweeps it; lengths must stay multiples of its
-    tiles). Returns None, after a warning, when the kernel does not compile with the installed
-    triton (Gluon's API changes between releases): the caller then runs the Triton kernel, and
-    later calls skip this configuration."""
-    d = q.shape[-1]
-    cfg = cfg or config_for(d, causal, q.shape[1], k.shape[1])
-    ran = launch_or_fall_back(_BROKEN, _key(d, causal, q.dtype, cfg), "the Hopper Gluon forward",
+def forward(q, k, v, out, lse, softmax_scale: float, causal: bool, cfg: dict | None = None,
+            plan: _Plan | None = None):
+    """Launch the Gluon kernel; the caller checked :func:`supported` (or passes the ``plan`` that
+    :func:`plan_for` returned). q (B, Sq, H, D), k/v (B, Sk, Hk, D), out like q, lse (B, H, Sq)
+    fp32 with strides (H·Sq, Sq). ``cfg`` overrides :func:`config_for` (``scripts/gluon_check.py``
+    sweeps it; lengths must stay multiples of its tiles; such a plan is not cached). Returns None,
+    after a warning, when the kernel does not compile with the installed triton (Gluon's API
+    changes between releases): the caller then runs the Triton kernel, and later calls skip this
+    configuration."""
+    if plan is None:
+        cfg = cfg or config_for(q.shape[-1], causal, q.shape[1], k.shape[1])
+        plan = _Plan(q, k, v, out, lse, bool(causal), cfg)
+    ran = launch_or_fall_back(_BROKEN, plan.key, "the Hopper Gluon forward",
                               "using the Triton kernel for this configuration. TILEFLASH_GLUON=0 turns the Gluon "
-                              "kernel off.", lambda: _launch(q, k, v, out, lse, softmax_scale, causal, cfg))
+                              "kernel off.", lambda: _run(plan, q, k, v, out, lse, softmax_scale))
+    if not ran:
+        _PLANS.clear()  # plans made before the failure would route to the broken configuration
     return (out, lse) if ran else None
 
 
@@ -649,36 +754,22 @@ def _key(d, causal, dtype, cfg):
     return (d, bool(causal), dtype, tuple(sorted(cfg.items())))
 
 
+def _run(plan: _Plan, q, k, v, out, lse, softmax_scale):
+    """One launch of the plan's kernel on these tensors: through triton's JIT the first time (which
+    compiles or finds the kernel, and checks the arguments' specialization), then through the
+    compiled kernel's launcher (see :class:`_Plan`)."""
+    args = (*plan.descriptors(q, k, v, out), lse, *plan.ints, softmax_scale * LOG2E)
+    if plan.runner is not None and lse.data_ptr() % 16 == 0:
+        plan.runner(*args, *plan.tail)
+        return
+    kernel = plan.kernel[plan.grid](*args, **plan.constexprs)
+    if hasattr(kernel, "result"):  # triton's asynchronous compile mode hands back a future
+        kernel = kernel.result()
+    if lse.data_ptr() % 16 == 0 and hasattr(kernel, "__getitem__"):
+        plan.runner = kernel[plan.grid]
+
+
 def _launch(q, k, v, out, lse, softmax_scale, causal, cfg):
-    batch, seqlen_q, nheads, d = q.shape
-    seqlen_k, nheads_k = k.shape[1], k.shape[2]
-    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    ws = cfg.get("WS", False)
-    q_rows = q_block_rows(cfg)
-    q_desc, (q_rb, q_rh, q_ch) = _desc(q, seqlen_q, nheads, q_rows)
-    o_desc, _ = _desc(out, seqlen_q, nheads, q_rows)
-    k_desc, (kv_rb, kv_rh, kv_ch) = _desc(k, seqlen_k, nheads_k, bn)
-    v_desc, _ = _desc(v, seqlen_k, nheads_k, bn)
-    grid = (triton.cdiv(seqlen_q, bm), batch * nheads)  # 3 consumers: the last block may run past Sq
-    if ws:
-        _attn_fwd_sm90_ws[grid](
-            q_desc, k_desc, v_desc, o_desc, lse,
-            q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
-            lse.stride(0), lse.stride(1),
-            nheads, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E,
-            HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-            # registers per consumer thread: 232 for 2 consumers (12 warps); 160 for 3 (16 warps with the
-            # producer's warpgroup: 168 + 2·160 + 24 = 512 per lane, the whole register file; no spills)
-            CONSUMER_REGS=cfg.get("CONSUMER_REGS", 232), num_warps=4, PINGPONG=cfg.get("PINGPONG", True),
-            NUM_C=cfg.get("CONSUMERS", 2),
-        )
-        return out, lse
-    _attn_fwd_sm90[grid](
-        q_desc, k_desc, v_desc, o_desc, lse,
-        q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
-        lse.stride(0), lse.stride(1),
-        nheads, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E,
-        HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-        LOOKAHEAD=cfg.get("LOOKAHEAD", False), num_warps=cfg["num_warps"],
-    )
+    """Launch with explicit tiles (sweeps and tests): an uncached plan, through triton's JIT."""
+    _run(_Plan(q, k, v, out, lse, bool(causal), cfg), q, k, v, out, lse, softmax_scale)
     return out, lse
