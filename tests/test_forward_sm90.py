@@ -160,6 +160,7 @@ def test_plan_matches_the_kernel_signature(monkeypatch, d, causal, sq):
         assert {n: x for n, x in vars(got).items() if n != "base"} == \
             {n: x for n, x in vars(want).items() if n != "base"}
     assert all(t.base is None for t in plan.templates)  # a cached plan holds no tensor
+    assert len(plan.grid) == 3  # CompiledKernel[grid] indexes all three
 
 
 @pytest.mark.skipif(not g90.HAVE_GLUON, reason="this triton has no Gluon")

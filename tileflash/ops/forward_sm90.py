@@ -609,7 +609,8 @@ class _Plan:
             t.base = None
         self.cfg, self.key = cfg, _key(d, causal, q.dtype, cfg)
         self.templates = (q_desc, k_desc, v_desc, o_desc)
-        self.grid = (triton.cdiv(seqlen_q, bm), batch * nheads)  # 3 consumers: the last block may run past Sq
+        # 3 consumers: the last block may run past Sq; three entries, as the compiled launcher indexes them
+        self.grid = (triton.cdiv(seqlen_q, bm), batch * nheads, 1)
         # the kernels' runtime arguments after (q_desc, k_desc, v_desc, o_desc, LSE), up to the scale
         self.ints = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, lse.stride(0), lse.stride(1),
                      nheads, nheads // nheads_k, seqlen_q, seqlen_k)
