@@ -81,7 +81,8 @@ def compile_gluon(d, causal, cfg, dtype="fp16"):
     warps = 4 if ws else cfg["num_warps"]
     const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal, num_warps=warps)
     const.update(dict(CONSUMER_REGS=cfg.get("CONSUMER_REGS", 232), PINGPONG=cfg.get("PINGPONG", True),
-                      NUM_C=cfg.get("CONSUMERS", 2)) if ws else dict(LOOKAHEAD=cfg.get("LOOKAHEAD", False)))
+                      NUM_C=cfg.get("CONSUMERS", 2), PERSISTENT=cfg.get("PERSISTENT", False)) if ws
+                 else dict(LOOKAHEAD=cfg.get("LOOKAHEAD", False)))
     sig = {}
     for name in fn.arg_names:
         if name in const:

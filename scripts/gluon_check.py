@@ -26,7 +26,8 @@ def main():
                     help="extra Gluon tiles BLOCK_M/BLOCK_N/STAGES/warps[/la] timed beside the default, e.g. 128/64/4/8/la "
                          "(la: the LOOKAHEAD schedule; ws: the warp-specialized ping-pong kernel, BLOCK_M split in two; "
                          "free: the same without the ping-pong turns; c3: three consumer warpgroups of BLOCK_M/3 rows, "
-                         "turns round robin, e.g. 192/128/2/4/c3)")
+                         "turns round robin, e.g. 192/128/2/4/c3; p: persistent (one program per SM over the tiles), "
+                         "e.g. 128/128/2/4/ws/p)")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     rows = []
@@ -51,11 +52,13 @@ def main():
                     parts = spec.split("/")
                     bm, bn, st, w = (int(x) for x in parts[:4])
                     cfg = dict(BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=w, LOOKAHEAD="la" in parts[4:],
-                               WS=any(f in parts[4:] for f in ("ws", "free", "c3")))
+                               WS=any(f in parts[4:] for f in ("ws", "free", "c3", "p")))
                     if "c3" in parts[4:]:  # three consumers: 13 warps, 160 registers each fit without spills
                         cfg.update(CONSUMERS=3, CONSUMER_REGS=160)
                     if "free" in parts[4:]:  # the warp-specialized kernel without ping-pong turns
                         cfg["PINGPONG"] = False
+                    if "p" in parts[4:]:  # persistent: one program per SM looping over the tiles
+                        cfg["PERSISTENT"] = True
                     try:
                         o2, l2 = torch.full_like(q, float("nan")), torch.full_like(lse_t, float("nan"))
                         G.forward(q, k, v, o2, l2, scale, causal, cfg)

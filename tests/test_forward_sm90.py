@@ -117,7 +117,28 @@ def test_turn_protocol_model(num_c):
             assert model.explore(num_c, stages, n_blocks, schedules=60) == {"ok": 60}
     if num_c == 3:
         bad = model.explore(3, 2, 9, schedules=60, turn_bug=True)
-        assert bad.get("deadlock", 0) > 0 and bad.get("ok", 0) < 60, bad
+        assert bad.get("ok", 0) == 0, bad  # every schedule out of turn or stuck
+        bad = model.explore(3, 3, 9, schedules=300, turn_bug=True)
+        assert bad.get("deadlock", 0) > 0, bad  # and some schedules hang, as on the H200
+
+
+@pytest.mark.parametrize("num_c", [2, 3])
+def test_persistent_protocol_model(num_c):
+    """The persistent mode's protocol (scripts/ws_turn_model.py with per-tile block counts): ring
+    positions and turns running on across tiles, Q slices reloaded after q_empty. No schedule
+    deadlocks, turns stay round robin, and no matmul reads a slot or slice holding another block
+    or tile. Negative control: a producer that reloads Q without waiting for q_empty is caught."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import ws_turn_model as model
+
+    for stages in (2, 3):
+        for tiles in ([1, 1, 1], [3, 1, 4, 2], [9, 2, 5], [2]):
+            assert model.explore(num_c, stages, tiles, schedules=60) == {"ok": 60}, (stages, tiles)
+    bad = model.explore(num_c, 2, [3, 1, 4, 2], schedules=60, q_bug=True)
+    assert bad.get("data", 0) > 0 and bad.get("ok", 0) < 60, bad
 
 
 def test_routing_rules_on_cpu_tensors():

@@ -99,7 +99,13 @@ if HAVE_GLUON:
         pid_m = gl.program_id(0)
         if CAUSAL:
             pid_m = gl.num_programs(0) - 1 - pid_m
-        pid_bh = gl.program_id(1)
+        return _tile_coords(pid_m, gl.program_id(1), nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch,
+                            kv_rb, kv_rh, kv_ch, BLOCK_M)
+
+    @gluon.jit
+    def _tile_coords(pid_m, pid_bh, nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
+                     BLOCK_M: gl.constexpr):
+        """_q_block_coords for Q block pid_m of batch·head pid_bh."""
         off_b = pid_bh // nheads
         off_h = pid_bh % nheads
         off_hk = off_h // kv_group
@@ -110,6 +116,15 @@ if HAVE_GLUON:
         kv_col = off_hk * kv_ch
         shift = seqlen_k - seqlen_q
         return off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift
+
+    @gluon.jit
+    def _persistent_tile(tile, n_m, CAUSAL: gl.constexpr):
+        """(pid_m, pid_bh) of a persistent program's tile: Q blocks of one batch·head are
+        consecutive (concurrent programs share that head's K/V in L2), the last first if causal."""
+        pid_m = tile % n_m
+        if CAUSAL:
+            pid_m = n_m - 1 - pid_m
+        return pid_m, tile // n_m
 
     @gluon.jit
     def _kv_ring_bars(STAGES: gl.constexpr, NUM_C: gl.constexpr = 2):
@@ -307,20 +322,57 @@ if HAVE_GLUON:
     # and take turns at the tensor cores, so one runs its softmax while the other's matmuls run.
     # ------------------------------------------------------------------------------------------
     @gluon.jit
-    def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty,
-                     q_row, q_col, kv_row, kv_col, n_blocks,
-                     HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_C: gl.constexpr = 2):
-        """Loads the NUM_C Q slices of HALF_M rows once, then K_j and V_j into slot j % STAGES as soon
-        as every consumer has released that slot's previous block."""
-        for c in gl.static_range(NUM_C):
-            _load_block(q_desc, q_bar.index(c), q_smem.index(c), q_row + c * HALF_M, q_col, True)
-        for j in range(n_blocks):
-            slot = j % STAGES
-            released = ((j // STAGES) & 1) ^ 1   # parity of the release of block j - STAGES
-            mbarrier.wait(k_empty.index(slot), released, pred=j >= STAGES)
-            _load_block(k_desc, k_full.index(slot), k_smem.index(slot), kv_row + j * BLOCK_N, kv_col, True)
-            mbarrier.wait(v_empty.index(slot), released, pred=j >= STAGES)
-            _load_block(v_desc, v_full.index(slot), v_smem.index(slot), kv_row + j * BLOCK_N, kv_col, True)
+    def _ws_load_kv(k_desc, v_desc, k_smem, v_smem, k_full, v_full, k_empty, v_empty, kv_row, kv_col, j, g,
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """K_j and V_j of the current tile into ring slot g % STAGES (g: the program's running block
+        count), once every consumer has released that slot's previous block."""
+        slot = g % STAGES
+        released = ((g // STAGES) & 1) ^ 1   # parity of the release of block g - STAGES
+        mbarrier.wait(k_empty.index(slot), released, pred=g >= STAGES)
+        _load_block(k_desc, k_full.index(slot), k_smem.index(slot), kv_row + j * BLOCK_N, kv_col, True)
+        mbarrier.wait(v_empty.index(slot), released, pred=g >= STAGES)
+        _load_block(v_desc, v_full.index(slot), v_smem.index(slot), kv_row + j * BLOCK_N, kv_col, True)
+
+    @gluon.jit
+    def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty,
+                     v_empty, where, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                     CAUSAL: gl.constexpr, NUM_C: gl.constexpr, PERSISTENT: gl.constexpr):
+        """The producer warp. One tile (``where`` = its q_row, q_col, kv_row, kv_col, n_blocks):
+        the NUM_C Q slices of HALF_M rows, then K_j and V_j into slot j % STAGES as soon as every
+        consumer has released that slot's previous block. PERSISTENT (``where`` = the problem's
+        geometry): for each of the program's tiles, K_0/V_0 (which may land while the consumers
+        still finish the previous tile), then the Q slices once each consumer has stored the
+        previous tile's O from its slice (q_empty), then the other blocks; the ring position g
+        runs on across tiles."""
+        if PERSISTENT:
+            (nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, batch_heads) = where
+            BLOCK_M: gl.constexpr = HALF_M * NUM_C
+            n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
+            g = 0
+            it = 0
+            for tile in range(gl.program_id(0), n_m * batch_heads, gl.num_programs(0)):
+                pid_m, pid_bh = _persistent_tile(tile, n_m, CAUSAL)
+                off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift = _tile_coords(
+                    pid_m, pid_bh, nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
+                    BLOCK_M)
+                n_full, n_blocks = _key_blocks(start_m, shift, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+                _ws_load_kv(k_desc, v_desc, k_smem, v_smem, k_full, v_full, k_empty, v_empty, kv_row, kv_col, 0, g,
+                            BLOCK_N, STAGES)
+                for c in gl.static_range(NUM_C):
+                    mbarrier.wait(q_empty.index(c), (it - 1) & 1, pred=it > 0)
+                    _load_block(q_desc, q_bar.index(c), q_smem.index(c), q_row + c * HALF_M, q_col, True)
+                for j in range(1, n_blocks):
+                    _ws_load_kv(k_desc, v_desc, k_smem, v_smem, k_full, v_full, k_empty, v_empty, kv_row, kv_col,
+                                j, g + j, BLOCK_N, STAGES)
+                g += n_blocks
+                it += 1
+        else:
+            (q_row, q_col, kv_row, kv_col, n_blocks) = where
+            for c in gl.static_range(NUM_C):
+                _load_block(q_desc, q_bar.index(c), q_smem.index(c), q_row + c * HALF_M, q_col, True)
+            for j in range(n_blocks):
+                _ws_load_kv(k_desc, v_desc, k_smem, v_smem, k_full, v_full, k_empty, v_empty, kv_row, kv_col, j, j,
+                            BLOCK_N, STAGES)
 
     @gluon.jit
     def _ws_turn(pp_bar, turn, C: gl.constexpr, PINGPONG: gl.constexpr):
@@ -344,14 +396,58 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _ws_consumer(shared, C: gl.constexpr, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                     STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, NUM_C: gl.constexpr):
-        """Rows [start_m + C·HALF_M, +HALF_M): the schedule of _attn_fwd_sm90 on one warpgroup,
-        with each issue of matmuls taken as a turn (see _ws_turn). ``shared`` holds what every
-        consumer gets alike (buffers, barriers, coordinates; see _attn_fwd_sm90_ws), so that the
-        partition list names only what differs. With NUM_C = 3 the Q block
-        (3·HALF_M rows) may run past seqlen_q (a multiple of HALF_M): a slice wholly past it
-        computes on whatever rows its TMA load brought (the next (b, h) or zeros), keeps its
-        turns and releases, and stores nothing."""
+                     STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, NUM_C: gl.constexpr,
+                     PERSISTENT: gl.constexpr):
+        """Consumer warpgroup C. ``shared`` holds what every consumer gets alike (buffers, barriers,
+        and the tile's coordinates, or for PERSISTENT the problem's geometry; see
+        _attn_fwd_sm90_ws), so that the partition list names only what differs. PERSISTENT: the
+        program's tiles in the producer's order, with the ring position g and the turn count
+        running on across tiles (every consumer takes n_blocks + 1 turns per tile, so the round
+        robin never breaks)."""
+        if PERSISTENT:
+            (q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
+             nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, batch_heads,
+             stride_lb, stride_lh, qk_scale) = shared
+            BLOCK_M: gl.constexpr = HALF_M * NUM_C
+            n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
+            g = 0
+            turn = 0
+            it = 0
+            for tile in range(gl.program_id(0), n_m * batch_heads, gl.num_programs(0)):
+                pid_m, pid_bh = _persistent_tile(tile, n_m, CAUSAL)
+                off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift = _tile_coords(
+                    pid_m, pid_bh, nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
+                    BLOCK_M)
+                n_full, n_blocks = _key_blocks(start_m, shift, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+                _ws_consume_tile(q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, pp_bar,
+                                 o_desc, LSE, q_row, q_col, off_b * stride_lb + off_h * stride_lh, start_m, n_blocks,
+                                 n_full, shift, qk_scale, seqlen_q, g, turn, it & 1,
+                                 C, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C, True)
+                g += n_blocks
+                turn += n_blocks + 1
+                it += 1
+        else:
+            (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
+             q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q) = shared
+            _ws_consume_tile(q_smem, k_smem, v_smem, q_bar, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc,
+                             LSE, q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q, 0, 0,
+                             0, C, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C, False)
+
+    @gluon.jit
+    def _ws_consume_tile(q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, pp_bar, o_desc,
+                         LSE, q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q,
+                         g0, t0, q_phase,
+                         C: gl.constexpr, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, NUM_C: gl.constexpr,
+                         PERSISTENT: gl.constexpr):
+        """Rows [start_m + C·HALF_M, +HALF_M) of one tile: the schedule of _attn_fwd_sm90 on one
+        warpgroup, with each issue of matmuls taken as a turn (see _ws_turn). The tile's K/V
+        block j sits in ring slot (g0 + j) % STAGES and its turns are t0 .. t0 + n_blocks (both 0
+        for a one-tile program); its Q slice is the q_phase-th load into q_smem[C]. With
+        NUM_C = 3 the Q block (3·HALF_M rows) may run past seqlen_q (a multiple of HALF_M): a
+        slice wholly past it computes on whatever rows its TMA load brought (the next (b, h) or
+        zeros), keeps its turns and releases, and stores nothing. PERSISTENT: the slice is
+        released (q_empty) once its O has left shared memory, for the next tile's Q."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -360,8 +456,6 @@ if HAVE_GLUON:
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-        (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
-         q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q) = shared
         dtype: gl.constexpr = k_smem.dtype
         q_c = q_smem.index(C)                                                                  # [HALF_M, HEAD_DIM]
 
@@ -372,13 +466,14 @@ if HAVE_GLUON:
         m_i = gl.full([HALF_M], float("-inf"), gl.float32, row_s)
         l_i = gl.zeros([HALF_M], gl.float32, row_s)
 
-        mbarrier.wait(q_bar.index(C), 0)
-        _ws_turn(pp_bar, 0, C, PINGPONG)
-        mbarrier.wait(k_full.index(0), 0)
-        s = warpgroup_mma(q_c, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        mbarrier.wait(q_bar.index(C), q_phase)
+        _ws_turn(pp_bar, t0, C, PINGPONG)
+        first = g0 % STAGES
+        mbarrier.wait(k_full.index(first), (g0 // STAGES) & 1)
+        s = warpgroup_mma(q_c, k_smem.index(first).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         _ws_pass(pp_bar, C, PINGPONG, NUM_C)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))                                   # [HALF_M, BLOCK_N]
-        mbarrier.arrive(k_empty.index(0), count=1)
+        mbarrier.arrive(k_empty.index(first), count=1)
         if n_full > 0:
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, False)
         else:
@@ -386,12 +481,13 @@ if HAVE_GLUON:
         b_p = gl.convert_layout(p.to(dtype), p_layout)                                         # [HALF_M, BLOCK_N]
 
         for j in range(1, n_blocks):
-            stage = j % STAGES
-            prev = (j - 1) % STAGES
-            _ws_turn(pp_bar, j, C, PINGPONG)
-            mbarrier.wait(k_full.index(stage), (j // STAGES) & 1)
+            g = g0 + j
+            stage = g % STAGES
+            prev = (g - 1) % STAGES
+            _ws_turn(pp_bar, t0 + j, C, PINGPONG)
+            mbarrier.wait(k_full.index(stage), (g // STAGES) & 1)
             s_tok = warpgroup_mma(q_c, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            mbarrier.wait(v_full.index(prev), ((j - 1) // STAGES) & 1)
+            mbarrier.wait(v_full.index(prev), ((g - 1) // STAGES) & 1)
             acc_tok = warpgroup_mma(b_p, v_smem.index(prev), acc, is_async=True)
             _ws_pass(pp_bar, C, PINGPONG, NUM_C)
             s, b_p = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, b_p))
@@ -405,9 +501,10 @@ if HAVE_GLUON:
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             b_p = gl.convert_layout(p.to(dtype), p_layout)
 
-        last = (n_blocks - 1) % STAGES
-        _ws_turn(pp_bar, n_blocks, C, PINGPONG)
-        mbarrier.wait(v_full.index(last), ((n_blocks - 1) // STAGES) & 1)
+        g_last = g0 + n_blocks - 1
+        last = g_last % STAGES
+        _ws_turn(pp_bar, t0 + n_blocks, C, PINGPONG)
+        mbarrier.wait(v_full.index(last), (g_last // STAGES) & 1)
         acc = warpgroup_mma(b_p, v_smem.index(last), acc, is_async=True)
         _ws_pass(pp_bar, C, PINGPONG, NUM_C)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))                              # [HALF_M, HEAD_DIM]
@@ -424,28 +521,34 @@ if HAVE_GLUON:
             lse = (m_i + gl.log2(l_i)) * 0.6931471805599453                                    # [HALF_M]
             gl.store(LSE + lse_base + offs_m, lse)
             tma.store_wait(pendings=0)
+        if PERSISTENT:
+            mbarrier.arrive(q_empty.index(C), count=1)  # q_smem[C] may take the next tile's Q
 
     @gluon.jit
     def _attn_fwd_sm90_ws(
         q_desc, k_desc, v_desc, o_desc, LSE,
         q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
         stride_lb, stride_lh,
-        nheads, kv_group, seqlen_q, seqlen_k, qk_scale,
+        nheads, kv_group, seqlen_q, seqlen_k, batch_heads, qk_scale,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, PINGPONG: gl.constexpr = True,
-        NUM_C: gl.constexpr = 2,
+        NUM_C: gl.constexpr = 2, PERSISTENT: gl.constexpr = False,
     ):
         """One program per (Q block of BLOCK_M rows, batch·head): NUM_C consumer warpgroups (2 or 3)
         own the Q block's SUB_M = BLOCK_M / NUM_C row slices (the q_desc/o_desc blocks) and take
         turns at the tensor cores, round robin; a 1-warp producer streams Q and the K/V ring.
-        NUM_C = 3 is FA3's D = 64 shape (192-row Q blocks): each K/V byte serves 1.5x the rows."""
+        NUM_C = 3 is FA3's D = 64 shape (192-row Q blocks): each K/V byte serves 1.5x the rows.
+        PERSISTENT: a 1-D grid of at most one program per SM, each working through the tiles
+        (Q block, batch·head) program_id, + num_programs, ... (all ``batch_heads`` of them), so
+        that a tile's K/V loads overlap the previous tile's epilogue and no program is launched
+        per tile."""
         SUB_M: gl.constexpr = BLOCK_M // NUM_C
-        off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift = _q_block_coords(
-            nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, BLOCK_M, CAUSAL)
-        lse_base = off_b * stride_lb + off_h * stride_lh
-        # every slice runs the same number of turns: the block's key range, masked per row
-        n_full, n_blocks = _key_blocks(start_m, shift, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
-
+        if not PERSISTENT:
+            off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift = _q_block_coords(
+                nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, BLOCK_M, CAUSAL)
+            lse_base = off_b * stride_lb + off_h * stride_lh
+            # every slice runs the same number of turns: the block's key range, masked per row
+            n_full, n_blocks = _key_blocks(start_m, shift, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [NUM_C, SUB_M, HEAD_DIM], q_desc.layout)     # Q slices, then O
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -457,23 +560,34 @@ if HAVE_GLUON:
             mbarrier.init(pp_bar.index(i), count=1)
         k_full, v_full, k_empty, v_empty = _kv_ring_bars(STAGES, NUM_C)
 
-        # runtime values only: a tuple does not keep constexprs constant
-        shared = (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
-                  q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q)
+        if PERSISTENT:
+            q_empty = gl.allocate_shared_memory(gl.int64, [NUM_C, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(NUM_C):
+                mbarrier.init(q_empty.index(i), count=1)
+            where = (nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, batch_heads)
+            shared = (q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
+                      nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, batch_heads,
+                      stride_lb, stride_lh, qk_scale)
+        else:
+            q_empty = q_bar  # unused: one tile per program
+            where = (q_row, q_col, kv_row, kv_col, n_blocks)
+            # runtime values only: a tuple does not keep constexprs constant
+            shared = (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
+                      q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q)
         if NUM_C == 2:
             gl.warp_specialize([
-                (_ws_consumer, (shared, 0, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C)),
-                (_ws_consumer, (shared, 1, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C)),
-                (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty,
-                                v_empty, q_row, q_col, kv_row, kv_col, n_blocks, SUB_M, BLOCK_N, STAGES, NUM_C)),
+                (_ws_consumer, (shared, 0, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C, PERSISTENT)),
+                (_ws_consumer, (shared, 1, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C, PERSISTENT)),
+                (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full,
+                                k_empty, v_empty, where, SUB_M, BLOCK_N, STAGES, CAUSAL, NUM_C, PERSISTENT)),
             ], [4, 1], [CONSUMER_REGS, 24])
         else:
             gl.warp_specialize([
-                (_ws_consumer, (shared, 0, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C)),
-                (_ws_consumer, (shared, 1, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C)),
-                (_ws_consumer, (shared, 2, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C)),
-                (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty,
-                                v_empty, q_row, q_col, kv_row, kv_col, n_blocks, SUB_M, BLOCK_N, STAGES, NUM_C)),
+                (_ws_consumer, (shared, 0, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C, PERSISTENT)),
+                (_ws_consumer, (shared, 1, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C, PERSISTENT)),
+                (_ws_consumer, (shared, 2, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C, PERSISTENT)),
+                (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full,
+                                k_empty, v_empty, where, SUB_M, BLOCK_N, STAGES, CAUSAL, NUM_C, PERSISTENT)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
 
 
@@ -615,12 +729,17 @@ class _Plan:
         self.ints = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, lse.stride(0), lse.stride(1),
                      nheads, nheads // nheads_k, seqlen_q, seqlen_k)
         if ws:
+            self.ints += (batch * nheads,)
+            if cfg.get("PERSISTENT", False):  # one program per SM (at most), each looping over tiles
+                tiles = self.grid[0] * self.grid[1]
+                self.grid = (min(tiles, _sm_count(q.device)), 1, 1)
             self.kernel = _attn_fwd_sm90_ws
             # registers per consumer thread: 232 for 2 consumers (12 warps); 160 for 3 (16 warps with the
             # producer's warpgroup: 168 + 2·160 + 24 = 512 per lane, the whole register file; no spills)
             self.constexprs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
                                    CONSUMER_REGS=cfg.get("CONSUMER_REGS", 232), num_warps=4,
-                                   PINGPONG=cfg.get("PINGPONG", True), NUM_C=cfg.get("CONSUMERS", 2))
+                                   PINGPONG=cfg.get("PINGPONG", True), NUM_C=cfg.get("CONSUMERS", 2),
+                                   PERSISTENT=cfg.get("PERSISTENT", False))
         else:
             self.kernel = _attn_fwd_sm90
             self.constexprs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
@@ -633,6 +752,14 @@ class _Plan:
 
     def descriptors(self, q, k, v, out):
         return tuple(_rebase(t, x) for t, x in zip(self.templates, (q, k, v, out)))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device) -> int:
+    """Streaming multiprocessors of a CUDA device (1 elsewhere: CPU tensors only build plans in tests)."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _rebase(template, t):
