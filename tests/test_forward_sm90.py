@@ -375,13 +375,21 @@ def test_three_consumer_kernel_through_public_route(case, dtype, layout, gluon_c
     dict(BLOCK_M=128, BLOCK_N=64, STAGES=4, num_warps=4, WS=True),
     dict(BLOCK_M=192, BLOCK_N=128, STAGES=2, num_warps=4, WS=True, CONSUMERS=3, CONSUMER_REGS=160),
     dict(BLOCK_M=192, BLOCK_N=64, STAGES=4, num_warps=4, WS=True, CONSUMERS=3, CONSUMER_REGS=160),
-], ids=["la-128-128", "la-128-64", "64-64", "128-64", "ws-128-128", "ws-128-64", "c3-192-128", "c3-192-64"])
+    dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=4, WS=True, PERSISTENT=True),
+    dict(BLOCK_M=192, BLOCK_N=128, STAGES=2, num_warps=4, WS=True, CONSUMERS=3, CONSUMER_REGS=160, PERSISTENT=True),
+], ids=["la-128-128", "la-128-64", "64-64", "128-64", "ws-128-128", "ws-128-64", "c3-192-128", "c3-192-64",
+        "ws-128-128-persistent", "c3-192-128-persistent"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])
 def test_gluon_schedules_and_tiles(cfg, d, causal):
     """Every schedule and tile shape that gluon_check.py sweeps, against the fp32 reference (a ring
-    of 2-4 slots over 3-16 key blocks exercises each slot's barrier phase more than once)."""
-    for (b, sq, sk, h, hk) in [(2, 256, 1024, 4, 2), (1, 128, 192 if cfg["BLOCK_N"] == 64 else 256, 2, 2)]:
+    of 2-4 slots over 3-16 key blocks exercises each slot's barrier phase more than once). The
+    persistent mode also gets 3-5x more tiles than the H200's 132 SMs, so that its programs run
+    several tiles each (ring positions, turns and Q reloads carried across tiles)."""
+    shapes = [(2, 256, 1024, 4, 2), (1, 128, 192 if cfg["BLOCK_N"] == 64 else 256, 2, 2)]
+    if cfg.get("PERSISTENT"):
+        shapes.append((4, 2048, 2048, 8, 2))
+    for (b, sq, sk, h, hk) in shapes:
         q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=sk + d)
         out = torch.full_like(q, float("nan"))
         lse = torch.full((b, h, sq), float("nan"), device="cuda")
