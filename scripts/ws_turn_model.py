@@ -14,7 +14,8 @@ move, or the matmuls were issued out of round-robin order).
 
 Persistent programs (``PERSISTENT``; pass a list of per-tile block counts as ``n_blocks``): the
 producer loads each tile's K_0/V_0, then its Q slices once each consumer released its slice
-(``q_empty``, after storing the previous tile's O from it), then the other blocks, with the ring
+(``q_empty``, when the consumer's last S matmul of the previous tile retired; O leaves through
+buffers of its own), then the other blocks, with the ring
 position running on across tiles; the consumers run their tiles in the same order with running
 ring positions and turn counts. The model also tracks what each ring slot and Q slice holds and
 checks, at every matmul issue, that it is the block and tile the consumer expects (a load that
@@ -92,6 +93,8 @@ def _consumer(b, c, tiles, stages, num_c, turn_bug, log, persistent):
         log.append((c, i, 0))                            # S_0 issued
         yield ("arrive", nxt)
         yield ("arrive", b["k_empty"][g0 % stages])      # S_0 retired
+        if persistent and n_blocks == 1:
+            yield ("arrive", b["q_empty"][c])            # Q's last use retired
         for j in range(1, n_blocks):
             g = g0 + j
             stage, prev = g % stages, (g - 1) % stages
@@ -104,6 +107,8 @@ def _consumer(b, c, tiles, stages, num_c, turn_bug, log, persistent):
             log.append((c, i, j))                        # S_j and P_{j-1}·V_{j-1} issued
             yield ("arrive", nxt)
             yield ("arrive", b["k_empty"][stage])
+            if persistent and j == n_blocks - 1:
+                yield ("arrive", b["q_empty"][c])        # Q's last use (S_j) retired
             yield ("arrive", b["v_empty"][prev])
         g_last = g0 + n_blocks - 1
         last = g_last % stages
@@ -113,9 +118,8 @@ def _consumer(b, c, tiles, stages, num_c, turn_bug, log, persistent):
         log.append((c, i, n_blocks))                     # the last P·V issued
         yield ("arrive", nxt)
         yield ("arrive", b["v_empty"][last])
-        yield expect("q", c, i)                          # O goes out through the Q slice
-        if persistent:
-            yield ("arrive", b["q_empty"][c])
+        if not persistent:
+            yield expect("q", c, i)                      # O goes out through the Q slice
         g0 += n_blocks
         t0 += n_blocks + 1
 

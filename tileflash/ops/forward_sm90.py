@@ -341,9 +341,9 @@ if HAVE_GLUON:
         the NUM_C Q slices of HALF_M rows, then K_j and V_j into slot j % STAGES as soon as every
         consumer has released that slot's previous block. PERSISTENT (``where`` = the problem's
         geometry): for each of the program's tiles, K_0/V_0 (which may land while the consumers
-        still finish the previous tile), then the Q slices once each consumer has stored the
-        previous tile's O from its slice (q_empty), then the other blocks; the ring position g
-        runs on across tiles."""
+        still finish the previous tile), then the Q slices once each consumer's last S matmul of
+        the previous tile has retired (q_empty), then the other blocks; the ring position g runs
+        on across tiles."""
         if PERSISTENT:
             (nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, batch_heads) = where
             BLOCK_M: gl.constexpr = HALF_M * NUM_C
@@ -405,7 +405,7 @@ if HAVE_GLUON:
         running on across tiles (every consumer takes n_blocks + 1 turns per tile, so the round
         robin never breaks)."""
         if PERSISTENT:
-            (q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
+            (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
              nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, batch_heads,
              stride_lb, stride_lh, qk_scale) = shared
             BLOCK_M: gl.constexpr = HALF_M * NUM_C
@@ -419,22 +419,23 @@ if HAVE_GLUON:
                     pid_m, pid_bh, nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
                     BLOCK_M)
                 n_full, n_blocks = _key_blocks(start_m, shift, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
-                _ws_consume_tile(q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, pp_bar,
+                _ws_consume_tile(q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, pp_bar,
                                  o_desc, LSE, q_row, q_col, off_b * stride_lb + off_h * stride_lh, start_m, n_blocks,
                                  n_full, shift, qk_scale, seqlen_q, g, turn, it & 1,
                                  C, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C, True)
                 g += n_blocks
                 turn += n_blocks + 1
                 it += 1
+            tma.store_wait(pendings=0)  # the last tile's O leaves shared memory before the program ends
         else:
             (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
              q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q) = shared
-            _ws_consume_tile(q_smem, k_smem, v_smem, q_bar, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc,
+            _ws_consume_tile(q_smem, q_smem, k_smem, v_smem, q_bar, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc,
                              LSE, q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q, 0, 0,
                              0, C, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C, False)
 
     @gluon.jit
-    def _ws_consume_tile(q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, pp_bar, o_desc,
+    def _ws_consume_tile(q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, pp_bar, o_desc,
                          LSE, q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q,
                          g0, t0, q_phase,
                          C: gl.constexpr, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -446,8 +447,10 @@ if HAVE_GLUON:
         for a one-tile program); its Q slice is the q_phase-th load into q_smem[C]. With
         NUM_C = 3 the Q block (3·HALF_M rows) may run past seqlen_q (a multiple of HALF_M): a
         slice wholly past it computes on whatever rows its TMA load brought (the next (b, h) or
-        zeros), keeps its turns and releases, and stores nothing. PERSISTENT: the slice is
-        released (q_empty) once its O has left shared memory, for the next tile's Q."""
+        zeros), keeps its turns and releases, and stores nothing. PERSISTENT: the Q slice is
+        released (q_empty) as soon as its last S matmul retires, so that the next tile's Q loads
+        during this tile's last softmax, P·V and epilogue; O leaves through a buffer of its own
+        (o_smem), whose previous TMA store is waited for just before it is rewritten."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -474,6 +477,9 @@ if HAVE_GLUON:
         _ws_pass(pp_bar, C, PINGPONG, NUM_C)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))                                   # [HALF_M, BLOCK_N]
         mbarrier.arrive(k_empty.index(first), count=1)
+        if PERSISTENT:
+            if n_blocks == 1:
+                mbarrier.arrive(q_empty.index(C), count=1)  # Q's last use: the next tile's Q may load
         if n_full > 0:
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, offs_m, offs_n, shift, qk_scale, False)
         else:
@@ -492,6 +498,9 @@ if HAVE_GLUON:
             _ws_pass(pp_bar, C, PINGPONG, NUM_C)
             s, b_p = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, b_p))
             mbarrier.arrive(k_empty.index(stage), count=1)
+            if PERSISTENT:
+                if j == n_blocks - 1:
+                    mbarrier.arrive(q_empty.index(C), count=1)  # Q's last use: the next tile's Q may load
             if j < n_full:
                 p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, offs_n, shift, qk_scale, False)
             else:
@@ -515,14 +524,16 @@ if HAVE_GLUON:
         if NUM_C != 2:  # 2 consumers: BLOCK_M divides seqlen_q (supported()), every slice stores
             in_range = start_m + C * HALF_M < seqlen_q
         if in_range:
-            q_c.store(o.to(dtype))
+            o_c = o_smem.index(C)  # q_c for a one-tile program; a buffer of its own when PERSISTENT
+            if PERSISTENT:
+                tma.store_wait(pendings=0)  # the previous tile's O has left o_c
+            o_c.store(o.to(dtype))
             fence_async_shared()
-            _tma_store(o_desc, [q_row + C * HALF_M, q_col], q_c)
+            _tma_store(o_desc, [q_row + C * HALF_M, q_col], o_c)
             lse = (m_i + gl.log2(l_i)) * 0.6931471805599453                                    # [HALF_M]
             gl.store(LSE + lse_base + offs_m, lse)
-            tma.store_wait(pendings=0)
-        if PERSISTENT:
-            mbarrier.arrive(q_empty.index(C), count=1)  # q_smem[C] may take the next tile's Q
+            if not PERSISTENT:
+                tma.store_wait(pendings=0)
 
     @gluon.jit
     def _attn_fwd_sm90_ws(
@@ -564,9 +575,11 @@ if HAVE_GLUON:
             q_empty = gl.allocate_shared_memory(gl.int64, [NUM_C, 1], mbarrier.MBarrierLayout())
             for i in gl.static_range(NUM_C):
                 mbarrier.init(q_empty.index(i), count=1)
+            # O gets buffers of its own, so that a slice's Q is released after its last S matmul
+            o_smem = gl.allocate_shared_memory(dtype, [NUM_C, SUB_M, HEAD_DIM], o_desc.layout)
             where = (nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, batch_heads)
-            shared = (q_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
-                      nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, batch_heads,
+            shared = (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, pp_bar, o_desc,
+                      LSE, nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, batch_heads,
                       stride_lb, stride_lh, qk_scale)
         else:
             q_empty = q_bar  # unused: one tile per program
