@@ -73,12 +73,27 @@ def test_gluon_kernels_compile_for_sm90(dtype):
     assert len([ln for ln in lines if ln.startswith("ok") and " gluon D=" in ln]) == 16
     # D = 64 from 2k (8k causal) runs three consumer warpgroups
     assert len([ln for ln in lines if ln.startswith("ok") and " gluon D=64" in ln and "'CONSUMERS': 3" in ln]) == 4
+    # D = 128 non-causal at 1k runs the persistent mode
+    assert [ln.split(" gluon ")[1][:28] for ln in lines if ln.startswith("ok") and "'PERSISTENT': True" in ln] \
+        == ["D=128 causal=False N=1024"], lines
     assert len([ln for ln in lines if ln.startswith("ok") and "gluon-bwd" in ln]) == 16
     assert len([ln for ln in lines if ln.startswith("ok") and "gluon-bwd" in ln and "'WS': True" in ln]) == 4
     # the Gluon dQ kernel: D 64/128 x causal
     assert len([ln for ln in lines if ln.startswith("ok") and "gluon-dq" in ln]) == 4
     # the ping-pong kernel runs three partitions: 4 + 4 consumer warps and a producer warp (12 warps)
     assert any("'WS': True" in ln for ln in lines)
+
+
+def test_persistent_rule():
+    """The persistent mode is taken by D = 128 non-causal calls with at most 1024 keys only (the
+    fifteenth session's sweep, config_for): causal tiles differ in length and longer calls gain
+    nothing from it."""
+    def persistent(d, causal, sq, sk=None):
+        return g90.config_for(d, causal, sq, sk).get("PERSISTENT", False)
+    assert [persistent(128, False, n) for n in (128, 512, 1024, 2048, 4096, 16384)] == [True] * 3 + [False] * 3
+    assert not persistent(128, False, 1024, 2048) and persistent(128, False, 2048, 1024)  # by the key length
+    assert not any(persistent(128, True, n) for n in (512, 1024, 4096))
+    assert not any(persistent(64, c, n) for c in (False, True) for n in (1024, 2048, 16384))
 
 
 def test_three_consumer_rule():

@@ -568,8 +568,8 @@ if _f90.HAVE_GLUON:
         """The two dO halves, then the forward's producer: the Q halves and the K/V ring."""
         for c in gl.static_range(2):
             _f90._load_block(do_desc, do_bar.index(c), do_smem.index(c), q_row + c * HALF_M, q_col, True)
-        _f90._ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty,
-                          q_row, q_col, kv_row, kv_col, n_blocks, HALF_M, BLOCK_N, STAGES)
+        _f90._ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_bar, k_full, v_full, k_empty,
+                          v_empty, (q_row, q_col, kv_row, kv_col, n_blocks), HALF_M, BLOCK_N, STAGES, False, 2, False)
 
     @gluon.jit
     def _dq_ws_consumer(q_smem, k_smem, v_smem, do_smem, q_bar, do_bar, k_full, v_full, k_empty, v_empty,

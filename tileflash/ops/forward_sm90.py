@@ -625,12 +625,24 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int | None 
       4-slot ring (non-causal 399 / 411 / 425 / 425, where the ping-pong kernel gave 350 / 384 /
       406 / 419); causal with Sq <= 1024: 64-row blocks on 4 warps (312-319 against 253).
 
+    * D = 128, non-causal, Sk <= 1024: the same kernel in its persistent mode (``PERSISTENT``: one
+      program per SM over the tiles; each Q slice is reloaded for the next tile as soon as its last
+      S matmul retires). Fifteenth session, run 5 (fp16, same run): 577 TFLOP/s at N = 1k against
+      539 for one program per tile (cuDNN 581); level at 2k / 4k (586 / 596 against 584 / 597),
+      3% slower at 16k (610 against 629). Causal calls lose with it at every N measured (348
+      against 382 at 1k, 426 against 603 at 16k): its tiles go to programs round robin, and
+      causal tiles differ in length, so the programs finish unevenly. At D = 64 (three consumers)
+      it measured within ±3% of the defaults, so it is not used there.
+
     The LOOKAHEAD schedule (Q·K_{j+1}ᵀ issued before the softmax of block j) measured 2-20% slower
     at every tile it was tried with, so it is off (docs/perf-notes.md §14). ``seqlen_k`` (when
     given) keeps a key length that is not a multiple of the three-consumer kernel's 128-key
     blocks on the kernels that take it."""
     if head_dim > 64:
-        return dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=4, WS=True)
+        cfg = dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=4, WS=True)
+        if not causal and (seqlen_k or seqlen_q) <= 1024:
+            cfg["PERSISTENT"] = True  # short tiles: the next tile's loads hide under this one's tail
+        return cfg
     # three consumers need 128-key blocks: a Sk that is a multiple of 64 only keeps the kernels below
     if seqlen_q >= (8192 if causal else 2048) and (seqlen_k is None or seqlen_k % 128 == 0):
         return dict(BLOCK_M=192, BLOCK_N=128, STAGES=2, num_warps=4, WS=True, CONSUMERS=3, CONSUMER_REGS=160)
