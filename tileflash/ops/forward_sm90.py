@@ -21,7 +21,13 @@ Q block and take turns issuing their matmuls (an mbarrier pair passes the turn),
 consumer's softmax runs while the other's matmuls occupy the tensor cores. At D = 64 from N = 2k
 (causal: 8k) three consumers share each K/V block (192-row Q blocks, turns round robin), as FA3
 does at that head dim: per score, D = 64 needs as many MUFU cycles as tensor-core cycles, so more
-rows per K/V load and a third warpgroup's softmax to overlap pay off there.
+rows per K/V load and a third warpgroup's softmax to overlap pay off there. For D = 128 non-causal
+calls with at most 1024 keys the same kernel runs persistent (``PERSISTENT``: one program per SM
+over the tiles, the next tile's loads under the current tile's tail; see ``config_for``).
+
+The host side is a launch plan per call layout (:func:`plan_for`, :class:`_Plan`): routing checks,
+2-D views, validated descriptors and, after the first launch, the compiled kernel's launcher are
+reused by every later call with the same shapes, strides and dtypes.
 
 Scope: the hot path only (dense, fp16/bf16, head dim 64 or 128, no window/softcap/ALiBi/dropout,
 positive scale, causal or not, Sq % BLOCK_M == 0 (with three consumers Sq % 64 == 0: the last
