@@ -124,13 +124,25 @@ if HAVE_GLUON:
         return off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift
 
     @gluon.jit
-    def _persistent_tile(tile, n_m, CAUSAL: gl.constexpr):
-        """(pid_m, pid_bh) of a persistent program's tile: Q blocks of one batch·head are
-        consecutive (concurrent programs share that head's K/V in L2), the last first if causal."""
+    def _persistent_tiles(geometry, BLOCK_M: gl.constexpr):
+        """How many tiles (Q block, batch·head) a persistent launch works through."""
+        (nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, batch_heads) = geometry
+        return (seqlen_q + BLOCK_M - 1) // BLOCK_M * batch_heads
+
+    @gluon.jit
+    def _persistent_tile(tile, geometry, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """Where a persistent program's tile lies: _q_block_coords' tuple, then (n_full, n_blocks).
+        Q blocks of one batch·head are consecutive tiles (concurrent programs share that head's K/V
+        in L2), the last first if causal."""
+        (nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, batch_heads) = geometry
+        n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
         pid_m = tile % n_m
         if CAUSAL:
             pid_m = n_m - 1 - pid_m
-        return pid_m, tile // n_m
+        off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift = _tile_coords(
+            pid_m, tile // n_m, nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, BLOCK_M)
+        n_full, n_blocks = _key_blocks(start_m, shift, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+        return off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift, n_full, n_blocks
 
     @gluon.jit
     def _kv_ring_bars(STAGES: gl.constexpr, NUM_C: gl.constexpr = 2):
@@ -351,17 +363,12 @@ if HAVE_GLUON:
         the previous tile has retired (q_empty), then the other blocks; the ring position g runs
         on across tiles."""
         if PERSISTENT:
-            (nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, batch_heads) = where
             BLOCK_M: gl.constexpr = HALF_M * NUM_C
-            n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
             g = 0
             it = 0
-            for tile in range(gl.program_id(0), n_m * batch_heads, gl.num_programs(0)):
-                pid_m, pid_bh = _persistent_tile(tile, n_m, CAUSAL)
-                off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift = _tile_coords(
-                    pid_m, pid_bh, nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
-                    BLOCK_M)
-                n_full, n_blocks = _key_blocks(start_m, shift, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+            for tile in range(gl.program_id(0), _persistent_tiles(where, BLOCK_M), gl.num_programs(0)):
+                off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift, n_full, n_blocks = _persistent_tile(
+                    tile, where, BLOCK_M, BLOCK_N, CAUSAL)
                 _ws_load_kv(k_desc, v_desc, k_smem, v_smem, k_full, v_full, k_empty, v_empty, kv_row, kv_col, 0, g,
                             BLOCK_N, STAGES)
                 for c in gl.static_range(NUM_C):
@@ -412,19 +419,15 @@ if HAVE_GLUON:
         robin never breaks)."""
         if PERSISTENT:
             (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
-             nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, batch_heads,
-             stride_lb, stride_lh, qk_scale) = shared
+             geometry, stride_lb, stride_lh, qk_scale) = shared
+            seqlen_q = geometry[2]
             BLOCK_M: gl.constexpr = HALF_M * NUM_C
-            n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
             g = 0
             turn = 0
             it = 0
-            for tile in range(gl.program_id(0), n_m * batch_heads, gl.num_programs(0)):
-                pid_m, pid_bh = _persistent_tile(tile, n_m, CAUSAL)
-                off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift = _tile_coords(
-                    pid_m, pid_bh, nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
-                    BLOCK_M)
-                n_full, n_blocks = _key_blocks(start_m, shift, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+            for tile in range(gl.program_id(0), _persistent_tiles(geometry, BLOCK_M), gl.num_programs(0)):
+                off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift, n_full, n_blocks = _persistent_tile(
+                    tile, geometry, BLOCK_M, BLOCK_N, CAUSAL)
                 _ws_consume_tile(q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, pp_bar,
                                  o_desc, LSE, q_row, q_col, off_b * stride_lb + off_h * stride_lh, start_m, n_blocks,
                                  n_full, shift, qk_scale, seqlen_q, g, turn, it & 1,
@@ -585,8 +588,7 @@ if HAVE_GLUON:
             o_smem = gl.allocate_shared_memory(dtype, [NUM_C, SUB_M, HEAD_DIM], o_desc.layout)
             where = (nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, batch_heads)
             shared = (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, pp_bar, o_desc,
-                      LSE, nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, batch_heads,
-                      stride_lb, stride_lh, qk_scale)
+                      LSE, where, stride_lb, stride_lh, qk_scale)
         else:
             q_empty = q_bar  # unused: one tile per program
             where = (q_row, q_col, kv_row, kv_col, n_blocks)
