@@ -738,7 +738,9 @@ class _Plan:
     argument triton specializes on (integers' divisibility by 16 and equality to 1, the LSE
     pointer's 16-byte alignment, the descriptors' block shapes and layouts) is fixed by the plan's
     key, so the JIT would pick the same kernel every time; :func:`_run` uses the runner only when
-    the LSE pointer is 16-byte aligned, as it was when the kernel was chosen."""
+    the LSE pointer is 16-byte aligned, as it was when the kernel was chosen. Triton's launch hooks
+    (profilers) still run, since the runner reads them at every launch; a change of triton's
+    compile options (e.g. its debug knob) after a layout's first call is not seen by that layout."""
 
     __slots__ = ("cfg", "key", "kernel", "grid", "templates", "ints", "constexprs", "runner", "tail")
 
