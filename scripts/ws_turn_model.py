@@ -41,7 +41,7 @@ class Barrier:
         return (self.completed & 1) != parity
 
 
-def _producer(b, tiles, stages, num_c, persistent, q_bug=False):
+def _producer(b, tiles, stages, num_c, persistent, bug=None):
     def load(slot_kind, slot, what):
         def effect():
             b["holds"][slot_kind][slot] = what
@@ -61,7 +61,7 @@ def _producer(b, tiles, stages, num_c, persistent, q_bug=False):
         if persistent:
             yield from kv(i, 0, g)
         for c in range(num_c):
-            if persistent and i > 0 and not q_bug:
+            if persistent and i > 0 and bug != "q":
                 yield ("wait", b["q_empty"][c], (i - 1) & 1)
             yield ("arrive", b["q"][c], load("q", c, i))   # the Q slice lands (TMA bytes)
         for j in range(1 if persistent else 0, n_blocks):
@@ -77,7 +77,7 @@ def _turn(b, turn, c, turn_bug):
         yield ("wait", b["pp"][1 if turn_bug else c], turn & 1)
 
 
-def _consumer(b, c, tiles, stages, num_c, turn_bug, log, persistent):
+def _consumer(b, c, tiles, stages, num_c, turn_bug, log, persistent, bug=None):
     nxt = b["pp"][(c + 1) % num_c]
     g0 = t0 = 0
 
@@ -120,15 +120,17 @@ def _consumer(b, c, tiles, stages, num_c, turn_bug, log, persistent):
         yield ("arrive", b["v_empty"][last])
         if not persistent:
             yield expect("q", c, i)                      # O goes out through the Q slice
-        g0 += n_blocks
-        t0 += n_blocks + 1
+        g0 = 0 if bug == "ring" else g0 + n_blocks       # "ring": restarts its ring position per tile
+        t0 = 0 if bug == "turns" else t0 + n_blocks + 1  # "turns": restarts its turn count per tile
 
 
-def run(num_c, stages, n_blocks, seed, turn_bug=False, pingpong=True, q_bug=False):
+def run(num_c, stages, n_blocks, seed, turn_bug=False, pingpong=True, bug=None):
     """One random schedule. ``n_blocks``: an int (one tile per program) or a list of per-tile
     block counts (a persistent program). Returns "ok", "deadlock", "order" (matmuls issued out
     of turn) or "data" (a matmul would read a slot or slice that holds the wrong block).
-    ``q_bug``: the producer loads a tile's Q without waiting for q_empty (negative control)."""
+    ``bug`` (negative controls of the persistent mode): "q", the producer loads a tile's Q without
+    waiting for q_empty; "ring", the consumers restart the K/V ring position at every tile;
+    "turns", the consumers restart their turn count at every tile."""
     rng = random.Random(seed)
     persistent = isinstance(n_blocks, (list, tuple))
     tiles = list(n_blocks) if persistent else [n_blocks]
@@ -138,8 +140,8 @@ def run(num_c, stages, n_blocks, seed, turn_bug=False, pingpong=True, q_bug=Fals
              k_empty=[Barrier(num_c) for _ in range(stages)], v_empty=[Barrier(num_c) for _ in range(stages)],
              holds=dict(q=[None] * num_c, k=[None] * stages, v=[None] * stages))
     log = []
-    agents = [_producer(b, tiles, stages, num_c, persistent, q_bug)]
-    agents += [_consumer(b, c, tiles, stages, num_c, turn_bug, log, persistent) for c in range(num_c)]
+    agents = [_producer(b, tiles, stages, num_c, persistent, bug)]
+    agents += [_consumer(b, c, tiles, stages, num_c, turn_bug, log, persistent, bug) for c in range(num_c)]
     heads = [next(a) for a in agents]
     while any(h is not None for h in heads):
         runnable = [i for i, h in enumerate(heads)
@@ -161,11 +163,11 @@ def run(num_c, stages, n_blocks, seed, turn_bug=False, pingpong=True, q_bug=Fals
     return "ok"
 
 
-def explore(num_c, stages, n_blocks, schedules=300, turn_bug=False, q_bug=False):
+def explore(num_c, stages, n_blocks, schedules=300, turn_bug=False, bug=None):
     """Counts of each outcome over random schedules."""
     out = {}
     for seed in range(schedules):
-        r = run(num_c, stages, n_blocks, seed, turn_bug, q_bug=q_bug)
+        r = run(num_c, stages, n_blocks, seed, turn_bug, bug=bug)
         out[r] = out.get(r, 0) + 1
     return out
 

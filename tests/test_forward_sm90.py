@@ -142,7 +142,8 @@ def test_persistent_protocol_model(num_c):
     """The persistent mode's protocol (scripts/ws_turn_model.py with per-tile block counts): ring
     positions and turns running on across tiles, Q slices reloaded after q_empty. No schedule
     deadlocks, turns stay round robin, and no matmul reads a slot or slice holding another block
-    or tile. Negative control: a producer that reloads Q without waiting for q_empty is caught."""
+    or tile. Negative controls, each caught: a producer that reloads Q without waiting for q_empty,
+    consumers that restart the ring position or the turn count at every tile."""
     import sys
     from pathlib import Path
 
@@ -152,8 +153,10 @@ def test_persistent_protocol_model(num_c):
     for stages in (2, 3):
         for tiles in ([1, 1, 1], [3, 1, 4, 2], [9, 2, 5], [2]):
             assert model.explore(num_c, stages, tiles, schedules=60) == {"ok": 60}, (stages, tiles)
-    bad = model.explore(num_c, 2, [3, 1, 4, 2], schedules=60, q_bug=True)
+    bad = model.explore(num_c, 2, [3, 1, 4, 2], schedules=60, bug="q")
     assert bad.get("data", 0) > 0 and bad.get("ok", 0) < 60, bad
+    for bug in ("ring", "turns"):
+        assert model.explore(num_c, 2, [3, 1, 4, 2], schedules=60, bug=bug).get("ok", 0) == 0, bug
 
 
 def test_routing_rules_on_cpu_tensors():
@@ -174,20 +177,36 @@ def _cpu_plan(monkeypatch, b=2, sq=256, sk=256, h=4, hk=2, d=64, causal=False):
 
 
 @pytest.mark.skipif(not g90.HAVE_GLUON, reason="this triton has no Gluon")
-@pytest.mark.parametrize("d,causal,sq", [(64, False, 1024), (64, False, 4096), (64, True, 1024), (128, True, 2048)])
+@pytest.mark.parametrize("d,causal,sq", [(64, False, 1024), (64, False, 4096), (64, True, 1024), (128, True, 2048),
+                                         (128, False, 896)])
 def test_plan_matches_the_kernel_signature(monkeypatch, d, causal, sq):
     """The cached launch plan (host time, perf-notes §24) feeds the compiled kernel's launcher
     positionally: its runtime arguments must be exactly the kernel's non-constexpr parameters, in
     order, and its tail the constexpr ones with the values the JIT call passes. Its descriptors,
     rebased on a call's tensors, must equal freshly validated ones."""
-    q, k, v, out, lse = _cpu_plan(monkeypatch, sq=sq, sk=sq, d=d, causal=causal)
-    plan = g90.plan_for(q, k, v, out, lse, 0.125, causal, 0, _flags(HAS_RIGHT=causal), False, None)
-    assert plan is not None and plan.cfg == g90.config_for(d, causal, sq, sq)
+    sk = sq + 128  # Sq != Sk, so that a swap of the two lengths shows
+    q, k, v, out, lse = _cpu_plan(monkeypatch, sq=sq, sk=sk, d=d, causal=causal)
+    plan = g90.plan_for(q, k, v, out, lse, 0.125, causal, sk - sq, _flags(HAS_RIGHT=causal), False, None)
+    cfg = g90.config_for(d, causal, sq, sk)
+    assert plan is not None and plan.cfg == cfg
+    assert cfg.get("PERSISTENT", False) == (d == 128 and not causal)  # the last case covers the persistent plan
     params = plan.kernel.params
     n_runtime = 5 + len(plan.ints) + 1
     assert [p.is_constexpr for p in params] == [False] * n_runtime + [True] * len(plan.tail)
-    assert plan.tail == tuple(plan.constexprs.get(p.name, p.default) for p in params[n_runtime:])
-    assert set(plan.constexprs) <= {p.name for p in params[n_runtime:]}
+    # the integer arguments by name (a swap of two of them would pass the count check above)
+    ints = dict(zip([p.name for p in params[5:5 + len(plan.ints)]], plan.ints))
+    want = dict(stride_lb=lse.stride(0), stride_lh=lse.stride(1), nheads=4, kv_group=2, seqlen_q=sq, seqlen_k=sk)
+    if cfg.get("WS"):
+        want["batch_heads"] = 2 * 4
+    assert {n: ints[n] for n in want} == want and params[n_runtime - 1].name == "qk_scale"
+    tail = dict(zip([p.name for p in params[n_runtime:]], plan.tail))
+    assert {n: tail[n] for n in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "CAUSAL")} == \
+        dict(HEAD_DIM=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"], CAUSAL=causal)
+    if cfg.get("WS"):
+        assert tail["NUM_C"] == cfg.get("CONSUMERS", 2) and tail["PERSISTENT"] == cfg.get("PERSISTENT", False)
+    # a persistent plan launches at most one program per SM (one on CPU tensors), on a 1-D grid
+    n_tiles = -(-sq // cfg["BLOCK_M"]) * 2 * 4
+    assert plan.grid == ((1, 1, 1) if cfg.get("PERSISTENT") else (n_tiles // (2 * 4), 2 * 4, 1))
     rows = g90.q_block_rows(plan.cfg)
     fresh = [g90._desc(t, t.shape[1], t.shape[2], r)[0]
              for t, r in ((q, rows), (k, plan.cfg["BLOCK_N"]), (v, plan.cfg["BLOCK_N"]), (out, rows))]
