@@ -930,9 +930,3 @@ def _run(plan: _Plan, q, k, v, out, lse, softmax_scale):
         kernel = kernel.result()
     if lse.data_ptr() % 16 == 0 and hasattr(kernel, "__getitem__"):
         plan.runner = kernel[plan.grid]
-
-
-def _launch(q, k, v, out, lse, softmax_scale, causal, cfg):
-    """Launch with explicit tiles (sweeps and tests): an uncached plan, through triton's JIT."""
-    _run(_Plan(q, k, v, out, lse, bool(causal), cfg), q, k, v, out, lse, softmax_scale)
-    return out, lse
