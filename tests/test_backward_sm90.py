@@ -154,6 +154,96 @@ print(json.dumps(rows))
     assert rows["128 0 0 2"][0] == 0 and rows["128 0 0 2"][3] == 0
 
 
+def _cpu_bwd(b=2, sq=256, sk=384, h=4, hk=2, d=64):
+    q, do, out = (torch.empty(b, sq, h, d, dtype=torch.float16) for _ in range(3))
+    k, v = (torch.empty(b, sk, hk, d, dtype=torch.float16) for _ in range(2))
+    return do, q, k, v, out, torch.empty(b, h, sq)
+
+
+@pytest.mark.skipif(not gb._f90.HAVE_GLUON, reason="this triton has no Gluon")
+@pytest.mark.parametrize("d,causal", [(64, False), (64, True), (128, False), (128, True)])
+def test_bwd_launches_match_the_kernel_signatures(d, causal):
+    """The backward's cached launches (host time, perf-notes §25) feed the compiled kernels'
+    launchers positionally: descriptors, pointers, integers and scales must be exactly each
+    kernel's runtime parameters, in order and by name (Sq != Sk and a GQA group of 2, so that a
+    swap shows), and the tail its constexprs with the values of the config."""
+    do, q, k, v, out, lse = _cpu_bwd(d=d)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    cfg = gb.config_for(d, causal, q.shape[1])
+    dkdv = gb._dkdv_launch(do, q, k, v, lse, dk, dv, causal, cfg, True)
+    dqcfg = gb.dq_config_for(d, causal)
+    launches = {"dkdv": (dkdv, ["LSE", "DELTA", "DK", "DV", "dq_desc", "SEM"],
+                         dict(stride_dkb=dk.stride(0), stride_dkn=dk.stride(1), stride_dkh=dk.stride(2),
+                              stride_dvb=dv.stride(0), stride_dvn=dv.stride(1), stride_dvh=dv.stride(2),
+                              nheads_k=2, kv_group=2, seqlen_q=256, seqlen_k=384),
+                         dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"],
+                              CARRY_DK=cfg["CARRY_DK"], WITH_DQ=False, DETERMINISTIC=True))}
+    dq_launch = gb._dq_launch(do, q, k, v, lse, dq, causal, dqcfg)
+    launches["dq"] = (dq_launch, ["LSE", "DELTA", "DQ"],
+                      dict(stride_dqb=dq.stride(0), stride_dqm=dq.stride(1), stride_dqh=dq.stride(2), nheads=4,
+                           kv_group=2, seqlen_q=256, seqlen_k=384),
+                      dict(BLOCK_M=dqcfg["BLOCK_M"], BLOCK_N=dqcfg["BLOCK_N"], STAGES=dqcfg["STAGES"]))
+    for name, (launch, ptrs, ints_want, tail_want) in launches.items():
+        params = launch.kernel.params
+        names = [p.name for p in params]
+        n_runtime = 4 + len(ptrs) + len(launch.ints) + 2
+        assert names[:4] == ["q_desc", "k_desc", "v_desc", "do_desc"], name
+        assert names[4:4 + len(ptrs)] == ptrs, name
+        assert [p.is_constexpr for p in params] == [False] * n_runtime + [True] * len(launch.tail), name
+        assert names[n_runtime - 2:n_runtime] == ["qk_scale", "sm_scale"], name
+        ints = dict(zip(names[4 + len(ptrs):n_runtime - 2], launch.ints))
+        assert {n: ints[n] for n in ints_want} == ints_want, name
+        assert ints["stride_lb"] == lse.stride(0) and ints["stride_lh"] == lse.stride(1), name
+        tail = dict(zip(names[n_runtime:], launch.tail))
+        assert {n: tail[n] for n in tail_want} == tail_want and tail["HEAD_DIM"] == d and tail["CAUSAL"] == causal
+        assert all(t.base is None for t in launch.templates), name  # a cached launch holds no tensor
+        assert len(launch.grid) == 3, name
+    assert dkdv.grid == (2 * 2, 384 // cfg["BLOCK_N"], 1) and launches["dq"][0].grid == (256 // 128, 2 * 4, 1)
+    # rebased descriptors equal freshly validated ones (K/V in the WS kernel's 64-key halves)
+    fresh = [gb._f90._desc(t, t.shape[1], t.shape[2], r)[0]
+             for t, r in ((q, cfg["BLOCK_M"]), (k, cfg["BLOCK_N"] // 2), (v, cfg["BLOCK_N"] // 2), (do, cfg["BLOCK_M"]))]
+    for got, want, t in zip(dkdv.descriptors(q, k, v, do), fresh, (q, k, v, do)):
+        assert got.base is t and {n: x for n, x in vars(got).items() if n != "base"} == \
+            {n: x for n, x in vars(want).items() if n != "base"}
+
+
+@pytest.mark.skipif(not gb._f90.HAVE_GLUON, reason="this triton has no Gluon")
+def test_bwd_routing_cache_and_per_call_checks(monkeypatch):
+    """supported() decides the layout once per (shapes, strides, dtypes, device, causal) and checks
+    the scale, flags, causal alignment, pointer alignment and compile failures on every call."""
+    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
+    monkeypatch.setattr(gb, "enabled", lambda: True)
+    monkeypatch.setattr(gb, "_LAYOUTS", {})
+    monkeypatch.setattr(gb, "_BROKEN", set())
+    layouts = []
+    real = gb._layout_cfg_key
+    assert real(*_cpu_bwd(), False, None, None) is None  # CPU tensors never take the Gluon kernel
+    monkeypatch.setattr(gb, "_layout_cfg_key", lambda *a: layouts.append(1) or ("cfg",))
+    do, q, k, v, out, lse = _cpu_bwd()
+
+    def ok(do=do, q=q, k=k, v=v, scale=0.125, causal=False, shift=128, flags=None, varlen=False, config=None):
+        return gb.supported(do, q, k, v, out, lse, scale, causal, shift, flags or _flags(HAS_RIGHT=causal),
+                            varlen, config)
+
+    assert ok() and ok() and ok(q=torch.empty_like(q)) and len(layouts) == 1   # one decision per layout
+    assert ok(causal=True) and len(layouts) == 2                               # causal is in the key
+    assert not ok(causal=True, shift=0)                                        # top-left alignment, Sq != Sk
+    assert not ok(scale=0.0) and not ok(scale=float("nan"))
+    assert not ok(flags=_flags(HAS_SOFTCAP=True)) and not ok(flags=_flags(HAS_RIGHT=True))
+    assert not ok(varlen=True) and not ok(config={"dkdv": {}})
+    buf = torch.empty(q.numel() + 8, dtype=torch.float16)
+    assert not ok(q=buf[1:q.numel() + 1].view(q.shape)) and ok(q=buf[8:].view(q.shape))
+    assert len(layouts) == 2
+    gb._BROKEN.add(("cfg",))                                                   # a compile failure since
+    assert not ok()
+    qt = torch.empty(2, 4, 256, 64, dtype=torch.float16).transpose(1, 2)
+    monkeypatch.setattr(gb, "_BROKEN", set())
+    assert ok(q=qt) and len(layouts) == 3                                      # other strides: another layout
+    gb._LAYOUTS.update({i: None for i in range(gb._CACHE_MAX)})
+    assert ok() and len(layouts) == 3                                          # a hit changes nothing
+    assert ok(k=torch.empty(2, 512, 2, 64, dtype=torch.float16)) and len(gb._LAYOUTS) == 1  # a miss, full
+
+
 @needs_sm90
 def test_bwd_routing_rules_on_gpu(monkeypatch):
     monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
@@ -214,6 +304,48 @@ CASES = [  # (batch, seqlen_q, seqlen_k, nheads, nheads_k)
     (2, 128, 512, 3, 1),     # MQA, one Q block
     (1, 384, 128, 2, 2),     # Sq > Sk (non-causal only: causal rows would see no key)
 ]
+
+
+@needs_sm90
+def test_repeated_backward_calls_take_the_cached_launchers(monkeypatch, gluon_bwd_calls):
+    """The second backward call of a layout launches its three kernels (delta, dK/dV, dQ) through
+    the cached compiled launchers; its gradients are bitwise those of the first call (JIT path)
+    and right against the reference, on fresh NaN-poisoned buffers. A dq buffer whose pointer is
+    not 16-byte aligned (the JIT specializes on it) sends the dQ kernel through the JIT again."""
+    monkeypatch.delenv("TILEFLASH_GLUON_DQ", raising=False)
+    monkeypatch.delenv("TILEFLASH_GLUON_FUSED", raising=False)
+    for d, causal, (b, sq, sk, h, hk) in ((64, True, (2, 256, 384, 4, 2)), (128, False, (1, 1024, 1024, 4, 4)),
+                                          (64, False, (2, 512, 512, 4, 1))):
+        q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=sq + d)
+        do = torch.randn_like(q)
+        scale = d ** -0.5
+        out, lse = fwd_mod.flash_attn_forward(q, k, v, scale, causal)
+        results, runs = [], []
+        for offset in (0, 0, 1):
+            buf = torch.full((q.numel() + offset,), float("nan"), dtype=q.dtype, device="cuda")
+            dq = buf[offset:].view(q.shape)
+            dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
+            if results:
+                launches = [x for key, x in gb._LAUNCHES.items()
+                            if key[1][:2] == ((do.shape, do.stride(), do.dtype), (q.shape, q.stride(), q.dtype))
+                            and key[2][0] == causal]
+                launches += [x for key, x in bwd_mod._PRE_LAUNCHES.items()
+                             if key[:5] == (out.shape, out.stride(), do.stride(), out.dtype, do.dtype)]
+                assert len(launches) == 3, launches
+                for x in launches:
+                    assert x.runner is not None, "the first launch should have kept the compiled launcher"
+                    x.runner = (lambda *a, real=x.runner, name=x.kernel.fn.__name__:
+                                (runs.append((offset, name)), real(*a)))
+            grads = bwd_mod.flash_attn_backward(do, q, k, v, out, lse, scale, causal, dq=dq, dk=dk, dv=dv)
+            assert grads[0] is dq
+            check_cuda_grads(grads, q, k, v, do, causal)
+            results.append([g.clone() for g in grads])
+        names = sorted(n for _, n in runs)
+        assert [o for o, _ in runs].count(0) == 3 and [o for o, _ in runs].count(1) == 2, runs
+        assert names.count("_attn_bwd_dq_sm90_ws") == 1, runs  # the misaligned dq took the JIT
+        for grads in results[1:]:
+            assert all(torch.equal(g, g0) for g, g0 in zip(grads, results[0]))
+    assert len(gluon_bwd_calls) == 9
 
 
 @needs_sm90
@@ -362,6 +494,13 @@ def test_ws_kernel_equals_the_eight_warp_kernel(case, d, causal):
             assert torch.equal(a, c), f"{cfg} differs from the default"
 
 
+class _FakeDesc:
+    """Stands in for a TensorDescriptor on CPU tensors (only ``base`` is read by the host path)."""
+
+    def __init__(self, base):
+        self.base = base
+
+
 def test_gluon_dq_falls_back_when_it_does_not_compile(monkeypatch):
     """A compile failure of the Gluon dQ kernel warns, returns None (the caller then runs the Triton
     dQ kernel) and is not retried (CPU tensors: the launch is replaced before any GPU work)."""
@@ -378,7 +517,8 @@ def test_gluon_dq_falls_back_when_it_does_not_compile(monkeypatch):
 
     monkeypatch.setattr(gb, "_attn_bwd_dq_sm90_ws", Broken())
     monkeypatch.setattr(gb, "_BROKEN", set())
-    monkeypatch.setattr(gb._f90, "_desc", lambda t, s, h, rows: (None, (0, 0, 0)))
+    monkeypatch.setattr(gb, "_LAUNCHES", {})  # a launch cached by an earlier test would hold the real kernel
+    monkeypatch.setattr(gb._f90, "_desc", lambda t, s, h, rows: (_FakeDesc(t), (0, 0, 0)))
     q = torch.empty(1, 128, 2, 64, dtype=torch.float16)
     lse = torch.empty(1, 2, 128)
     with pytest.warns(RuntimeWarning, match="Gluon dQ kernel failed to compile"):

@@ -747,41 +747,74 @@ def _head_offsets_fit(t) -> bool:
 def supported(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen, config,
               dk=None, dv=None) -> bool:
     """Whether this backward call can take the Gluon kernel (module docstring: scope). dk/dv: the
-    gradient buffers the kernel will write, if already allocated."""
-    if not enabled() or config is not None or varlen or not q.is_cuda:
-        return False
-    if torch.cuda.get_device_capability(q.device)[0] != 9:
-        return False
-    if not (_head_offsets_fit(dk) and _head_offsets_fit(dv)):
-        return False  # e.g. head-major buffers of > 2^31 elements
-    dt = q.dtype
-    if dt not in (torch.float16, torch.bfloat16) or any(t.dtype != dt for t in (k, v, out, dout)):
-        return False
-    d = q.shape[-1]
-    if d not in (64, 128) or not softmax_scale > 0:
-        return False
-    if k.shape[-1] != d or v.shape != k.shape or q.shape[2] % k.shape[2] or out.shape != q.shape \
-            or dout.shape != q.shape:
-        return False
+    gradient buffers the kernel will write, if already allocated. What follows from the tensors'
+    layout (shapes, strides, dtypes, device) is decided once per layout and cached; the scale, the
+    flags, the causal alignment, the pointers' alignment and the compile failures are checked on
+    every call."""
+    if not enabled() or config is not None or varlen or not softmax_scale > 0:
+        return False  # (NaN scales fail too)
     if flags["HAS_LEFT"] or flags["HAS_SOFTCAP"] or flags["HAS_ALIBI"] or flags["HAS_DROPOUT"]:
         return False
     if flags["HAS_RIGHT"] and not causal:
         return False
+    if causal and causal_shift != k.shape[1] - q.shape[1]:
+        return False
+    if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16 or dout.data_ptr() % 16:
+        return False
+    key = (_layout(dout, q, k, v, out, lse, dk, dv), bool(causal))
+    try:
+        cfg_key = _LAYOUTS[key]
+    except KeyError:
+        cfg_key = _layout_cfg_key(dout, q, k, v, out, lse, causal, dk, dv)
+        if len(_LAYOUTS) >= _CACHE_MAX:
+            _LAYOUTS.clear()
+        _LAYOUTS[key] = cfg_key
+    return cfg_key is not None and cfg_key not in _BROKEN
+
+
+def _layout(*tensors):
+    """The layout key of tensors (None entries allowed): shapes, strides, dtypes, and the device."""
+    return tuple(None if t is None else (t.shape, t.stride(), t.dtype) for t in tensors) + (tensors[1].device,)
+
+
+# layout key -> the config's _BROKEN key if the Gluon backward can take that layout, else None
+_LAYOUTS: dict = {}
+# layout key -> _f90._Launch of the dK/dV or dQ kernel
+_LAUNCHES: dict = {}
+_CACHE_MAX = 1024  # a cache is emptied when full (a workload with ever-new shapes re-plans)
+
+
+def _layout_cfg_key(dout, q, k, v, out, lse, causal, dk, dv):
+    """The layout half of :func:`supported`: config_for's _BROKEN key if the kernel can take
+    tensors of this layout, else None."""
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return None
+    if not (_head_offsets_fit(dk) and _head_offsets_fit(dv)):
+        return None  # e.g. head-major buffers of > 2^31 elements
+    dt = q.dtype
+    if dt not in (torch.float16, torch.bfloat16) or any(t.dtype != dt for t in (k, v, out, dout)):
+        return None
+    d = q.shape[-1]
+    if d not in (64, 128):
+        return None
+    if k.shape[-1] != d or v.shape != k.shape or q.shape[2] % k.shape[2] or out.shape != q.shape \
+            or dout.shape != q.shape:
+        return None
     sq, sk = q.shape[1], k.shape[1]
-    if causal and (sq > sk or causal_shift != sk - sq):
-        return False
+    if causal and sq > sk:
+        return None
     cfg = config_for(d, causal, sq)
-    if _f90._key(d, causal, dt, cfg) in _BROKEN:
-        return False
     if sq % 128 or sk % cfg["BLOCK_N"] or lse.dtype != torch.float32 or lse.stride(-1) != 1:
-        return False
+        return None
     for t in (q, k, v, dout):
-        if t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
-            return False
+        if any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
+            return None
     views = [_f90._view_params(t, t.shape[1], t.shape[2]) for t in (q, dout, k, v)]
     if any(vw is None for vw in views):
-        return False
-    return views[0][2:] == views[1][2:] and views[2][2:] == views[3][2:]
+        return None
+    if views[0][2:] != views[1][2:] or views[2][2:] != views[3][2:]:
+        return None
+    return _f90._key(d, causal, dt, cfg)
 
 
 def backward(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal: bool, cfg: dict | None = None,
@@ -802,11 +835,61 @@ def backward(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal
     return ((dq if cfg.get("WITH_DQ", False) else None), dk, dv) if ran else None
 
 
+def _cached_launch(kind, build, tensors, modes: tuple, cfg):
+    """The :class:`_f90._Launch` that ``build()`` makes for this layout, kernel kind and config,
+    made once per key: the tensors' shapes, strides, dtypes and device, the ``modes`` (causal,
+    ...) and the config."""
+    key = (kind, _layout(*tensors), modes, tuple(sorted(cfg.items())))
+    try:
+        return _LAUNCHES[key]
+    except KeyError:
+        launch = build()
+        if len(_LAUNCHES) >= _CACHE_MAX:
+            _LAUNCHES.clear()
+        _LAUNCHES[key] = launch
+        return launch
+
+
+def _aligned(*tensors) -> bool:
+    """Whether every pointer is 16-byte aligned, as triton specializes raw pointers on that: a cached
+    launcher (:class:`_f90._Launch`) is used only then (and made only then)."""
+    return all(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def _dkdv_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic):
+    """The warp-specialized dK/dV kernel's launch (``WS=True``, ``WITH_DQ=False``) for this layout:
+    descriptors Q, K, V, dO; pointers LSE, DELTA, DK, DV and the unused dq_desc and SEM; then the
+    integer arguments and the two scales."""
+    batch, seqlen_q, nheads, d = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    q_desc, (q_rb, q_rh, q_ch) = _f90._desc(q, seqlen_q, nheads, bm)
+    do_desc, _ = _f90._desc(dout, seqlen_q, nheads, bm)
+    # the WS kernel loads K/V as the two 64-key halves of BLOCK_N
+    k_desc, (kv_rb, kv_rh, kv_ch) = _f90._desc(k, seqlen_k, nheads_k, bn // 2)
+    v_desc, _ = _f90._desc(v, seqlen_k, nheads_k, bn // 2)
+    ints = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, lse.stride(0), lse.stride(1),
+            dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+            nheads_k, nheads // nheads_k, seqlen_q, seqlen_k)
+    constexprs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+                      CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True),
+                      PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=False, DETERMINISTIC=deterministic,
+                      DQ_MODE=cfg.get("DQ_MODE", 0))
+    return _f90._Launch(_attn_bwd_sm90_ws, (batch * nheads_k, seqlen_k // bn), (q_desc, k_desc, v_desc, do_desc),
+                        6, ints, 2, constexprs)
+
+
 def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, deterministic):
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     with_dq, ws = cfg.get("WITH_DQ", False), cfg.get("WS", False)
+    if ws and not with_dq:  # the default: a launch cached per layout (host time, perf-notes §25)
+        launch = _cached_launch("dkdv", lambda: _dkdv_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic),
+                                (dout, q, k, v, lse, dk, dv), (bool(causal), bool(deterministic)), cfg)
+        launch((q, k, v, dout), (lse, delta, dk, dv, None, None), (softmax_scale * LOG2E, softmax_scale),
+               _aligned(lse, delta, dk, dv))
+        return
     if with_dq and ws and cfg.get("PINGPONG", False):
         raise ValueError("the warp-specialized Gluon backward's fused mode (WITH_DQ) runs without PINGPONG")
     q_desc, (q_rb, q_rh, q_ch) = _f90._desc(q, seqlen_q, nheads, bm)
@@ -885,6 +968,24 @@ def dq_supported(q, k, dq, causal: bool) -> bool:
             and dq.stride(-1) == 1 and _head_offsets_fit(dq))
 
 
+def _dq_launch(dout, q, k, v, lse, dq, causal, cfg):
+    """The Gluon dQ kernel's launch for this layout: descriptors Q, K, V, dO (Q/dO in the
+    BLOCK_M // 2-row halves); pointers LSE, DELTA, DQ; then the integer arguments and the scales."""
+    batch, seqlen_q, nheads, d = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    q_desc, (q_rb, q_rh, q_ch) = _f90._desc(q, seqlen_q, nheads, bm // 2)
+    do_desc, _ = _f90._desc(dout, seqlen_q, nheads, bm // 2)
+    k_desc, (kv_rb, kv_rh, kv_ch) = _f90._desc(k, seqlen_k, nheads_k, bn)
+    v_desc, _ = _f90._desc(v, seqlen_k, nheads_k, bn)
+    ints = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, lse.stride(0), lse.stride(1),
+            dq.stride(0), dq.stride(1), dq.stride(2), nheads, nheads // nheads_k, seqlen_q, seqlen_k)
+    constexprs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+                      CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4)
+    return _f90._Launch(_attn_bwd_dq_sm90_ws, (seqlen_q // bm, batch * nheads), (q_desc, k_desc, v_desc, do_desc),
+                        3, ints, 2, constexprs)
+
+
 def backward_dq(dout, q, k, v, lse, delta, dq, softmax_scale: float, causal: bool, cfg: dict | None = None):
     """dQ by the warp-specialized Gluon dQ kernel (``_attn_bwd_dq_sm90_ws``) into dq, in place of
     the Triton dQ kernel (``flash_attn_backward`` routes here by default on Hopper, see
@@ -906,21 +1007,12 @@ def backward_dq(dout, q, k, v, lse, delta, dq, softmax_scale: float, causal: boo
     key = ("dq",) + _f90._key(d, causal, q.dtype, cfg)
     if key in _BROKEN:
         return None
-    q_desc, (q_rb, q_rh, q_ch) = _f90._desc(q, seqlen_q, nheads, bm // 2)
-    do_desc, _ = _f90._desc(dout, seqlen_q, nheads, bm // 2)
-    k_desc, (kv_rb, kv_rh, kv_ch) = _f90._desc(k, seqlen_k, nheads_k, bn)
-    v_desc, _ = _f90._desc(v, seqlen_k, nheads_k, bn)
 
-    def launch():
-        _attn_bwd_dq_sm90_ws[(seqlen_q // bm, batch * nheads)](
-            q_desc, k_desc, v_desc, do_desc, lse, delta, dq,
-            q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
-            lse.stride(0), lse.stride(1), dq.stride(0), dq.stride(1), dq.stride(2),
-            nheads, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E, softmax_scale,
-            HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-            CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4,
-        )
-    if not _f90.launch_or_fall_back(_BROKEN, key, "the Gluon dQ kernel",
-                                    "using the Triton dQ kernel for this configuration.", launch):
+    launch = _cached_launch("dq", lambda: _dq_launch(dout, q, k, v, lse, dq, causal, cfg), (dout, q, k, v, lse, dq),
+                            (bool(causal),), cfg)
+    if not _f90.launch_or_fall_back(
+            _BROKEN, key, "the Gluon dQ kernel", "using the Triton dQ kernel for this configuration.",
+            lambda: launch((q, k, v, dout), (lse, delta, dq), (softmax_scale * LOG2E, softmax_scale),
+                           _aligned(lse, delta, dq))):
         return None
     return dq

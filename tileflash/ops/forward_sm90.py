@@ -726,23 +726,66 @@ def supported(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, var
     return plan_for(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen, config) is not None
 
 
-class _Plan:
-    """Everything a launch needs that follows from the call's layout (shapes, strides, dtypes,
-    device, causal) and its tile config, but not from its data pointers: built once per layout
-    by :func:`plan_for`, so that a repeated call pays for a dictionary lookup instead of the
-    routing checks, the 2-D views and the descriptors' validation (host time, perf-notes §24).
+class _Launch:
+    """One kernel launch whose grid, integer arguments and constexprs follow from a call's layout
+    (shapes, strides, dtypes, device), built once per layout so that a repeated call pays for
+    neither the argument binding of triton's JIT nor the validation of its tensor descriptors
+    (host time, perf-notes §24-25). The forward's :class:`_Plan` is one; the backward keeps one
+    per kernel (``backward_sm90``, ``backward._bwd_preprocess``).
 
-    ``templates`` are validated ``TensorDescriptor`` objects with ``base=None`` (a plan holds no
-    tensor); :meth:`descriptors` copies them onto the call's tensors. ``runner`` is the compiled
-    kernel's launcher for this grid, kept after the first launch through triton's JIT: every
-    argument triton specializes on (integers' divisibility by 16 and equality to 1, the LSE
-    pointer's 16-byte alignment, the descriptors' block shapes and layouts) is fixed by the plan's
-    key, so the JIT would pick the same kernel every time; :func:`_run` uses the runner only when
-    the LSE pointer is 16-byte aligned, as it was when the kernel was chosen. Triton's launch hooks
-    (profilers) still run, since the runner reads them at every launch; a change of triton's
-    compile options (e.g. its debug knob) after a layout's first call is not seen by that layout."""
+    A call passes ``tensors`` (the descriptors' tensors, in ``templates``' order), ``ptrs`` (the
+    raw tensor arguments after the descriptors) and ``scales`` (the floats after ``ints``): the
+    kernel's runtime parameters are exactly descriptors, ptrs, ints, scales, in that order, and
+    the rest are constexprs (``tail``: their values, defaults included, positionally). The first
+    launch goes through triton's JIT, which compiles or finds the kernel and checks every
+    specialization; later ones, with ``cacheable`` true, through the compiled kernel's own
+    launcher (``runner``). That is sound only when every value triton specializes on is fixed by
+    the layout key or by the caller's ``cacheable`` test (raw pointers' 16-byte alignment), and
+    the current CUDA device is the one the runner was made on (its function handle is that
+    device's). Triton's launch hooks (profilers) still run, since the runner reads them at every
+    launch; a change of triton's compile options (e.g. its debug knob) after a layout's first call
+    is not seen by that layout.
 
-    __slots__ = ("cfg", "key", "kernel", "grid", "templates", "ints", "constexprs", "runner", "tail")
+    ``templates`` are validated ``TensorDescriptor`` objects with ``base=None`` (a launch holds no
+    tensor); :meth:`descriptors` copies them onto the call's tensors."""
+
+    __slots__ = ("kernel", "grid", "templates", "ints", "constexprs", "tail", "runner", "device")
+
+    def __init__(self, kernel, grid, templates, n_ptrs: int, ints: tuple, n_scales: int, constexprs: dict):
+        for t in templates:
+            t.base = None
+        self.kernel, self.templates, self.ints, self.constexprs = kernel, tuple(templates), ints, constexprs
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))  # CompiledKernel[grid] indexes all three
+        # the constexpr parameters in the kernel's order (defaults included): the compiled kernel's
+        # launcher takes every parameter positionally and skips the constexprs
+        # (the CPU interpreter's kernels have no params: they never get a runner)
+        params = getattr(kernel, "params", ())[len(templates) + n_ptrs + len(ints) + n_scales:]
+        self.tail = tuple(constexprs[p.name] if p.name in constexprs else p.default for p in params)
+        self.runner = self.device = None
+
+    def descriptors(self, *tensors):
+        return tuple(_rebase(t, x) for t, x in zip(self.templates, tensors))
+
+    def __call__(self, tensors, ptrs, scales, cacheable: bool):
+        args = (*self.descriptors(*tensors), *ptrs, *self.ints, *scales)
+        if self.runner is not None and cacheable and torch.cuda.current_device() == self.device:
+            self.runner(*args, *self.tail)
+            return
+        kernel = self.kernel[self.grid](*args, **self.constexprs)
+        if hasattr(kernel, "result"):  # triton's asynchronous compile mode hands back a future
+            kernel = kernel.result()
+        if cacheable and hasattr(kernel, "__getitem__"):
+            self.runner, self.device = kernel[self.grid], torch.cuda.current_device()
+
+
+class _Plan(_Launch):
+    """The forward's launch (:class:`_Launch`) for one call layout and its tile config, built by
+    :func:`plan_for`: a repeated call pays for a dictionary lookup instead of the routing checks,
+    the 2-D views and the descriptors' validation (host time, perf-notes §24). Its descriptors are
+    Q, K, V and O, its one raw pointer the LSE: :func:`_run` keeps the compiled launcher only for
+    16-byte aligned LSE pointers, as triton specializes on that."""
+
+    __slots__ = ("cfg", "key")
 
     def __init__(self, q, k, v, out, lse, causal, cfg):
         batch, seqlen_q, nheads, d = q.shape
@@ -754,39 +797,29 @@ class _Plan:
         o_desc, _ = _desc(out, seqlen_q, nheads, q_rows)
         k_desc, (kv_rb, kv_rh, kv_ch) = _desc(k, seqlen_k, nheads_k, bn)
         v_desc, _ = _desc(v, seqlen_k, nheads_k, bn)
-        for t in (q_desc, k_desc, v_desc, o_desc):
-            t.base = None
         self.cfg, self.key = cfg, _key(d, causal, q.dtype, cfg)
-        self.templates = (q_desc, k_desc, v_desc, o_desc)
-        # 3 consumers: the last block may run past Sq; three entries, as the compiled launcher indexes them
-        self.grid = (triton.cdiv(seqlen_q, bm), batch * nheads, 1)
+        # 3 consumers: the last block may run past Sq
+        grid = (triton.cdiv(seqlen_q, bm), batch * nheads, 1)
         # the kernels' runtime arguments after (q_desc, k_desc, v_desc, o_desc, LSE), up to the scale
-        self.ints = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, lse.stride(0), lse.stride(1),
-                     nheads, nheads // nheads_k, seqlen_q, seqlen_k)
+        ints = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, lse.stride(0), lse.stride(1),
+                nheads, nheads // nheads_k, seqlen_q, seqlen_k)
         if ws:
-            self.ints += (batch * nheads,)
+            ints += (batch * nheads,)
             if cfg.get("PERSISTENT", False):  # one program per SM (at most), each looping over tiles
-                tiles = self.grid[0] * self.grid[1]
-                self.grid = (min(tiles, _sm_count(q.device)), 1, 1)
-            self.kernel = _attn_fwd_sm90_ws
+                tiles = grid[0] * grid[1]
+                grid = (min(tiles, _sm_count(q.device)), 1, 1)
+            kernel = _attn_fwd_sm90_ws
             # registers per consumer thread: 232 for 2 consumers (12 warps); 160 for 3 (16 warps with the
             # producer's warpgroup: 168 + 2·160 + 24 = 512 per lane, the whole register file; no spills)
-            self.constexprs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-                                   CONSUMER_REGS=cfg.get("CONSUMER_REGS", 232), num_warps=4,
-                                   PINGPONG=cfg.get("PINGPONG", True), NUM_C=cfg.get("CONSUMERS", 2),
-                                   PERSISTENT=cfg.get("PERSISTENT", False))
+            constexprs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+                              CONSUMER_REGS=cfg.get("CONSUMER_REGS", 232), num_warps=4,
+                              PINGPONG=cfg.get("PINGPONG", True), NUM_C=cfg.get("CONSUMERS", 2),
+                              PERSISTENT=cfg.get("PERSISTENT", False))
         else:
-            self.kernel = _attn_fwd_sm90
-            self.constexprs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-                                   LOOKAHEAD=cfg.get("LOOKAHEAD", False), num_warps=cfg["num_warps"])
-        # the constexpr parameters in the kernel's order (defaults included): the compiled kernel's
-        # launcher takes every parameter positionally and skips the constexprs
-        params = self.kernel.params[5 + len(self.ints) + 1:]
-        self.tail = tuple(self.constexprs[p.name] if p.name in self.constexprs else p.default for p in params)
-        self.runner = None
-
-    def descriptors(self, q, k, v, out):
-        return tuple(_rebase(t, x) for t, x in zip(self.templates, (q, k, v, out)))
+            kernel = _attn_fwd_sm90
+            constexprs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+                              LOOKAHEAD=cfg.get("LOOKAHEAD", False), num_warps=cfg["num_warps"])
+        super().__init__(kernel, grid, (q_desc, k_desc, v_desc, o_desc), 1, ints, 1, constexprs)
 
 
 @functools.lru_cache(maxsize=None)
@@ -918,15 +951,6 @@ def _key(d, causal, dtype, cfg):
 
 
 def _run(plan: _Plan, q, k, v, out, lse, softmax_scale):
-    """One launch of the plan's kernel on these tensors: through triton's JIT the first time (which
-    compiles or finds the kernel, and checks the arguments' specialization), then through the
-    compiled kernel's launcher (see :class:`_Plan`)."""
-    args = (*plan.descriptors(q, k, v, out), lse, *plan.ints, softmax_scale * LOG2E)
-    if plan.runner is not None and lse.data_ptr() % 16 == 0:
-        plan.runner(*args, *plan.tail)
-        return
-    kernel = plan.kernel[plan.grid](*args, **plan.constexprs)
-    if hasattr(kernel, "result"):  # triton's asynchronous compile mode hands back a future
-        kernel = kernel.result()
-    if lse.data_ptr() % 16 == 0 and hasattr(kernel, "__getitem__"):
-        plan.runner = kernel[plan.grid]
+    """One launch of the plan's kernel on these tensors (:meth:`_Launch.__call__`): the compiled
+    launcher is reused only while the LSE pointer is 16-byte aligned, as at its first launch."""
+    plan((q, k, v, out), (lse,), (softmax_scale * LOG2E,), lse.data_ptr() % 16 == 0)
