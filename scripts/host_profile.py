@@ -5,7 +5,10 @@
 * host time per call (200 calls, no sync), for tileflash and cuDNN SDPA;
 * with --cprofile, the top host functions of tileflash's forward call.
 
-Usage: PYTHONPATH=. python3 scripts/host_profile.py [--cprofile] [--fwd-only] [D:CAUSAL:N ...]   (default 128:0:1024 64:1:1024
+With --host-only, only the host time per call (no do_bench, no graph): quick enough to
+alternate two trees in separate processes (the machine's host speed drifts within a run).
+
+Usage: PYTHONPATH=. python3 scripts/host_profile.py [--cprofile] [--fwd-only] [--host-only] [D:CAUSAL:N ...]   (default 128:0:1024 64:1:1024
 128:0:4096)
 """
 
@@ -55,6 +58,10 @@ def main():
                 return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                       is_causal=causal)
         for name, fn in (("tileflash", tf), ("cudnn", cudnn)):
+            if "--host-only" in sys.argv:
+                rows.append(f"| fwd D={d} causal={causal} N={n} | {name} | - | - | {host_us(fn):.0f} us |")
+                print(rows[-1], flush=True)
+                continue
             eager = do_bench(fn, warmup=25, rep=100, return_mode="median")
             graph = graph_time(fn)
             rows.append(f"| fwd D={d} causal={causal} N={n} | {name} | {eager * 1e3:.0f} us ({fl / eager * 1e-9:.0f}) | "
@@ -73,6 +80,10 @@ def main():
 
             def bwd(out=out):
                 return torch.autograd.grad(out, leaves, do, retain_graph=True)
+            if "--host-only" in sys.argv:
+                rows.append(f"| bwd D={d} causal={causal} N={n} | {name} | - | - | {host_us(bwd):.0f} us |")
+                print(rows[-1], flush=True)
+                continue
             eager = do_bench(bwd, warmup=25, rep=100, return_mode="median")
             rows.append(f"| bwd D={d} causal={causal} N={n} | {name} | {eager * 1e3:.0f} us ({2.5 * fl / eager * 1e-9:.0f}) "
                         f"| - | {host_us(bwd):.0f} us |")
