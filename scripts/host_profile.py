@@ -121,6 +121,7 @@ def main():
         prof.disable()
         torch.cuda.synchronize()
         pstats.Stats(prof).sort_stats("tottime").print_stats(22)
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(35)
 
 
 if __name__ == "__main__":

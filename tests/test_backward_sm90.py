@@ -326,7 +326,7 @@ def test_repeated_backward_calls_take_the_cached_launchers(monkeypatch, gluon_bw
             buf = torch.full((q.numel() + offset,), float("nan"), dtype=q.dtype, device="cuda")
             dq = buf[offset:].view(q.shape)
             dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
-            if results:
+            if len(results) == 1:  # wrap the launchers once, after the first (JIT) call
                 launches = [x for key, x in gb._LAUNCHES.items()
                             if key[1][:2] == ((do.shape, do.stride(), do.dtype), (q.shape, q.stride(), q.dtype))
                             and key[2][0] == causal]
