@@ -206,9 +206,7 @@ def test_plan_matches_the_kernel_signature(monkeypatch, d, causal, sq):
         assert tail["NUM_C"] == cfg.get("CONSUMERS", 2) and tail["PERSISTENT"] == cfg.get("PERSISTENT", False)
     # a persistent plan launches at most one program per SM (one on CPU tensors), on a 1-D grid
     n_tiles = -(-sq // cfg["BLOCK_M"]) * 2 * 4
-    # causal: batch·heads first, so that the GPU starts the longest tiles of every head first
-    assert plan.grid == ((1, 1, 1) if cfg.get("PERSISTENT") else
-                         (2 * 4, n_tiles // (2 * 4), 1) if causal else (n_tiles // (2 * 4), 2 * 4, 1))
+    assert plan.grid == ((1, 1, 1) if cfg.get("PERSISTENT") else (n_tiles // (2 * 4), 2 * 4, 1))
     rows = g90.q_block_rows(plan.cfg)
     fresh = [g90._desc(t, t.shape[1], t.shape[2], r)[0]
              for t, r in ((q, rows), (k, plan.cfg["BLOCK_N"]), (v, plan.cfg["BLOCK_N"]), (out, rows))]

@@ -982,8 +982,8 @@ def _dq_launch(dout, q, k, v, lse, dq, causal, cfg):
             dq.stride(0), dq.stride(1), dq.stride(2), nheads, nheads // nheads_k, seqlen_q, seqlen_k)
     constexprs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
                       CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4)
-    return _f90._Launch(_attn_bwd_dq_sm90_ws, _f90.tile_grid(seqlen_q // bm, batch * nheads, causal),
-                        (q_desc, k_desc, v_desc, do_desc), 3, ints, 2, constexprs)
+    return _f90._Launch(_attn_bwd_dq_sm90_ws, (seqlen_q // bm, batch * nheads), (q_desc, k_desc, v_desc, do_desc),
+                        3, ints, 2, constexprs)
 
 
 def backward_dq(dout, q, k, v, lse, delta, dq, softmax_scale: float, causal: bool, cfg: dict | None = None):

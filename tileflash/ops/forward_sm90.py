@@ -99,18 +99,13 @@ if HAVE_GLUON:
     @gluon.jit
     def _q_block_coords(nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
                         BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
-        """Which (batch, head, Q block) this program owns and where its Q and K/V tiles start in
-        the 2-D views: (off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift). The grid
-        (:func:`tile_grid`) is Q blocks x batch·heads; causal, batch·heads x Q blocks with the last
-        Q blocks (which see the most keys) first, so that the GPU starts programs longest first
-        across all heads and the last wave holds the shortest tiles."""
+        """Which (batch, head, Q block) this program owns (grid: Q blocks x batch·heads; causal:
+        the last Q blocks, which see the most keys, first) and where its Q and K/V tiles start in
+        the 2-D views: (off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift)."""
+        pid_m = gl.program_id(0)
         if CAUSAL:
-            pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
-            pid_bh = gl.program_id(0)
-        else:
-            pid_m = gl.program_id(0)
-            pid_bh = gl.program_id(1)
-        return _tile_coords(pid_m, pid_bh, nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch,
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        return _tile_coords(pid_m, gl.program_id(1), nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch,
                             kv_rb, kv_rh, kv_ch, BLOCK_M)
 
     @gluon.jit
@@ -804,7 +799,7 @@ class _Plan(_Launch):
         v_desc, _ = _desc(v, seqlen_k, nheads_k, bn)
         self.cfg, self.key = cfg, _key(d, causal, q.dtype, cfg)
         # 3 consumers: the last block may run past Sq
-        grid = tile_grid(triton.cdiv(seqlen_q, bm), batch * nheads, causal)
+        grid = (triton.cdiv(seqlen_q, bm), batch * nheads, 1)
         # the kernels' runtime arguments after (q_desc, k_desc, v_desc, o_desc, LSE), up to the scale
         ints = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, lse.stride(0), lse.stride(1),
                 nheads, nheads // nheads_k, seqlen_q, seqlen_k)
@@ -825,12 +820,6 @@ class _Plan(_Launch):
             constexprs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
                               LOOKAHEAD=cfg.get("LOOKAHEAD", False), num_warps=cfg["num_warps"])
         super().__init__(kernel, grid, (q_desc, k_desc, v_desc, o_desc), 1, ints, 1, constexprs)
-
-
-def tile_grid(q_blocks: int, batch_heads: int, causal: bool) -> tuple:
-    """The launch grid of the kernels that place their tiles with ``_q_block_coords``: Q blocks x
-    batch·heads, or for causal calls batch·heads x Q blocks (longest tiles first across heads)."""
-    return (batch_heads, q_blocks, 1) if causal else (q_blocks, batch_heads, 1)
 
 
 @functools.lru_cache(maxsize=None)
