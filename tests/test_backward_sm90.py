@@ -9,6 +9,7 @@ max |grad - ref| <= 2 x max |eager same-dtype grad - ref| + atol.
 
 import pytest
 import torch
+import triton
 
 import tileflash
 from tileflash.ops import backward as bwd_mod
@@ -168,9 +169,13 @@ def test_bwd_launches_match_the_kernel_signatures(d, causal):
     launchers positionally: descriptors, pointers, integers and scales must be exactly each
     kernel's runtime parameters, in order and by name (Sq != Sk and a GQA group of 2, so that a
     swap shows), and the tail its constexprs with the values of the config."""
-    do, q, k, v, out, lse = _cpu_bwd(d=d)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    do, q, _, _, out, lse = _cpu_bwd(d=d)
+    # K and V in (B, H, S, D) memory, Q in (B, S, H, D): the view offsets of the two differ
+    k, v = (torch.empty(2, 2, 384, d, dtype=torch.float16).transpose(1, 2) for _ in range(2))
+    dq = torch.empty_like(q)
+    dk, dv = (torch.empty(2, 384, 2, d, dtype=torch.float16) for _ in range(2))
     cfg = gb.config_for(d, causal, q.shape[1])
+    views = dict(q_rb=256, q_rh=0, q_ch=d, kv_rb=2 * 384, kv_rh=384, kv_ch=0)
     dkdv = gb._dkdv_launch(do, q, k, v, lse, dk, dv, causal, cfg, True)
     dqcfg = gb.dq_config_for(d, causal)
     launches = {"dkdv": (dkdv, ["LSE", "DELTA", "DK", "DV", "dq_desc", "SEM"],
@@ -178,12 +183,14 @@ def test_bwd_launches_match_the_kernel_signatures(d, causal):
                               stride_dvb=dv.stride(0), stride_dvn=dv.stride(1), stride_dvh=dv.stride(2),
                               nheads_k=2, kv_group=2, seqlen_q=256, seqlen_k=384),
                          dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"],
-                              CARRY_DK=cfg["CARRY_DK"], WITH_DQ=False, DETERMINISTIC=True))}
+                              CARRY_DK=cfg["CARRY_DK"], WITH_DQ=False, DETERMINISTIC=True, CONSUMER_REGS=240,
+                              PINGPONG=False, DQ_MODE=0))}
     dq_launch = gb._dq_launch(do, q, k, v, lse, dq, causal, dqcfg)
     launches["dq"] = (dq_launch, ["LSE", "DELTA", "DQ"],
                       dict(stride_dqb=dq.stride(0), stride_dqm=dq.stride(1), stride_dqh=dq.stride(2), nheads=4,
                            kv_group=2, seqlen_q=256, seqlen_k=384),
-                      dict(BLOCK_M=dqcfg["BLOCK_M"], BLOCK_N=dqcfg["BLOCK_N"], STAGES=dqcfg["STAGES"]))
+                      dict(BLOCK_M=dqcfg["BLOCK_M"], BLOCK_N=dqcfg["BLOCK_N"], STAGES=dqcfg["STAGES"],
+                           CONSUMER_REGS=240))
     for name, (launch, ptrs, ints_want, tail_want) in launches.items():
         params = launch.kernel.params
         names = [p.name for p in params]
@@ -194,6 +201,7 @@ def test_bwd_launches_match_the_kernel_signatures(d, causal):
         assert names[n_runtime - 2:n_runtime] == ["qk_scale", "sm_scale"], name
         ints = dict(zip(names[4 + len(ptrs):n_runtime - 2], launch.ints))
         assert {n: ints[n] for n in ints_want} == ints_want, name
+        assert {n: ints[n] for n in views} == views, name
         assert ints["stride_lb"] == lse.stride(0) and ints["stride_lh"] == lse.stride(1), name
         tail = dict(zip(names[n_runtime:], launch.tail))
         assert {n: tail[n] for n in tail_want} == tail_want and tail["HEAD_DIM"] == d and tail["CAUSAL"] == causal
@@ -208,12 +216,41 @@ def test_bwd_launches_match_the_kernel_signatures(d, causal):
             {n: x for n, x in vars(want).items() if n != "base"}
 
 
+def test_delta_launch_matches_the_kernel_signature(monkeypatch):
+    """The delta kernel's cached launch (``backward._delta``): its pointers and integers are the
+    kernel's runtime parameters in order and by name, its tail the constexprs; one launch per
+    layout, and it computes rowsum(dO * O) on the CPU interpreter's or the compiled kernel's path
+    alike (here: whichever this machine runs, on its device)."""
+    monkeypatch.setattr(bwd_mod, "_PRE_LAUNCHES", {})
+    device = "cuda" if HAS_CUDA else "cpu"
+    if device == "cpu" and not bwd_mod.interpreting():
+        pytest.skip("CPU tensors need the interpreter's kernels")
+    out = torch.randn(2, 96, 3, 40, device=device)
+    dout = torch.randn(2, 3, 96, 40, device=device).transpose(1, 2)  # strides unlike out's
+    lse = torch.empty(2, 3, 96, device=device)
+    delta = bwd_mod._delta(out, dout, lse, False, 3, 40)
+    torch.testing.assert_close(delta, (out * dout).sum(-1).transpose(1, 2), rtol=1e-5, atol=1e-5)
+    (launch,) = bwd_mod._PRE_LAUNCHES.values()
+    assert bwd_mod._delta(out, dout, lse, False, 3, 40) is not delta and len(bwd_mod._PRE_LAUNCHES) == 1
+    params = getattr(bwd_mod._bwd_preprocess, "params", None)
+    if params is None:  # the interpreter's kernel object has no parameter list
+        params = triton.JITFunction(bwd_mod._bwd_preprocess.fn).params
+    names = [p.name for p in params]
+    assert names[:3] == ["O", "DO", "DELTA"] and [p.is_constexpr for p in params] == [False] * 11 + [True] * 3
+    assert dict(zip(names[3:11], launch.ints)) == dict(
+        stride_ob=out.stride(0), stride_om=out.stride(1), stride_oh=out.stride(2), stride_dob=dout.stride(0),
+        stride_dom=dout.stride(1), stride_doh=dout.stride(2), nheads=3, seqlen_q=96)
+    assert launch.constexprs["HEAD_DIM"] == 40 and launch.constexprs["BLOCK_D"] == 64
+    assert launch.grid == (-(-96 // launch.constexprs["BLOCK_M"]), 2 * 3, 1)
+
+
 @pytest.mark.skipif(not gb._f90.HAVE_GLUON, reason="this triton has no Gluon")
 def test_bwd_routing_cache_and_per_call_checks(monkeypatch):
-    """supported() decides the layout once per (shapes, strides, dtypes, device, causal) and checks
-    the scale, flags, causal alignment, pointer alignment and compile failures on every call."""
+    """supported() decides the layout once per (shapes, strides, dtypes, device, causal) of every
+    tensor it looks at, and checks the switches, scale, flags, causal alignment, pointer alignment
+    and compile failures on every call."""
     monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
-    monkeypatch.setattr(gb, "enabled", lambda: True)
+    monkeypatch.delenv("TILEFLASH_GLUON", raising=False)
     monkeypatch.setattr(gb, "_LAYOUTS", {})
     monkeypatch.setattr(gb, "_BROKEN", set())
     layouts = []
@@ -221,27 +258,42 @@ def test_bwd_routing_cache_and_per_call_checks(monkeypatch):
     assert real(*_cpu_bwd(), False, None, None) is None  # CPU tensors never take the Gluon kernel
     monkeypatch.setattr(gb, "_layout_cfg_key", lambda *a: layouts.append(1) or ("cfg",))
     do, q, k, v, out, lse = _cpu_bwd()
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
 
-    def ok(do=do, q=q, k=k, v=v, scale=0.125, causal=False, shift=128, flags=None, varlen=False, config=None):
+    def ok(do=do, q=q, k=k, v=v, out=out, lse=lse, dk=dk, dv=dv, scale=0.125, causal=False, shift=128, flags=None,
+           varlen=False, config=None):
         return gb.supported(do, q, k, v, out, lse, scale, causal, shift, flags or _flags(HAS_RIGHT=causal),
-                            varlen, config)
+                            varlen, config, dk=dk, dv=dv)
 
     assert ok() and ok() and ok(q=torch.empty_like(q)) and len(layouts) == 1   # one decision per layout
     assert ok(causal=True) and len(layouts) == 2                               # causal is in the key
+    # each tensor's layout is in the key: another strides (or dtype) of any one is a new decision
+    for name, t in dict(do=do, q=q, k=k, v=v, out=out, dk=dk, dv=dv).items():
+        other = t.transpose(1, 2).contiguous().transpose(1, 2)                 # same shape, other strides
+        n = len(layouts)
+        assert ok(**{name: other}) and len(layouts) == n + 1, name
+    n = len(layouts)
+    assert ok(lse=torch.empty(2, 4, 256, dtype=torch.float64)) and ok(dk=None) and len(layouts) == n + 2
+    n = len(layouts)
     assert not ok(causal=True, shift=0)                                        # top-left alignment, Sq != Sk
     assert not ok(scale=0.0) and not ok(scale=float("nan"))
     assert not ok(flags=_flags(HAS_SOFTCAP=True)) and not ok(flags=_flags(HAS_RIGHT=True))
     assert not ok(varlen=True) and not ok(config={"dkdv": {}})
-    buf = torch.empty(q.numel() + 8, dtype=torch.float16)
-    assert not ok(q=buf[1:q.numel() + 1].view(q.shape)) and ok(q=buf[8:].view(q.shape))
-    assert len(layouts) == 2
+    for name, t in dict(q=q, k=k, v=v, do=do).items():                         # TMA bases: 16-byte aligned
+        buf = torch.empty(t.numel() + 8, dtype=torch.float16)
+        assert not ok(**{name: buf[1:t.numel() + 1].view(t.shape)}) and ok(**{name: buf[8:].view(t.shape)}), name
+    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "0")                            # the switches, after caching
+    assert not ok()
+    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
+    monkeypatch.setenv("TILEFLASH_GLUON", "0")
+    assert not ok()
+    monkeypatch.delenv("TILEFLASH_GLUON")
+    assert ok() and len(layouts) == n
     gb._BROKEN.add(("cfg",))                                                   # a compile failure since
     assert not ok()
-    qt = torch.empty(2, 4, 256, 64, dtype=torch.float16).transpose(1, 2)
     monkeypatch.setattr(gb, "_BROKEN", set())
-    assert ok(q=qt) and len(layouts) == 3                                      # other strides: another layout
     gb._LAYOUTS.update({i: None for i in range(gb._CACHE_MAX)})
-    assert ok() and len(layouts) == 3                                          # a hit changes nothing
+    assert ok() and len(layouts) == n                                          # a hit changes nothing
     assert ok(k=torch.empty(2, 512, 2, 64, dtype=torch.float16)) and len(gb._LAYOUTS) == 1  # a miss, full
 
 
@@ -311,18 +363,21 @@ CASES = [  # (batch, seqlen_q, seqlen_k, nheads, nheads_k)
 def test_repeated_backward_calls_take_the_cached_launchers(monkeypatch, gluon_bwd_calls):
     """The second backward call of a layout launches its three kernels (delta, dK/dV, dQ) through
     the cached compiled launchers; its gradients are bitwise those of the first call (JIT path)
-    and right against the reference, on fresh NaN-poisoned buffers. A dq buffer whose pointer is
-    not 16-byte aligned (the JIT specializes on it) sends the dQ kernel through the JIT again."""
+    and right against the reference, on fresh NaN-poisoned buffers. Every call gets its own copies
+    of the inputs, and the earlier calls' tensors stay alive, so a launcher that kept an earlier
+    call's addresses would read or write the wrong memory. A dq buffer whose pointer is not
+    16-byte aligned (the JIT specializes on it) sends the dQ kernel through the JIT again."""
     monkeypatch.delenv("TILEFLASH_GLUON_DQ", raising=False)
     monkeypatch.delenv("TILEFLASH_GLUON_FUSED", raising=False)
     for d, causal, (b, sq, sk, h, hk) in ((64, True, (2, 256, 384, 4, 2)), (128, False, (1, 1024, 1024, 4, 4)),
                                           (64, False, (2, 512, 512, 4, 1))):
-        q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=sq + d)
-        do = torch.randn_like(q)
+        q0, k0, v0 = make_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=sq + d)
+        do0 = torch.randn_like(q0)
         scale = d ** -0.5
-        out, lse = fwd_mod.flash_attn_forward(q, k, v, scale, causal)
-        results, runs = [], []
+        out0, lse0 = fwd_mod.flash_attn_forward(q0, k0, v0, scale, causal)
+        results, runs, keep = [], [], []
         for offset in (0, 0, 1):
+            q, k, v, do, out, lse = (t.clone() for t in (q0, k0, v0, do0, out0, lse0))
             buf = torch.full((q.numel() + offset,), float("nan"), dtype=q.dtype, device="cuda")
             dq = buf[offset:].view(q.shape)
             dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
@@ -335,12 +390,14 @@ def test_repeated_backward_calls_take_the_cached_launchers(monkeypatch, gluon_bw
                 assert len(launches) == 3, launches
                 for x in launches:
                     assert x.runner is not None, "the first launch should have kept the compiled launcher"
-                    x.runner = (lambda *a, real=x.runner, name=x.kernel.fn.__name__:
+                    device, real = x.runner
+                    x.runner = (device, lambda *a, real=real, name=x.kernel.fn.__name__:
                                 (runs.append((offset, name)), real(*a)))
             grads = bwd_mod.flash_attn_backward(do, q, k, v, out, lse, scale, causal, dq=dq, dk=dk, dv=dv)
             assert grads[0] is dq
-            check_cuda_grads(grads, q, k, v, do, causal)
+            check_cuda_grads(grads, q0, k0, v0, do0, causal)
             results.append([g.clone() for g in grads])
+            keep.append((q, k, v, do, out, lse, buf, dk, dv))
         names = sorted(n for _, n in runs)
         assert [o for o, _ in runs].count(0) == 3 and [o for o, _ in runs].count(1) == 2, runs
         assert names.count("_attn_bwd_dq_sm90_ws") == 1, runs  # the misaligned dq took the JIT

@@ -246,6 +246,43 @@ def test_plan_cache_keys_and_per_call_checks(monkeypatch):
     assert plan(k=k2, v=torch.empty_like(k2)) is not None and len(g90._PLANS) == 1  # a miss in a full cache
 
 
+def test_launch_passes_scales_as_floats_and_keeps_the_launcher_per_device(monkeypatch):
+    """``_Launch`` (the cached launch of every Gluon kernel and of the backward's delta kernel)
+    hands the scales to triton as floats: triton would specialize an integer 1 into a constexpr,
+    which the cached launcher then skips. It keeps the compiled launcher with the CUDA device it
+    was made on, and uses it only on that device and only for cacheable calls. A fake kernel
+    stands in for triton's (no GPU needed)."""
+    calls = []
+
+    class Compiled:
+        def __getitem__(self, grid):
+            return lambda *args: calls.append(("runner", grid, args))
+
+    class Kernel:
+        def __getitem__(self, grid):
+            def jit(*args, **constexprs):
+                calls.append(("jit", grid, args))
+                return Compiled()
+            return jit
+
+    device = [0]
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: device[0])
+    launch = g90._Launch(Kernel(), (3, 2), (), 1, (7, 8), 2, {})
+    ptr = torch.empty(1)
+    launch((), (ptr,), (1, 2), True)
+    assert calls[-1][0] == "jit" and calls[-1][1] == (3, 2, 1)
+    assert [type(x) for x in calls[-1][2][3:]] == [float, float] and calls[-1][2][1:3] == (7, 8)
+    launch((), (ptr,), (0.5, 3), True)
+    assert calls[-1][0] == "runner" and [type(x) for x in calls[-1][2][3:]] == [float, float]
+    launch((), (ptr,), (0.5, 3), False)                    # not cacheable (e.g. an unaligned pointer): the JIT
+    assert calls[-1][0] == "jit" and launch.runner[0] == 0
+    device[0] = 1                                          # another current device: the JIT, then its launcher
+    launch((), (ptr,), (0.5, 3), True)
+    assert calls[-1][0] == "jit" and launch.runner[0] == 1
+    launch((), (ptr,), (0.5, 3), True)
+    assert calls[-1][0] == "runner"
+
+
 @needs_sm90
 def test_repeated_calls_take_the_cached_launcher(gluon_calls):
     """The second call of a layout launches through the plan's cached launcher (no JIT binding);
@@ -263,8 +300,8 @@ def test_repeated_calls_take_the_cached_launcher(gluon_calls):
             assert plan is not None
             if results:
                 assert plan.runner is not None, "the first launch should have kept the compiled launcher"
-                real = plan.runner
-                plan.runner = lambda *a, real=real: (runs.append(lse_offset), real(*a))
+                device, real = plan.runner
+                plan.runner = (device, lambda *a, real=real: (runs.append(lse_offset), real(*a)))
             fwd_mod.flash_attn_forward(q, k, v, d ** -0.5, causal, out=out, lse=lse)
             check_cuda_out(out, lse, q, k, v, causal)
             results.append((out, lse))

@@ -397,7 +397,7 @@ def _delta(out, dout, lse, varlen: bool, nheads: int, head_dim: int):
     skip triton's argument binding; host time, perf-notes §25)."""
     delta = torch.empty(lse.shape, dtype=torch.float32, device=out.device)
     o4, do4 = (out[None], dout[None]) if varlen else (out, dout)
-    key = (o4.shape, o4.stride(), do4.stride(), o4.dtype, do4.dtype, o4.device, interpreting())
+    key = (o4.shape, o4.stride(), do4.stride(), o4.dtype, do4.dtype, o4.device, nheads, head_dim, interpreting())
     launch = _PRE_LAUNCHES.get(key)
     if launch is None:
         pre_b, pre_s = o4.shape[0], o4.shape[1]

@@ -886,7 +886,7 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
     with_dq, ws = cfg.get("WITH_DQ", False), cfg.get("WS", False)
     if ws and not with_dq:  # the default: a launch cached per layout (host time, perf-notes §25)
         launch = _cached_launch("dkdv", lambda: _dkdv_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic),
-                                (dout, q, k, v, lse, dk, dv), (bool(causal), bool(deterministic)), cfg)
+                                (dout, q, k, v, lse, dk, dv, delta), (bool(causal), bool(deterministic)), cfg)
         launch((q, k, v, dout), (lse, delta, dk, dv, None, None), (softmax_scale * LOG2E, softmax_scale),
                _aligned(lse, delta, dk, dv))
         return
@@ -1008,8 +1008,8 @@ def backward_dq(dout, q, k, v, lse, delta, dq, softmax_scale: float, causal: boo
     if key in _BROKEN:
         return None
 
-    launch = _cached_launch("dq", lambda: _dq_launch(dout, q, k, v, lse, dq, causal, cfg), (dout, q, k, v, lse, dq),
-                            (bool(causal),), cfg)
+    launch = _cached_launch("dq", lambda: _dq_launch(dout, q, k, v, lse, dq, causal, cfg),
+                            (dout, q, k, v, lse, dq, delta), (bool(causal),), cfg)
     if not _f90.launch_or_fall_back(
             _BROKEN, key, "the Gluon dQ kernel", "using the Triton dQ kernel for this configuration.",
             lambda: launch((q, k, v, dout), (lse, delta, dq), (softmax_scale * LOG2E, softmax_scale),

@@ -739,7 +739,7 @@ class _Launch:
     the rest are constexprs (``tail``: their values, defaults included, positionally). The first
     launch goes through triton's JIT, which compiles or finds the kernel and checks every
     specialization; later ones, with ``cacheable`` true, through the compiled kernel's own
-    launcher (``runner``). That is sound only when every value triton specializes on is fixed by
+    launcher (``runner``: the CUDA device it was made on, and the launcher). That is sound only when every value triton specializes on is fixed by
     the layout key or by the caller's ``cacheable`` test (raw pointers' 16-byte alignment), and
     the current CUDA device is the one the runner was made on (its function handle is that
     device's). Triton's launch hooks (profilers) still run, since the runner reads them at every
@@ -749,7 +749,7 @@ class _Launch:
     ``templates`` are validated ``TensorDescriptor`` objects with ``base=None`` (a launch holds no
     tensor); :meth:`descriptors` copies them onto the call's tensors."""
 
-    __slots__ = ("kernel", "grid", "templates", "ints", "constexprs", "tail", "runner", "device")
+    __slots__ = ("kernel", "grid", "templates", "ints", "constexprs", "tail", "runner")
 
     def __init__(self, kernel, grid, templates, n_ptrs: int, ints: tuple, n_scales: int, constexprs: dict):
         for t in templates:
@@ -761,21 +761,25 @@ class _Launch:
         # (the CPU interpreter's kernels have no params: they never get a runner)
         params = getattr(kernel, "params", ())[len(templates) + n_ptrs + len(ints) + n_scales:]
         self.tail = tuple(constexprs[p.name] if p.name in constexprs else p.default for p in params)
-        self.runner = self.device = None
+        self.runner = None  # (CUDA device index, the compiled kernel's launcher on it): one attribute, so
+        # that a thread never pairs one device's launcher with another's index
 
     def descriptors(self, *tensors):
         return tuple(_rebase(t, x) for t, x in zip(self.templates, tensors))
 
     def __call__(self, tensors, ptrs, scales, cacheable: bool):
-        args = (*self.descriptors(*tensors), *ptrs, *self.ints, *scales)
-        if self.runner is not None and cacheable and torch.cuda.current_device() == self.device:
-            self.runner(*args, *self.tail)
+        # scales as floats: triton would specialize an integer 1 into a constexpr, and the cached
+        # launcher skips constexpr slots
+        args = (*self.descriptors(*tensors), *ptrs, *self.ints, *(float(x) for x in scales))
+        runner = self.runner
+        if runner is not None and cacheable and torch.cuda.current_device() == runner[0]:
+            runner[1](*args, *self.tail)
             return
         kernel = self.kernel[self.grid](*args, **self.constexprs)
         if hasattr(kernel, "result"):  # triton's asynchronous compile mode hands back a future
             kernel = kernel.result()
         if cacheable and hasattr(kernel, "__getitem__"):
-            self.runner, self.device = kernel[self.grid], torch.cuda.current_device()
+            self.runner = (torch.cuda.current_device(), kernel[self.grid])
 
 
 class _Plan(_Launch):
