@@ -826,10 +826,11 @@ def backward(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal
     installed triton (the caller then runs the Triton backward)."""
     d = q.shape[-1]
     cfg = cfg or config_for(d, causal, q.shape[1])
-    if _f90._key(d, causal, q.dtype, cfg) in _BROKEN:
+    key = _f90._key(d, causal, q.dtype, cfg)
+    if key in _BROKEN:
         return None  # failed to compile before (e.g. the fused mode, which supported() does not check)
     ran = _f90.launch_or_fall_back(
-        _BROKEN, _f90._key(d, causal, q.dtype, cfg), "the Hopper Gluon backward",
+        _BROKEN, key, "the Hopper Gluon backward",
         "using the Triton backward for this configuration. TILEFLASH_GLUON_BWD=0 turns the Gluon backward off.",
         lambda: _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, deterministic))
     return ((dq if cfg.get("WITH_DQ", False) else None), dk, dv) if ran else None

@@ -739,10 +739,10 @@ class _Launch:
     the rest are constexprs (``tail``: their values, defaults included, positionally). The first
     launch goes through triton's JIT, which compiles or finds the kernel and checks every
     specialization; later ones, with ``cacheable`` true, through the compiled kernel's own
-    launcher (``runner``: the CUDA device it was made on, and the launcher). That is sound only when every value triton specializes on is fixed by
-    the layout key or by the caller's ``cacheable`` test (raw pointers' 16-byte alignment), and
-    the current CUDA device is the one the runner was made on (its function handle is that
-    device's). Triton's launch hooks (profilers) still run, since the runner reads them at every
+    launcher (``runner``: the CUDA device it was made on, and the launcher). That is sound only
+    when every value triton specializes on is fixed by the layout key or by the caller's
+    ``cacheable`` test (raw pointers' 16-byte alignment), and the current CUDA device is the one
+    the runner was made on (its function handle is that device's). Triton's launch hooks (profilers) still run, since the runner reads them at every
     launch; a change of triton's compile options (e.g. its debug knob) after a layout's first call
     is not seen by that layout.
 
