@@ -198,8 +198,6 @@ def test_plan_matches_the_kernel_signature(monkeypatch, d, causal, sq):
     want = dict(stride_lb=lse.stride(0), stride_lh=lse.stride(1), nheads=4, kv_group=2, seqlen_q=sq, seqlen_k=sk)
     if cfg.get("WS"):
         want["batch_heads"] = 2 * 4
-    # causal: one CPU "SM" holds 1-3 programs, fewer than one head's Q blocks, so one head per group
-    want["head_group"] = 1
     assert {n: ints[n] for n in want} == want and params[n_runtime - 1].name == "qk_scale"
     tail = dict(zip([p.name for p in params[n_runtime:]], plan.tail))
     assert {n: tail[n] for n in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "CAUSAL")} == \
@@ -218,46 +216,6 @@ def test_plan_matches_the_kernel_signature(monkeypatch, d, causal, sq):
             {n: x for n, x in vars(want).items() if n != "base"}
     assert all(t.base is None for t in plan.templates)  # a cached plan holds no tensor
     assert len(plan.grid) == 3  # CompiledKernel[grid] indexes all three
-
-
-def test_causal_tile_order():
-    """The causal programs' tile order (the kernels' ``_q_block_coords``, mirrored by
-    causal_tile_order): every (Q block, batch·head) exactly once, for group sizes that do and do
-    not divide batch·heads; longest first within each group of heads; head_group 1 is the
-    per-head order (last Q block first) of earlier sessions."""
-    for n_m, n_bh in ((1, 1), (4, 9), (8, 256), (3, 7)):
-        for group in (1, 2, 3, 8, n_bh, n_bh + 5):
-            order = g90.causal_tile_order(n_m, n_bh, group)
-            assert sorted(order) == [(m, bh) for m in range(n_m) for bh in range(n_bh)], (n_m, n_bh, group)
-            for start in range(0, n_bh, group):  # a group's tiles are consecutive, longest first
-                heads = set(range(start, min(start + group, n_bh)))
-                chunk = order[start * n_m:(start + len(heads)) * n_m]
-                assert {bh for _, bh in chunk} == heads
-                assert [m for m, _ in chunk] == sorted((m for m, _ in chunk), reverse=True)
-        assert g90.causal_tile_order(n_m, n_bh, 1) == [(n_m - 1 - m, bh) for bh in range(n_bh) for m in range(n_m)]
-    assert g90.causal_tile_order(2, 3, 2) == [(1, 0), (1, 1), (0, 0), (0, 1), (1, 2), (0, 2)]
-
-
-def test_head_group_rule(monkeypatch):
-    """head_group_for: the smallest power of two whose tiles fill the GPU's program slots, at most
-    batch·heads; TILEFLASH_HEAD_GROUP overrides it. programs_per_sm: 1 for the warp-specialized
-    kernels, 3 and 2 for the two single-partition D = 64 configs (their cubins' shared memory and
-    registers)."""
-    monkeypatch.delenv("TILEFLASH_HEAD_GROUP", raising=False)
-    monkeypatch.setattr(g90, "_sm_count", lambda device: 132)
-    cuda = torch.device("cuda")
-    assert g90.head_group_for(8, 256, cuda) == 32     # D=128 causal 1k: 8 Q blocks, 16·16 heads
-    assert g90.head_group_for(64, 32, cuda) == 4      # 8k
-    assert g90.head_group_for(128, 16, cuda) == 2     # 16k
-    assert g90.head_group_for(256, 16, cuda) == 1     # a head alone fills the GPU
-    assert g90.head_group_for(8, 5, cuda) == 5        # never more than batch·heads
-    assert g90.head_group_for(16, 512, cuda, per_sm=3) == 32
-    assert g90.programs_per_sm(g90.config_for(128, True, 1024), 128) == 1
-    assert g90.programs_per_sm(g90.config_for(64, True, 1024), 64) == 3
-    assert g90.programs_per_sm(g90.config_for(64, True, 2048), 64) == 2
-    assert g90.programs_per_sm(g90.config_for(64, True, 4096), 64) == 1
-    monkeypatch.setenv("TILEFLASH_HEAD_GROUP", "3")
-    assert g90.head_group_for(8, 256, cuda) == 3 and g90.head_group_for(8, 2, cuda) == 2
 
 
 @pytest.mark.skipif(not g90.HAVE_GLUON, reason="this triton has no Gluon")
@@ -476,32 +434,6 @@ def test_three_consumer_kernel_through_public_route(case, dtype, layout, gluon_c
     fwd_mod.flash_attn_forward(q, k, v, 0.125, causal, out=out, lse=lse)
     assert len(gluon_calls) == 1, "the call did not take the Gluon kernel"
     check_cuda_out(out, lse, q, k, v, causal)
-
-
-@needs_sm90
-@pytest.mark.parametrize("d,cfg", [
-    (128, dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=4, WS=True)),
-    (64, dict(BLOCK_M=64, BLOCK_N=64, STAGES=3, num_warps=4)),
-    (64, dict(BLOCK_M=128, BLOCK_N=64, STAGES=4, num_warps=8)),
-    (64, dict(BLOCK_M=192, BLOCK_N=128, STAGES=2, num_warps=4, WS=True, CONSUMERS=3, CONSUMER_REGS=160)),
-], ids=["ws", "64-64", "128-64", "c3"])
-def test_causal_tile_orders_cover_every_tile(d, cfg, monkeypatch):
-    """Causal programs take their tiles in groups of heads (causal_tile_order). Forced group sizes
-    that divide batch·heads (1, 3), that do not (2, 4) and that exceed it (100): every tile is
-    written (NaN-poisoned outputs), the reference rule holds, and the result is bitwise the same
-    for every order (a tile's arithmetic does not depend on when it runs)."""
-    b, sq, sk, h, hk = 3, 768, 896, 3, 1  # 9 batch·heads; Sq < Sk (bottom-right causal)
-    q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=d + 3)
-    outs = []
-    for group in (1, 2, 3, 4, 100):
-        monkeypatch.setenv("TILEFLASH_HEAD_GROUP", str(group))
-        out = torch.full_like(q, float("nan"))
-        lse = torch.full((b, h, sq), float("nan"), device="cuda")
-        g90.forward(q, k, v, out, lse, d ** -0.5, True, cfg)  # a cfg: the plan is built per call
-        check_cuda_out(out, lse, q, k, v, True)
-        outs.append((out, lse))
-    for out, lse in outs[1:]:
-        assert torch.equal(out, outs[0][0]) and torch.equal(lse, outs[0][1])
 
 
 @needs_sm90

@@ -624,7 +624,7 @@ if _f90.HAVE_GLUON:
         q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ,
         q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
         stride_lb, stride_lh, stride_dqb, stride_dqm, stride_dqh,
-        nheads, kv_group, seqlen_q, seqlen_k, head_group, qk_scale, sm_scale,
+        nheads, kv_group, seqlen_q, seqlen_k, qk_scale, sm_scale,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     ):
@@ -632,7 +632,7 @@ if _f90.HAVE_GLUON:
         the BLOCK_M // 2-row halves."""
         HALF_M: gl.constexpr = BLOCK_M // 2
         off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift = _f90._q_block_coords(
-            nheads, kv_group, seqlen_q, seqlen_k, head_group, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, BLOCK_M, CAUSAL)
+            nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, BLOCK_M, CAUSAL)
         row_lse = off_b * stride_lb + off_h * stride_lh
         # both halves run the block's key range (the ring counts two releases per slot)
         n_full, n_blocks = _f90._key_blocks(start_m, shift, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
@@ -980,8 +980,7 @@ def _dq_launch(dout, q, k, v, lse, dq, causal, cfg):
     k_desc, (kv_rb, kv_rh, kv_ch) = _f90._desc(k, seqlen_k, nheads_k, bn)
     v_desc, _ = _f90._desc(v, seqlen_k, nheads_k, bn)
     ints = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, lse.stride(0), lse.stride(1),
-            dq.stride(0), dq.stride(1), dq.stride(2), nheads, nheads // nheads_k, seqlen_q, seqlen_k,
-            _f90.head_group_for(seqlen_q // bm, batch * nheads, q.device) if causal else 1)
+            dq.stride(0), dq.stride(1), dq.stride(2), nheads, nheads // nheads_k, seqlen_q, seqlen_k)
     constexprs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
                       CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4)
     return _f90._Launch(_attn_bwd_dq_sm90_ws, (seqlen_q // bm, batch * nheads), (q_desc, k_desc, v_desc, do_desc),

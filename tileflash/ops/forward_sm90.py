@@ -97,23 +97,15 @@ if HAVE_GLUON:
         return p, alpha, m_new, l_new
 
     @gluon.jit
-    def _q_block_coords(nheads, kv_group, seqlen_q, seqlen_k, head_group, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
+    def _q_block_coords(nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
                         BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
-        """Which (batch, head, Q block) this program owns (grid: Q blocks x batch·heads) and where
-        its Q and K/V tiles start in the 2-D views: (off_b, off_h, start_m, q_row, q_col, kv_row,
-        kv_col, shift). Causal: tiles are handed out as :func:`causal_tile_order` says, longest
-        first within groups of ``head_group`` heads."""
+        """Which (batch, head, Q block) this program owns (grid: Q blocks x batch·heads; causal:
+        the last Q blocks, which see the most keys, first) and where its Q and K/V tiles start in
+        the 2-D views: (off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift)."""
         pid_m = gl.program_id(0)
-        pid_bh = gl.program_id(1)
         if CAUSAL:
-            n_m = gl.num_programs(0)
-            tile = pid_bh * n_m + pid_m                       # launch order: grid axis 0 fastest
-            group = tile // (head_group * n_m)
-            rank = tile % (head_group * n_m)
-            heads = gl.minimum(head_group, gl.num_programs(1) - group * head_group)  # the last group may be short
-            pid_m = n_m - 1 - rank // heads
-            pid_bh = group * head_group + rank % heads
-        return _tile_coords(pid_m, pid_bh, nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch,
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        return _tile_coords(pid_m, gl.program_id(1), nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch,
                             kv_rb, kv_rh, kv_ch, BLOCK_M)
 
     @gluon.jit
@@ -193,13 +185,13 @@ if HAVE_GLUON:
         q_desc, k_desc, v_desc, o_desc, LSE,
         q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,      # 2-D view offsets: row b·rb + h·rh, column h·ch
         stride_lb, stride_lh,
-        nheads, kv_group, seqlen_q, seqlen_k, head_group, qk_scale,
+        nheads, kv_group, seqlen_q, seqlen_k, qk_scale,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr, LOOKAHEAD: gl.constexpr, num_warps: gl.constexpr,
     ):
         """One program per (Q block, batch·head), as the Triton kernel; see the module docstring."""
         off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift = _q_block_coords(
-            nheads, kv_group, seqlen_q, seqlen_k, head_group, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, BLOCK_M, CAUSAL)
+            nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, BLOCK_M, CAUSAL)
 
         # Register layouts of the two wgmma results: S [BLOCK_M, BLOCK_N] and O [BLOCK_M, HEAD_DIM];
         # P is fed to the second wgmma from registers.
@@ -557,7 +549,7 @@ if HAVE_GLUON:
         q_desc, k_desc, v_desc, o_desc, LSE,
         q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
         stride_lb, stride_lh,
-        nheads, kv_group, seqlen_q, seqlen_k, batch_heads, head_group, qk_scale,
+        nheads, kv_group, seqlen_q, seqlen_k, batch_heads, qk_scale,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, PINGPONG: gl.constexpr = True,
         NUM_C: gl.constexpr = 2, PERSISTENT: gl.constexpr = False,
@@ -573,7 +565,7 @@ if HAVE_GLUON:
         SUB_M: gl.constexpr = BLOCK_M // NUM_C
         if not PERSISTENT:
             off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift = _q_block_coords(
-                nheads, kv_group, seqlen_q, seqlen_k, head_group, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, BLOCK_M, CAUSAL)
+                nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, BLOCK_M, CAUSAL)
             lse_base = off_b * stride_lb + off_h * stride_lh
             # every slice runs the same number of turns: the block's key range, masked per row
             n_full, n_blocks = _key_blocks(start_m, shift, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
@@ -815,10 +807,8 @@ class _Plan(_Launch):
         # the kernels' runtime arguments after (q_desc, k_desc, v_desc, o_desc, LSE), up to the scale
         ints = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, lse.stride(0), lse.stride(1),
                 nheads, nheads // nheads_k, seqlen_q, seqlen_k)
-        # causal: tiles longest first within groups of heads (causal_tile_order; unused otherwise)
-        head_group = head_group_for(grid[0], grid[1], q.device, programs_per_sm(cfg, d)) if causal else 1
         if ws:
-            ints += (batch * nheads, head_group)
+            ints += (batch * nheads,)
             if cfg.get("PERSISTENT", False):  # one program per SM (at most), each looping over tiles
                 tiles = grid[0] * grid[1]
                 grid = (min(tiles, _sm_count(q.device)), 1, 1)
@@ -830,61 +820,10 @@ class _Plan(_Launch):
                               PINGPONG=cfg.get("PINGPONG", True), NUM_C=cfg.get("CONSUMERS", 2),
                               PERSISTENT=cfg.get("PERSISTENT", False))
         else:
-            ints += (head_group,)
             kernel = _attn_fwd_sm90
             constexprs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
                               LOOKAHEAD=cfg.get("LOOKAHEAD", False), num_warps=cfg["num_warps"])
         super().__init__(kernel, grid, (q_desc, k_desc, v_desc, o_desc), 1, ints, 1, constexprs)
-
-
-def causal_tile_order(n_m: int, n_bh: int, head_group: int) -> list:
-    """The (Q block, batch·head) pairs that causal programs 0, 1, 2, ... of a (n_m, n_bh) grid work
-    on, in launch order (the kernels' ``_q_block_coords``, in Python for tests and docs).
-
-    The batch·heads are taken in groups of ``head_group``; within a group the tiles go longest
-    first: the last Q block (most keys) of each of the group's heads, then the one before it, and
-    so on. The hardware starts programs in launch order, so this is greedy longest-first
-    scheduling inside a window of heads whose K/V stay in L2 together. ``head_group = 1`` is one
-    head at a time, last Q block first (the order before the seventeenth session); ``head_group
-    >= n_bh`` is one global longest-first order, which measured 9–34% slower (lost L2 reuse,
-    perf-notes §25)."""
-    order = []
-    for tile in range(n_m * n_bh):
-        group, rank = divmod(tile, head_group * n_m)
-        heads = min(head_group, n_bh - group * head_group)
-        order.append((n_m - 1 - rank // heads, group * head_group + rank % heads))
-    return order
-
-
-def programs_per_sm(cfg: dict, head_dim: int) -> int:
-    """How many programs of a forward config one SM holds at once. Warp-specialized kernels take
-    the whole register file (12 or 16 warps at 168/128 registers), so one; the single-partition
-    kernels are bounded by shared memory (Q block + the K/V ring, 2-byte elements, 1 KB of
-    barriers and 1 KB the hardware reserves per program; 228 KB per SM) and by 128 registers per
-    thread (ptxas's count for both D = 64 configs, read with cuobjdump from their sm_90 cubins,
-    triton 3.6): 3 programs of 64×64 blocks on 4 warps, 2 of 128×64 on 8."""
-    if cfg.get("WS", False):
-        return 1
-    smem = 2 * head_dim * (cfg["BLOCK_M"] + 2 * cfg["STAGES"] * cfg["BLOCK_N"]) + 2048
-    regs = 128 * 32 * cfg["num_warps"]
-    return max(1, min(228 * 1024 // smem, 65536 // regs))
-
-
-def head_group_for(n_m: int, n_bh: int, device, per_sm: int = 1) -> int:
-    """``head_group`` for a causal grid of n_m Q blocks x n_bh batch·heads (see
-    :func:`causal_tile_order`): the smallest power of two whose heads' tiles fill every program
-    slot of the GPU (SMs x ``per_sm``) at least once, at most n_bh. A greedy-schedule model
-    (perf-notes §26) puts the tail of the per-head order at 3–11% of the ideal at N <= 8k, and
-    of this one at 0–3%, with the concurrent heads' K/V as few as the per-head order keeps.
-    ``TILEFLASH_HEAD_GROUP=<n>`` forces n (1: the per-head order)."""
-    forced = os.environ.get("TILEFLASH_HEAD_GROUP")
-    if forced:
-        return max(1, min(int(forced), n_bh))
-    slots = _sm_count(device) * per_sm
-    group = 1
-    while group * n_m < slots and group < n_bh:
-        group *= 2
-    return min(group, n_bh)
 
 
 @functools.lru_cache(maxsize=None)
