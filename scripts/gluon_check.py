@@ -1,6 +1,7 @@
 """The Hopper Gluon forward against the Triton kernel, cuDNN and SDPA-flash, in one run.
 
 Usage: PYTHONPATH=. python3 scripts/gluon_check.py [--dtype float16] [--sizes 1024 4096 16384] [--d 64 128]
+       [--causal both|yes|no] [--configs 128/128/2/4/ws/p ...]
 For each (D, causal, N): checks the Gluon output against the Triton kernel's (max difference) and
 times both, cuDNN SDPA and SDPA-flash with do_bench (median). Shapes follow gpu_check:
 B·N = 16k tokens, H = 2048 / D. The table is printed last.
@@ -28,11 +29,12 @@ def main():
                          "free: the same without the ping-pong turns; c3: three consumer warpgroups of BLOCK_M/3 rows, "
                          "turns round robin, e.g. 192/128/2/4/c3; p: persistent (one program per SM over the tiles), "
                          "e.g. 128/128/2/4/ws/p)")
+    ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     rows = []
     for d in args.d:
-        for causal in (False, True):
+        for causal in {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]:
             for n in args.sizes:
                 b, h = 16384 // n, 2048 // d
                 q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=dtype) for _ in range(3))

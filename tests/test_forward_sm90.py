@@ -456,14 +456,21 @@ def test_gluon_schedules_and_tiles(cfg, d, causal):
     """Every schedule and tile shape that gluon_check.py sweeps, against the fp32 reference (a ring
     of 2-4 slots over 3-16 key blocks exercises each slot's barrier phase more than once). The
     persistent mode also gets 3-5x more tiles than the H200's 132 SMs, so that its programs run
-    several tiles each (ring positions, turns and Q reloads carried across tiles)."""
+    several tiles each (ring positions, turns and Q reloads carried across tiles). Causal and
+    persistent, programs take pairs of Q blocks (n_m - 1 - j, j) of one head: that needs an even
+    number of Q blocks, and an odd one is refused with a ValueError, before any launch."""
     shapes = [(2, 256, 1024, 4, 2), (1, 128, 192 if cfg["BLOCK_N"] == 64 else 256, 2, 2)]
     if cfg.get("PERSISTENT"):
-        shapes.append((4, 2048, 2048, 8, 2))
+        shapes += [(4, 2048, 2048, 8, 2), (3, 1536, 1920, 6, 3), (4, 3072, 3072, 8, 2)]
     for (b, sq, sk, h, hk) in shapes:
         q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=sk + d)
         out = torch.full_like(q, float("nan"))
         lse = torch.full((b, h, sq), float("nan"), device="cuda")
+        if causal and cfg.get("PERSISTENT") and -(-sq // cfg["BLOCK_M"]) % 2:
+            with pytest.raises(ValueError, match="even number of Q blocks"):
+                g90.forward(q, k, v, out, lse, d ** -0.5, causal, cfg)
+            assert out.isnan().all()
+            continue
         g90.forward(q, k, v, out, lse, d ** -0.5, causal, cfg)
         check_cuda_out(out, lse, q, k, v, causal)
 

@@ -124,23 +124,42 @@ if HAVE_GLUON:
         return off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift
 
     @gluon.jit
-    def _persistent_tiles(geometry, BLOCK_M: gl.constexpr):
-        """How many tiles (Q block, batch·head) a persistent launch works through."""
-        (nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, batch_heads) = geometry
-        return (seqlen_q + BLOCK_M - 1) // BLOCK_M * batch_heads
-
-    @gluon.jit
-    def _persistent_tile(tile, geometry, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-        """Where a persistent program's tile lies: _q_block_coords' tuple, then (n_full, n_blocks).
-        Q blocks of one batch·head are consecutive tiles (concurrent programs share that head's K/V
-        in L2), the last first if causal."""
+    def _persistent_count(geometry, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
+        """How many tiles (Q block, batch·head) this persistent program works through: the tiles
+        (non-causal) or the pairs of tiles (causal, see _persistent_tile) program_id,
+        + num_programs, ..., two tiles per pair."""
         (nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, batch_heads) = geometry
         n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
-        pid_m = tile % n_m
+        P = gl.num_programs(0)
         if CAUSAL:
-            pid_m = n_m - 1 - pid_m
+            n = 2 * ((n_m // 2 * batch_heads - gl.program_id(0) + P - 1) // P)
+        else:
+            n = (n_m * batch_heads - gl.program_id(0) + P - 1) // P
+        return n
+
+    @gluon.jit
+    def _persistent_tile(k, geometry, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """Where this persistent program's k-th tile lies: _q_block_coords' tuple, then (n_full,
+        n_blocks). Non-causal: tile program_id + k·num_programs, Q blocks of one batch·head
+        consecutive (concurrent programs share that head's K/V in L2). Causal (an even number
+        n_m of Q blocks; the host checks): the program's (k // 2)-th pair, pair
+        program_id + (k // 2)·num_programs; pair j of a batch·head is its Q blocks n_m - 1 - j
+        (first) and j, which together see n_m + 1 key blocks whatever j, so every pair costs the
+        same and a static round robin stays balanced."""
+        (nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, batch_heads) = geometry
+        n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
+        if CAUSAL:
+            pair = gl.program_id(0) + (k // 2) * gl.num_programs(0)
+            half_m = n_m // 2
+            pid_bh = pair // half_m
+            j = pair % half_m
+            pid_m = gl.where(k % 2 == 0, n_m - 1 - j, j)
+        else:
+            tile = gl.program_id(0) + k * gl.num_programs(0)
+            pid_bh = tile // n_m
+            pid_m = tile % n_m
         off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift = _tile_coords(
-            pid_m, tile // n_m, nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, BLOCK_M)
+            pid_m, pid_bh, nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, BLOCK_M)
         n_full, n_blocks = _key_blocks(start_m, shift, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
         return off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift, n_full, n_blocks
 
@@ -366,9 +385,9 @@ if HAVE_GLUON:
             BLOCK_M: gl.constexpr = HALF_M * NUM_C
             g = 0
             it = 0
-            for tile in range(gl.program_id(0), _persistent_tiles(where, BLOCK_M), gl.num_programs(0)):
+            for k in range(0, _persistent_count(where, BLOCK_M, CAUSAL)):
                 off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift, n_full, n_blocks = _persistent_tile(
-                    tile, where, BLOCK_M, BLOCK_N, CAUSAL)
+                    k, where, BLOCK_M, BLOCK_N, CAUSAL)
                 _ws_load_kv(k_desc, v_desc, k_smem, v_smem, k_full, v_full, k_empty, v_empty, kv_row, kv_col, 0, g,
                             BLOCK_N, STAGES)
                 for c in gl.static_range(NUM_C):
@@ -425,9 +444,9 @@ if HAVE_GLUON:
             g = 0
             turn = 0
             it = 0
-            for tile in range(gl.program_id(0), _persistent_tiles(geometry, BLOCK_M), gl.num_programs(0)):
+            for k in range(0, _persistent_count(geometry, BLOCK_M, CAUSAL)):
                 off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift, n_full, n_blocks = _persistent_tile(
-                    tile, geometry, BLOCK_M, BLOCK_N, CAUSAL)
+                    k, geometry, BLOCK_M, BLOCK_N, CAUSAL)
                 _ws_consume_tile(q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, pp_bar,
                                  o_desc, LSE, q_row, q_col, off_b * stride_lb + off_h * stride_lh, start_m, n_blocks,
                                  n_full, shift, qk_scale, seqlen_q, g, turn, it & 1,
@@ -811,6 +830,11 @@ class _Plan(_Launch):
             ints += (batch * nheads,)
             if cfg.get("PERSISTENT", False):  # one program per SM (at most), each looping over tiles
                 tiles = grid[0] * grid[1]
+                if causal:  # programs take pairs of tiles of equal total length (_persistent_tile)
+                    if grid[0] % 2:
+                        raise ValueError(f"a persistent causal launch needs an even number of Q blocks, got "
+                                         f"{grid[0]} (seqlen_q={seqlen_q}, BLOCK_M={bm})")
+                    tiles //= 2
                 grid = (min(tiles, _sm_count(q.device)), 1, 1)
             kernel = _attn_fwd_sm90_ws
             # registers per consumer thread: 232 for 2 consumers (12 warps); 160 for 3 (16 warps with the
