@@ -73,9 +73,11 @@ def test_gluon_kernels_compile_for_sm90(dtype):
     assert len([ln for ln in lines if ln.startswith("ok") and " gluon D=" in ln]) == 16
     # D = 64 from 2k (8k causal) runs three consumer warpgroups
     assert len([ln for ln in lines if ln.startswith("ok") and " gluon D=64" in ln and "'CONSUMERS': 3" in ln]) == 4
-    # D = 128 non-causal at 1k runs the persistent mode
-    assert [" ".join(ln.split(" gluon ")[1].split()[:3]) for ln in lines
-            if ln.startswith("ok") and "'PERSISTENT': True" in ln] == ["D=128 causal=False N=1024"], lines
+    # the persistent mode: D = 128 non-causal at 1k; causal (pairs of Q blocks) D = 64 at 2k-4k, D = 128 at 1k-4k
+    assert sorted(" ".join(ln.split(" gluon ")[1].split()[:3]) for ln in lines
+                  if ln.startswith("ok") and "'PERSISTENT': True" in ln) == sorted(
+        ["D=128 causal=False N=1024"] + [f"D=64 causal=True N={n}" for n in (2048, 4096)]
+        + [f"D=128 causal=True N={n}" for n in (1024, 2048, 4096)]), lines
     assert len([ln for ln in lines if ln.startswith("ok") and "gluon-bwd" in ln]) == 16
     assert len([ln for ln in lines if ln.startswith("ok") and "gluon-bwd" in ln and "'WS': True" in ln]) == 4
     # the Gluon dQ kernel: D 64/128 x causal
@@ -85,15 +87,23 @@ def test_gluon_kernels_compile_for_sm90(dtype):
 
 
 def test_persistent_rule():
-    """The persistent mode is taken by D = 128 non-causal calls with at most 1024 keys only (the
-    fifteenth session's sweep, config_for): causal tiles differ in length and longer calls gain
-    nothing from it."""
+    """The persistent mode (config_for): D = 128 non-causal calls with at most 1024 keys (the
+    fifteenth session's sweep); causal calls whose 128-row Q blocks are even in number, at D = 128
+    up to Sq = 4k and at D = 64 from 2k to below 8k (the seventeenth session's, with pairs of Q
+    blocks per program); nothing else."""
     def persistent(d, causal, sq, sk=None):
         return g90.config_for(d, causal, sq, sk).get("PERSISTENT", False)
     assert [persistent(128, False, n) for n in (128, 512, 1024, 2048, 4096, 16384)] == [True] * 3 + [False] * 3
     assert not persistent(128, False, 1024, 2048) and persistent(128, False, 2048, 1024)  # by the key length
-    assert not any(persistent(128, True, n) for n in (512, 1024, 4096))
-    assert not any(persistent(64, c, n) for c in (False, True) for n in (1024, 2048, 16384))
+    assert [persistent(128, True, n) for n in (256, 1024, 2048, 4096, 8192, 16384)] == [True] * 4 + [False] * 2
+    assert not persistent(128, True, 1152) and not persistent(128, True, 128)  # 9 and 1 Q blocks: no pairs
+    assert [persistent(64, True, n) for n in (1024, 2048, 4096, 6144, 8192, 16384)] == \
+        [False, True, True, True, False, False]
+    assert not persistent(64, True, 2176) and not persistent(64, True, 2048, 2112)  # odd blocks; 64-key multiple
+    assert not any(persistent(64, False, n) for n in (1024, 2048, 16384))
+    for d, n in ((128, 1024), (64, 4096)):  # a paired config always has an even number of Q blocks
+        cfg = g90.config_for(d, True, n)
+        assert n // cfg["BLOCK_M"] % 2 == 0 and cfg.get("CONSUMERS", 2) == 2
 
 
 def test_three_consumer_rule():
@@ -189,7 +199,8 @@ def test_plan_matches_the_kernel_signature(monkeypatch, d, causal, sq):
     plan = g90.plan_for(q, k, v, out, lse, 0.125, causal, sk - sq, _flags(HAS_RIGHT=causal), False, None)
     cfg = g90.config_for(d, causal, sq, sk)
     assert plan is not None and plan.cfg == cfg
-    assert cfg.get("PERSISTENT", False) == (d == 128 and not causal)  # the last case covers the persistent plan
+    # (128, True, 2048) and the last case cover the persistent plans (causal: pairs of Q blocks)
+    assert cfg.get("PERSISTENT", False) == (d == 128)
     params = plan.kernel.params
     n_runtime = 5 + len(plan.ints) + 1
     assert [p.is_constexpr for p in params] == [False] * n_runtime + [True] * len(plan.tail)

@@ -656,23 +656,40 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int | None 
       program per SM over the tiles; each Q slice is reloaded for the next tile as soon as its last
       S matmul retires). Fifteenth session, run 5 (fp16, same run): 577 TFLOP/s at N = 1k against
       539 for one program per tile (cuDNN 581); level at 2k / 4k (586 / 596 against 584 / 597),
-      3% slower at 16k (610 against 629). Causal calls lose with it at every N measured (348
-      against 382 at 1k, 426 against 603 at 16k): its tiles go to programs round robin, and
-      causal tiles differ in length, so the programs finish unevenly. At D = 64 (three consumers)
-      it measured within ±3% of the defaults, so it is not used there.
+      3% slower at 16k (610 against 629). Causal calls lost with it at every N measured (348
+      against 382 at 1k, 426 against 603 at 16k) while its tiles went to programs round robin:
+      causal tiles differ in length, so the programs finished unevenly (see the pairs below). At
+      D = 64 (three consumers, non-causal) it measured within ±3% of the defaults, so it is not
+      used there.
+
+    * Causal, D = 128 with Sq <= 4k and D = 64 with 2k <= Sq < 8k, when the 128-row Q blocks are
+      even in number: the persistent mode, with each program taking pairs of Q blocks
+      (n_m - 1 - j, j) of one head, which see n_m + 1 key blocks together whatever j, so that a
+      static round robin stays balanced (``_persistent_tile``). Seventeenth session, run 2
+      (``gluon_check.py``, fp16 / bf16, TFLOP/s against one program per tile): D = 128 418 / 431
+      against 381 / 387 at 1k, 504 / 524 against 470 / 477 at 2k, 531 / 586 against 522 / 555 at
+      4k; at 8k 588 / 590 against 564 / 602 and at 16k 604 / 615 against 610 / 634, so longer
+      calls keep one program per tile. D = 64 (fp16, 3-slot ring): 370 against 345 at 2k, 409
+      against 382 at 4k; 427 against 449 (three consumers) at 8k; 302 against 315 at 1k.
 
     The LOOKAHEAD schedule (Q·K_{j+1}ᵀ issued before the softmax of block j) measured 2-20% slower
     at every tile it was tried with, so it is off (docs/perf-notes.md §14). ``seqlen_k`` (when
     given) keeps a key length that is not a multiple of the three-consumer kernel's 128-key
     blocks on the kernels that take it."""
+    # causal, persistent: programs take pairs of Q blocks, so the 128-row blocks must be even in number
+    paired = causal and seqlen_q % 256 == 0
     if head_dim > 64:
         cfg = dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=4, WS=True)
         if not causal and (seqlen_k or seqlen_q) <= 1024:
             cfg["PERSISTENT"] = True  # short tiles: the next tile's loads hide under this one's tail
+        if paired and seqlen_q <= 4096:
+            cfg["PERSISTENT"] = True  # pairs of Q blocks of equal work: no launch or prologue per tile
         return cfg
     # three consumers need 128-key blocks: a Sk that is a multiple of 64 only keeps the kernels below
     if seqlen_q >= (8192 if causal else 2048) and (seqlen_k is None or seqlen_k % 128 == 0):
         return dict(BLOCK_M=192, BLOCK_N=128, STAGES=2, num_warps=4, WS=True, CONSUMERS=3, CONSUMER_REGS=160)
+    if paired and seqlen_q >= 2048 and (seqlen_k is None or seqlen_k % 128 == 0):
+        return dict(BLOCK_M=128, BLOCK_N=128, STAGES=3, num_warps=4, WS=True, PERSISTENT=True)
     if causal and seqlen_q >= 4096:
         return dict(BLOCK_M=128, BLOCK_N=128, STAGES=3, num_warps=4, WS=True)
     if causal and seqlen_q <= 1024:
