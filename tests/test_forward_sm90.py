@@ -73,10 +73,11 @@ def test_gluon_kernels_compile_for_sm90(dtype):
     assert len([ln for ln in lines if ln.startswith("ok") and " gluon D=" in ln]) == 16
     # D = 64 from 2k (8k causal) runs three consumer warpgroups
     assert len([ln for ln in lines if ln.startswith("ok") and " gluon D=64" in ln and "'CONSUMERS': 3" in ln]) == 4
-    # the persistent mode: D = 128 non-causal at 1k; causal (pairs of Q blocks) D = 64 at 2k-4k, D = 128 at 1k-4k
+    # the persistent mode: D = 64 and 128 non-causal at 1k; causal (pairs of Q blocks) D = 64 at 2k-4k,
+    # D = 128 at 1k-4k
     assert sorted(" ".join(ln.split(" gluon ")[1].split()[:3]) for ln in lines
                   if ln.startswith("ok") and "'PERSISTENT': True" in ln) == sorted(
-        ["D=128 causal=False N=1024"] + [f"D=64 causal=True N={n}" for n in (2048, 4096)]
+        [f"D={d} causal=False N=1024" for d in (64, 128)] + [f"D=64 causal=True N={n}" for n in (2048, 4096)]
         + [f"D=128 causal=True N={n}" for n in (1024, 2048, 4096)]), lines
     assert len([ln for ln in lines if ln.startswith("ok") and "gluon-bwd" in ln]) == 16
     assert len([ln for ln in lines if ln.startswith("ok") and "gluon-bwd" in ln and "'WS': True" in ln]) == 4
@@ -100,7 +101,9 @@ def test_persistent_rule():
     assert [persistent(64, True, n) for n in (1024, 2048, 4096, 6144, 8192, 16384)] == \
         [False, True, True, True, False, False]
     assert not persistent(64, True, 2176) and not persistent(64, True, 2048, 2112)  # odd blocks; 64-key multiple
-    assert not any(persistent(64, False, n) for n in (1024, 2048, 16384))
+    # D = 64 non-causal: up to 1024 keys, a multiple of the 128-key blocks
+    assert [persistent(64, False, n) for n in (128, 512, 1024, 2048, 16384)] == [True] * 3 + [False] * 2
+    assert not persistent(64, False, 1024, 2048) and not persistent(64, False, 960)
     for d, n in ((128, 1024), (64, 4096)):  # a paired config always has an even number of Q blocks
         cfg = g90.config_for(d, True, n)
         assert n // cfg["BLOCK_M"] % 2 == 0 and cfg.get("CONSUMERS", 2) == 2
@@ -108,11 +111,12 @@ def test_persistent_rule():
 
 def test_three_consumer_rule():
     """D = 64 takes the three-consumer kernel (192-row Q blocks) from N = 2k, causal from 8k; short
-    calls and D = 128 keep two consumers (the thresholds come from the H200 sweep in config_for)."""
+    calls (two consumers, persistent, at 1k non-causal) and D = 128 keep two consumers (the
+    thresholds come from the H200 sweeps in config_for)."""
     def consumers(d, causal, n):
         cfg = g90.config_for(d, causal, n)
         return cfg.get("CONSUMERS", 2) if cfg.get("WS") else 0
-    assert [consumers(64, False, n) for n in (1024, 2048, 4096, 16384)] == [0, 3, 3, 3]
+    assert [consumers(64, False, n) for n in (1024, 2048, 4096, 16384)] == [2, 3, 3, 3]
     assert [consumers(64, True, n) for n in (1024, 4096, 8192, 16384)] == [0, 2, 3, 3]
     assert {consumers(128, c, n) for c in (False, True) for n in (1024, 4096, 16384)} == {2}
     # a key length that is a multiple of 64 but not of 128 keeps the 64-key-block kernel
@@ -121,7 +125,7 @@ def test_three_consumer_rule():
     cfg = g90.config_for(64, False, 4096)
     assert cfg["BLOCK_M"] == 192 and g90.q_block_rows(cfg) == 64
     assert g90.q_block_rows(g90.config_for(128, False, 4096)) == 64
-    assert g90.q_block_rows(g90.config_for(64, False, 1024)) == 128  # one-partition kernel: whole block
+    assert g90.q_block_rows(g90.config_for(64, False, 1152)) == 128  # one-partition kernel: whole block
 
 
 @pytest.mark.parametrize("num_c", [2, 3])

@@ -671,6 +671,9 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int | None 
       4k; at 8k 588 / 590 against 564 / 602 and at 16k 604 / 615 against 610 / 634, so longer
       calls keep one program per tile. D = 64 (fp16, 3-slot ring): 370 against 345 at 2k, 409
       against 382 at 4k; 427 against 449 (three consumers) at 8k; 302 against 315 at 1k.
+    * D = 64, non-causal, Sk <= 1024 (a multiple of 128): the persistent two-consumer kernel
+      (2-slot ring). Seventeenth session, run 4 (fp16 / bf16, N = 1k): 426 / 432 TFLOP/s against
+      406 / 407 for the 8-warp kernel (cuDNN 421 / 429); 411 / 413 with three consumers.
 
     The LOOKAHEAD schedule (Q·K_{j+1}ᵀ issued before the softmax of block j) measured 2-20% slower
     at every tile it was tried with, so it is off (docs/perf-notes.md §14). ``seqlen_k`` (when
@@ -688,6 +691,8 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int | None 
     # three consumers need 128-key blocks: a Sk that is a multiple of 64 only keeps the kernels below
     if seqlen_q >= (8192 if causal else 2048) and (seqlen_k is None or seqlen_k % 128 == 0):
         return dict(BLOCK_M=192, BLOCK_N=128, STAGES=2, num_warps=4, WS=True, CONSUMERS=3, CONSUMER_REGS=160)
+    if not causal and (seqlen_k or seqlen_q) <= 1024 and (seqlen_k or seqlen_q) % 128 == 0:
+        return dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=4, WS=True, PERSISTENT=True)
     if paired and seqlen_q >= 2048 and (seqlen_k is None or seqlen_k % 128 == 0):
         return dict(BLOCK_M=128, BLOCK_N=128, STAGES=3, num_warps=4, WS=True, PERSISTENT=True)
     if causal and seqlen_q >= 4096:
