@@ -88,10 +88,11 @@ def test_gluon_kernels_compile_for_sm90(dtype):
 
 
 def test_persistent_rule():
-    """The persistent mode (config_for): D = 128 non-causal calls with at most 1024 keys (the
-    fifteenth session's sweep); causal calls whose 128-row Q blocks are even in number, at D = 128
-    up to Sq = 4k and at D = 64 from 2k to below 8k (the seventeenth session's, with pairs of Q
-    blocks per program); nothing else."""
+    """The persistent mode (config_for): non-causal calls with at most 1024 keys (D = 128: the
+    fifteenth session's sweep; D = 64, keys a multiple of 128: the seventeenth's); causal calls
+    whose 128-row Q blocks are even in number, at D = 128 up to 4k rows and keys and at D = 64
+    from 2k to below 8k (the seventeenth session's, with pairs of Q blocks per program); nothing
+    else. Whatever the lengths, a causal persistent config has 128-row Q blocks, even in number."""
     def persistent(d, causal, sq, sk=None):
         return g90.config_for(d, causal, sq, sk).get("PERSISTENT", False)
     assert [persistent(128, False, n) for n in (128, 512, 1024, 2048, 4096, 16384)] == [True] * 3 + [False] * 3
@@ -104,9 +105,19 @@ def test_persistent_rule():
     # D = 64 non-causal: up to 1024 keys, a multiple of the 128-key blocks
     assert [persistent(64, False, n) for n in (128, 512, 1024, 2048, 16384)] == [True] * 3 + [False] * 2
     assert not persistent(64, False, 1024, 2048) and not persistent(64, False, 960)
-    for d, n in ((128, 1024), (64, 4096)):  # a paired config always has an even number of Q blocks
-        cfg = g90.config_for(d, True, n)
-        assert n // cfg["BLOCK_M"] % 2 == 0 and cfg.get("CONSUMERS", 2) == 2
+    # long key ranges (a chunked prefill: Sk >> Sq) keep one program per tile
+    assert not persistent(128, True, 1024, 16384) and not persistent(64, True, 2048, 8192)
+    assert persistent(128, True, 1024, 4096) and persistent(64, True, 2048, 4096)
+    n_paired = 0
+    for d in (64, 128):
+        for sq in range(64, 20 * 1024 + 1, 64):
+            for sk in {sq, sq + 64, sq + 128, 2 * sq, 16384}:
+                cfg = g90.config_for(d, True, sq, sk)
+                if cfg.get("PERSISTENT"):
+                    n_paired += 1
+                    assert cfg["BLOCK_M"] == 128 and cfg.get("CONSUMERS", 2) == 2, (d, sq, sk)
+                    assert sq % 128 == 0 and sq // 128 % 2 == 0, (d, sq, sk)
+    assert n_paired > 50
 
 
 def test_three_consumer_rule():
@@ -192,7 +203,7 @@ def _cpu_plan(monkeypatch, b=2, sq=256, sk=256, h=4, hk=2, d=64, causal=False):
 
 @pytest.mark.skipif(not g90.HAVE_GLUON, reason="this triton has no Gluon")
 @pytest.mark.parametrize("d,causal,sq", [(64, False, 1024), (64, False, 4096), (64, True, 1024), (128, True, 2048),
-                                         (128, False, 896)])
+                                         (128, False, 896), (64, False, 896)])
 def test_plan_matches_the_kernel_signature(monkeypatch, d, causal, sq):
     """The cached launch plan (host time, perf-notes §24) feeds the compiled kernel's launcher
     positionally: its runtime arguments must be exactly the kernel's non-constexpr parameters, in
@@ -203,8 +214,8 @@ def test_plan_matches_the_kernel_signature(monkeypatch, d, causal, sq):
     plan = g90.plan_for(q, k, v, out, lse, 0.125, causal, sk - sq, _flags(HAS_RIGHT=causal), False, None)
     cfg = g90.config_for(d, causal, sq, sk)
     assert plan is not None and plan.cfg == cfg
-    # (128, True, 2048) and the last case cover the persistent plans (causal: pairs of Q blocks)
-    assert cfg.get("PERSISTENT", False) == (d == 128)
+    # the persistent plans: D = 128 causal (pairs of Q blocks), D = 128 and D = 64 non-causal (Sk = 1024)
+    assert cfg.get("PERSISTENT", False) == ((d, causal, sq) in ((128, True, 2048), (128, False, 896), (64, False, 896)))
     params = plan.kernel.params
     n_runtime = 5 + len(plan.ints) + 1
     assert [p.is_constexpr for p in params] == [False] * n_runtime + [True] * len(plan.tail)
@@ -231,6 +242,23 @@ def test_plan_matches_the_kernel_signature(monkeypatch, d, causal, sq):
             {n: x for n, x in vars(want).items() if n != "base"}
     assert all(t.base is None for t in plan.templates)  # a cached plan holds no tensor
     assert len(plan.grid) == 3  # CompiledKernel[grid] indexes all three
+
+
+@pytest.mark.skipif(not g90.HAVE_GLUON, reason="this triton has no Gluon")
+def test_causal_persistent_plan_grid_and_odd_blocks(monkeypatch):
+    """A causal persistent plan launches one program per pair of Q blocks, at most one per SM;
+    an odd number of Q blocks is refused with a ValueError before anything is launched."""
+    monkeypatch.setattr(g90, "_sm_count", lambda device: 132)
+    cfg = dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=4, WS=True, PERSISTENT=True)
+    for b, h, sq, programs in ((2, 4, 1024, 2 * 4 * 8 // 2), (16, 16, 1024, 132)):
+        q, k, v = (torch.empty(b, sq, h, 128, dtype=torch.float16) for _ in range(3))
+        plan = g90._Plan(q, k, v, torch.empty_like(q), torch.empty(b, h, sq), True, cfg)
+        assert plan.grid == (programs, 1, 1)
+        plan = g90._Plan(q, k, v, torch.empty_like(q), torch.empty(b, h, sq), False, cfg)  # non-causal: tiles
+        assert plan.grid == (min(b * h * sq // 128, 132), 1, 1)
+    q, k, v = (torch.empty(2, 384, 4, 128, dtype=torch.float16) for _ in range(3))  # 3 Q blocks
+    with pytest.raises(ValueError, match="even number of Q blocks, got 3"):
+        g90._Plan(q, k, v, torch.empty_like(q), torch.empty(2, 4, 384), True, cfg)
 
 
 @pytest.mark.skipif(not g90.HAVE_GLUON, reason="this triton has no Gluon")

@@ -21,9 +21,11 @@ Q block and take turns issuing their matmuls (an mbarrier pair passes the turn),
 consumer's softmax runs while the other's matmuls occupy the tensor cores. At D = 64 from N = 2k
 (causal: 8k) three consumers share each K/V block (192-row Q blocks, turns round robin), as FA3
 does at that head dim: per score, D = 64 needs as many MUFU cycles as tensor-core cycles, so more
-rows per K/V load and a third warpgroup's softmax to overlap pay off there. For D = 128 non-causal
-calls with at most 1024 keys the same kernel runs persistent (``PERSISTENT``: one program per SM
-over the tiles, the next tile's loads under the current tile's tail; see ``config_for``).
+rows per K/V load and a third warpgroup's softmax to overlap pay off there. Short calls run the
+same kernel persistent (``PERSISTENT``: one program per SM over the tiles, the next tile's loads
+under the current tile's tail): non-causal ones with at most 1024 keys, and causal ones up to
+4k (D = 128) or 2k-8k (D = 64) rows and keys, whose programs then take pairs of Q blocks of equal
+total work; see ``config_for``.
 
 The host side is a launch plan per call layout (:func:`plan_for`, :class:`_Plan`): routing checks,
 2-D views, validated descriptors and, after the first launch, the compiled kernel's launcher are
@@ -144,8 +146,9 @@ if HAVE_GLUON:
         consecutive (concurrent programs share that head's K/V in L2). Causal (an even number
         n_m of Q blocks; the host checks): the program's (k // 2)-th pair, pair
         program_id + (k // 2)·num_programs; pair j of a batch·head is its Q blocks n_m - 1 - j
-        (first) and j, which together see n_m + 1 key blocks whatever j, so every pair costs the
-        same and a static round robin stays balanced."""
+        (first) and j, which together see the same number of key blocks whatever j (n_m + 1 with
+        BLOCK_M = BLOCK_N and Sq = Sk, which config_for's pairs have; a shift that is a multiple
+        of BLOCK_N adds the same to every pair), so a static round robin stays balanced."""
         (nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, batch_heads) = geometry
         n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
         if CAUSAL:
@@ -577,10 +580,10 @@ if HAVE_GLUON:
         own the Q block's SUB_M = BLOCK_M / NUM_C row slices (the q_desc/o_desc blocks) and take
         turns at the tensor cores, round robin; a 1-warp producer streams Q and the K/V ring.
         NUM_C = 3 is FA3's D = 64 shape (192-row Q blocks): each K/V byte serves 1.5x the rows.
-        PERSISTENT: a 1-D grid of at most one program per SM, each working through the tiles
-        (Q block, batch·head) program_id, + num_programs, ... (all ``batch_heads`` of them), so
-        that a tile's K/V loads overlap the previous tile's epilogue and no program is launched
-        per tile."""
+        PERSISTENT: a 1-D grid of at most one program per SM, each working through its share of
+        the tiles (Q block, batch·head) as _persistent_tile deals them (non-causal: round robin;
+        causal: pairs of Q blocks of one head, round robin over the pairs), so that a tile's K/V
+        loads overlap the previous tile's epilogue and no program is launched per tile."""
         SUB_M: gl.constexpr = BLOCK_M // NUM_C
         if not PERSISTENT:
             off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift = _q_block_coords(
@@ -647,10 +650,12 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int | None 
       but 384 against 385 at 4k. At N = 1k the partial last Q block (1024 = 5⅓ · 192) costs more
       than the sharing gains (389 against 402), so short calls keep the kernels below.
     * D = 64, causal, 4k <= N < 8k: the two-consumer ping-pong kernel with a 3-slot ring (377 / 429
-      against 364 / 396).
+      against 364 / 396); persistent since the seventeenth session where the pair rule below
+      applies.
     * D = 64 otherwise: the single-partition kernel, 8 warps on 128-row blocks, 64-key blocks, a
       4-slot ring (non-causal 399 / 411 / 425 / 425, where the ping-pong kernel gave 350 / 384 /
-      406 / 419); causal with Sq <= 1024: 64-row blocks on 4 warps (312-319 against 253).
+      406 / 419; at Sk <= 1024 replaced by the persistent kernel below); causal with Sq <= 1024:
+      64-row blocks on 4 warps (312-319 against 253).
 
     * D = 128, non-causal, Sk <= 1024: the same kernel in its persistent mode (``PERSISTENT``: one
       program per SM over the tiles; each Q slice is reloaded for the next tile as soon as its last
@@ -659,13 +664,15 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int | None 
       3% slower at 16k (610 against 629). Causal calls lost with it at every N measured (348
       against 382 at 1k, 426 against 603 at 16k) while its tiles went to programs round robin:
       causal tiles differ in length, so the programs finished unevenly (see the pairs below). At
-      D = 64 (three consumers, non-causal) it measured within ±3% of the defaults, so it is not
-      used there.
+      D = 64 with three consumers (non-causal, N >= 2k) it measured within ±3% of the defaults,
+      so it is not used there.
 
-    * Causal, D = 128 with Sq <= 4k and D = 64 with 2k <= Sq < 8k, when the 128-row Q blocks are
-      even in number: the persistent mode, with each program taking pairs of Q blocks
-      (n_m - 1 - j, j) of one head, which see n_m + 1 key blocks together whatever j, so that a
-      static round robin stays balanced (``_persistent_tile``). Seventeenth session, run 2
+    * Causal, D = 128 with Sq, Sk <= 4k and D = 64 with 2k <= Sq and Sk < 8k (Sk a multiple of
+      128), when the 128-row Q blocks are even in number: the persistent mode, with each program
+      taking pairs of Q blocks (n_m - 1 - j, j) of one head, which together see the same number
+      of key blocks whatever j (n_m + 1 when Sq = Sk; with Sk > Sq the shift adds the same to
+      both), so that a static round robin stays balanced (``_persistent_tile``). Sk is bounded
+      too: tiles as long as a 16k call's lost with it (below). Seventeenth session, run 2
       (``gluon_check.py``, fp16 / bf16, TFLOP/s against one program per tile): D = 128 418 / 431
       against 381 / 387 at 1k, 504 / 524 against 470 / 477 at 2k, 531 / 586 against 522 / 555 at
       4k; at 8k 588 / 590 against 564 / 602 and at 16k 604 / 615 against 610 / 634, so longer
@@ -681,19 +688,20 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int | None 
     blocks on the kernels that take it."""
     # causal, persistent: programs take pairs of Q blocks, so the 128-row blocks must be even in number
     paired = causal and seqlen_q % 256 == 0
+    keys = seqlen_k or seqlen_q
     if head_dim > 64:
         cfg = dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=4, WS=True)
-        if not causal and (seqlen_k or seqlen_q) <= 1024:
+        if not causal and keys <= 1024:
             cfg["PERSISTENT"] = True  # short tiles: the next tile's loads hide under this one's tail
-        if paired and seqlen_q <= 4096:
+        if paired and keys <= 4096:
             cfg["PERSISTENT"] = True  # pairs of Q blocks of equal work: no launch or prologue per tile
         return cfg
     # three consumers need 128-key blocks: a Sk that is a multiple of 64 only keeps the kernels below
     if seqlen_q >= (8192 if causal else 2048) and (seqlen_k is None or seqlen_k % 128 == 0):
         return dict(BLOCK_M=192, BLOCK_N=128, STAGES=2, num_warps=4, WS=True, CONSUMERS=3, CONSUMER_REGS=160)
-    if not causal and (seqlen_k or seqlen_q) <= 1024 and (seqlen_k or seqlen_q) % 128 == 0:
+    if not causal and keys <= 1024 and keys % 128 == 0:
         return dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=4, WS=True, PERSISTENT=True)
-    if paired and seqlen_q >= 2048 and (seqlen_k is None or seqlen_k % 128 == 0):
+    if paired and seqlen_q >= 2048 and keys < 8192 and keys % 128 == 0:
         return dict(BLOCK_M=128, BLOCK_N=128, STAGES=3, num_warps=4, WS=True, PERSISTENT=True)
     if causal and seqlen_q >= 4096:
         return dict(BLOCK_M=128, BLOCK_N=128, STAGES=3, num_warps=4, WS=True)
