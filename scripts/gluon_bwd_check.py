@@ -77,7 +77,8 @@ def main():
                     "(fused: dQ inside the kernel by ordered atomic adds; nd: "
                     "unordered; nocarry: dK waited every block, CARRY_DK=False; ws: the warp-specialized dK/dV "
                     "kernel, a producer warp and two consumer warpgroups; pp: with ws, the two consumers take turns at "
-                    "issuing their matmuls, PINGPONG=True)")
+                    "issuing their matmuls, PINGPONG=True; ph: with ws, the dK/dV grid with a head's K blocks together, "
+                    "PER_HEAD=True), or default[/ph] for config_for's tiles")
     ap.add_argument("--nondet", action="store_true", help="also time the fused mode, ordered and unordered")
     ap.add_argument("--triton-dq", action="store_true", help="also time (and check) the whole backward with the "
                     "Gluon dK/dV kernel and the Triton dQ kernel (TILEFLASH_GLUON_DQ=0), printed as gluon+tdq: the "
@@ -150,10 +151,14 @@ def main():
                             print(f"  D={d} causal={int(causal)} N={n} gluon dQ {spec}: FAILED {repr(e)[:300]}",
                                   flush=True)
                         continue
-                    bm, bn, st, w = (int(x) for x in parts[:4])
-                    cfg = dict(BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=w,
-                               WITH_DQ="fused" in parts[4:] or "nd" in parts[4:], CARRY_DK="nocarry" not in parts[4:],
-                               WS="ws" in parts[4:], PINGPONG="pp" in parts[4:])
+                    if parts[0] == "default":  # config_for's tiles, PER_HEAD with /ph
+                        cfg = dict(GB.config_for(d, causal, n), PER_HEAD="ph" in parts[1:])
+                    else:
+                        bm, bn, st, w = (int(x) for x in parts[:4])
+                        cfg = dict(BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=w,
+                                   WITH_DQ="fused" in parts[4:] or "nd" in parts[4:],
+                                   CARRY_DK="nocarry" not in parts[4:], WS="ws" in parts[4:],
+                                   PINGPONG="pp" in parts[4:], PER_HEAD="ph" in parts[4:])
                     detm = "nd" not in parts[4:]
                     try:
                         bufs = [torch.full_like(x, float("nan")) for x in (q, k, v)]

@@ -184,7 +184,7 @@ def test_bwd_launches_match_the_kernel_signatures(d, causal):
                               nheads_k=2, kv_group=2, seqlen_q=256, seqlen_k=384),
                          dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"],
                               CARRY_DK=cfg["CARRY_DK"], WITH_DQ=False, DETERMINISTIC=True, CONSUMER_REGS=240,
-                              PINGPONG=False, DQ_MODE=0))}
+                              PINGPONG=False, DQ_MODE=0, PER_HEAD=cfg.get("PER_HEAD", False)))}
     dq_launch = gb._dq_launch(do, q, k, v, lse, dq, causal, dqcfg)
     launches["dq"] = (dq_launch, ["LSE", "DELTA", "DQ"],
                       dict(stride_dqb=dq.stride(0), stride_dqm=dq.stride(1), stride_dqh=dq.stride(2), nheads=4,
@@ -207,7 +207,19 @@ def test_bwd_launches_match_the_kernel_signatures(d, causal):
         assert {n: tail[n] for n in tail_want} == tail_want and tail["HEAD_DIM"] == d and tail["CAUSAL"] == causal
         assert all(t.base is None for t in launch.templates), name  # a cached launch holds no tensor
         assert len(launch.grid) == 3, name
-    assert dkdv.grid == (2 * 2, 384 // cfg["BLOCK_N"], 1) and launches["dq"][0].grid == (256 // 128, 2 * 4, 1)
+    if cfg.get("PER_HEAD", False):  # 1-D: batch·kv heads · K/V blocks
+        assert dkdv.grid == (2 * 2 * (384 // cfg["BLOCK_N"]), 1, 1)
+    else:
+        assert dkdv.grid == (2 * 2, 384 // cfg["BLOCK_N"], 1)
+    assert launches["dq"][0].grid == (256 // 128, 2 * 4, 1)
+    # the other launch order: the same arguments, a 1-D grid (or the 2-D one), PER_HEAD in the tail
+    other = dict(cfg, PER_HEAD=not cfg.get("PER_HEAD", False))
+    flip = gb._dkdv_launch(do, q, k, v, lse, dk, dv, causal, other, True)
+    assert flip.ints == dkdv.ints
+    dkdv_consts = [p.name for p in dkdv.kernel.params if p.is_constexpr]
+    assert dict(zip(dkdv_consts, flip.tail))["PER_HEAD"] == other["PER_HEAD"]
+    want_grid = (2 * 2 * (384 // cfg["BLOCK_N"]), 1, 1) if other["PER_HEAD"] else (2 * 2, 384 // cfg["BLOCK_N"], 1)
+    assert flip.grid == want_grid
     # rebased descriptors equal freshly validated ones (K/V in the WS kernel's 64-key halves)
     fresh = [gb._f90._desc(t, t.shape[1], t.shape[2], r)[0]
              for t, r in ((q, cfg["BLOCK_M"]), (k, cfg["BLOCK_N"] // 2), (v, cfg["BLOCK_N"] // 2), (do, cfg["BLOCK_M"]))]
@@ -532,8 +544,9 @@ def test_ws_fused_mode_through_the_public_api(causal, monkeypatch, gluon_bwd_cal
 def test_ws_kernel_equals_the_eight_warp_kernel(case, d, causal):
     """The warp-specialized dK/dV kernel (the default) and the 8-warp one, each with dK carried in
     flight across blocks or waited every block (CARRY_DK), and the WS kernel with turns
-    (PINGPONG), do the same arithmetic per element in the same order: all five give the same dK
-    and dV bits, and none leaves a NaN of the poisoned buffers."""
+    (PINGPONG), and the WS kernel in the other launch order (PER_HEAD) do the same arithmetic per
+    element in the same order: all six give the same dK and dV bits, and none leaves a NaN of the
+    poisoned buffers."""
     b, sq, sk, h, hk = case
     q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=sq + 3 * d)
     do = torch.randn_like(q)
@@ -544,7 +557,8 @@ def test_ws_kernel_equals_the_eight_warp_kernel(case, d, causal):
     for a in ws[1:]:
         assert not torch.isnan(a).any()
     others = [dict(base, WS=False, CARRY_DK=True), dict(base, WS=False, CARRY_DK=False),
-              dict(base, CARRY_DK=not base["CARRY_DK"]), dict(base, PINGPONG=True)]
+              dict(base, CARRY_DK=not base["CARRY_DK"]), dict(base, PINGPONG=True),
+              dict(base, PER_HEAD=not base.get("PER_HEAD", False))]
     for cfg in others:
         res, _ = _direct(q, k, v, do, causal, cfg)
         assert res is not None

@@ -146,12 +146,21 @@ if _f90.HAVE_GLUON:
         gl.atomic_add(sem_ptr, 1, sem="release")
 
     @gluon.jit
-    def _kv_block_coords(nheads_k, seqlen_q, seqlen_k, kv_rb, kv_rh, kv_ch, BLOCK_N: gl.constexpr):
-        """Which (batch, kv head, K/V block) a dK/dV program owns (grid: batch·kv heads x K/V
-        blocks) and where its K/V tile starts in the 2-D views:
-        (off_b, off_hk, start_n, shift, kv_row, kv_col)."""
-        pid_bhk = gl.program_id(0)
-        pid_n = gl.program_id(1)
+    def _kv_block_coords(nheads_k, seqlen_q, seqlen_k, kv_rb, kv_rh, kv_ch, BLOCK_N: gl.constexpr,
+                         PER_HEAD: gl.constexpr = False):
+        """Which (batch, kv head, K/V block) a dK/dV program owns and where its K/V tile starts in
+        the 2-D views: (off_b, off_hk, start_n, shift, kv_row, kv_col).
+        Grid (batch·kv heads, K/V blocks): heads fastest, so block n of every head is launched before
+        block n + 1 (the order the ordered dQ adds of the fused mode wait in).
+        PER_HEAD: a 1-D grid of batch·kv heads · K/V blocks, K/V blocks fastest, so the programs of
+        one head run together and share its Q/dO in L2 (block 0, the longest when causal, first)."""
+        if PER_HEAD:
+            n_blocks = seqlen_k // BLOCK_N
+            pid_bhk = gl.program_id(0) // n_blocks
+            pid_n = gl.program_id(0) % n_blocks
+        else:
+            pid_bhk = gl.program_id(0)
+            pid_n = gl.program_id(1)
         off_b = pid_bhk // nheads_k
         off_hk = pid_bhk % nheads_k
         start_n = pid_n * BLOCK_N
@@ -502,14 +511,17 @@ if _f90.HAVE_GLUON:
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, CARRY_DK: gl.constexpr = True,
         PINGPONG: gl.constexpr = False, WITH_DQ: gl.constexpr = False, DETERMINISTIC: gl.constexpr = True,
-        DQ_MODE: gl.constexpr = 0,
+        DQ_MODE: gl.constexpr = 0, PER_HEAD: gl.constexpr = False,
     ):
         """One program per (batch·kv head, K/V block) as _attn_bwd_sm90; k_desc/v_desc blocks are
         the BLOCK_N // 2-key halves. WITH_DQ: also dQ, summed into the fp32 buffer behind dq_desc
-        (see _bwd_ws_consumer); otherwise dq_desc and SEM are unused."""
+        (see _bwd_ws_consumer); otherwise dq_desc and SEM are unused. PER_HEAD: the launch order of
+        _kv_block_coords with a head's K/V blocks together (not with WITH_DQ, whose ordered adds
+        need the heads-fastest order)."""
         HALF_N: gl.constexpr = BLOCK_N // 2
+        gl.static_assert(not (PER_HEAD and WITH_DQ), "the fused mode's ordered dQ adds need the heads-fastest grid")
         off_b, off_hk, start_n, shift, kv_row, kv_col = _kv_block_coords(nheads_k, seqlen_q, seqlen_k, kv_rb, kv_rh,
-                                                                         kv_ch, BLOCK_N)
+                                                                         kv_ch, BLOCK_N, PER_HEAD)
         n_m, lo, mask_end, per_head, total = _q_range(start_n, shift, seqlen_q, kv_group, BLOCK_M, BLOCK_N, CAUSAL)
 
         dtype: gl.constexpr = q_desc.dtype
@@ -875,9 +887,9 @@ def _dkdv_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic):
     constexprs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
                       CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True),
                       PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=False, DETERMINISTIC=deterministic,
-                      DQ_MODE=cfg.get("DQ_MODE", 0))
-    return _f90._Launch(_attn_bwd_sm90_ws, (batch * nheads_k, seqlen_k // bn), (q_desc, k_desc, v_desc, do_desc),
-                        6, ints, 2, constexprs)
+                      DQ_MODE=cfg.get("DQ_MODE", 0), PER_HEAD=cfg.get("PER_HEAD", False))
+    grid = (batch * nheads_k * (seqlen_k // bn),) if cfg.get("PER_HEAD", False) else (batch * nheads_k, seqlen_k // bn)
+    return _f90._Launch(_attn_bwd_sm90_ws, grid, (q_desc, k_desc, v_desc, do_desc), 6, ints, 2, constexprs)
 
 
 def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, deterministic):
