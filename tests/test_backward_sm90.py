@@ -76,6 +76,19 @@ def test_ws_fused_mode_refuses_pingpong():
         gb._launch(q, q, q, q, lse, lse, q, q, q, 0.125, False, cfg, True)
 
 
+def test_ws_fused_mode_refuses_the_per_head_order():
+    """The fused mode's ordered dQ adds wait for lower K/V blocks of every head, so they need the
+    heads-fastest grid: PER_HEAD with WITH_DQ is refused before any launch (a hang otherwise could
+    follow), and the fused config keeps the old order while the dK/dV-only default uses the new."""
+    q = torch.empty(1, 128, 2, 64, dtype=torch.float16)
+    lse = torch.empty(1, 2, 128)
+    for d, causal in ((64, False), (128, True)):
+        assert gb.config_for(d, causal, 4096)["PER_HEAD"] and not gb.fused_config_for(d, causal)["PER_HEAD"]
+    cfg = dict(gb.fused_config_for(64, False), PER_HEAD=True)
+    with pytest.raises(ValueError, match="needs PER_HEAD=False"):
+        gb._launch(q, q, q, q, lse, lse, q, q, q, 0.125, False, cfg, True)
+
+
 @pytest.mark.parametrize("fused", [False, True], ids=["default", "fused"])
 def test_fused_mode_is_opt_in(fused, monkeypatch):
     """TILEFLASH_GLUON_FUSED=1 routes the backward to one fused Gluon launch (WITH_DQ, no dQ

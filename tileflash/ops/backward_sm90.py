@@ -720,11 +720,18 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
       2 slots stay.
     * ``PINGPONG`` (WS only, off): the consumers take turns at issuing their matmuls, as the
       forward's ping-pong. Same bits; eighth session, run 7, D = 128: non-causal −1% to +3%,
-      causal 0 to −16% against no turns, so it is not used."""
+      causal 0 to −16% against no turns, so it is not used.
+    * ``PER_HEAD``: the grid launches a head's K/V blocks together (block 0 first), so that they
+      share its Q and dO in L2, instead of block n of every head before block n + 1. Eighteenth
+      session, run 1 (``scripts/bwd_order_ab.py``, fp16, the kernel alone, two alternated rounds):
+      1.3–16% faster in all 20 cells of the grid (D = 64 causal 4k 1.32 against 1.53 ms; D = 128
+      non-causal 1k 0.593 against 0.640 ms), the same bits. The fused mode keeps the old order
+      (:func:`backward` refuses it with PER_HEAD); the 8-warp kernel (``WS=False``) has only
+      the old one and ignores the flag."""
     wide = head_dim <= 64 and not causal  # 128-row Q blocks with dK carried: D = 64 non-causal only
     stages = 3 if head_dim > 64 and not causal else 2
     return dict(BLOCK_M=128 if wide else 64, BLOCK_N=128, STAGES=stages, num_warps=8, VEC=2, WITH_DQ=False, WS=True,
-                CARRY_DK=wide)
+                CARRY_DK=wide, PER_HEAD=True)
 
 
 def fused_config_for(head_dim: int, causal: bool) -> dict:
@@ -735,7 +742,7 @@ def fused_config_for(head_dim: int, causal: bool) -> dict:
     ``DQ_SPLIT``: dQ parts in column slices of head_dim / DQ_SPLIT, two of 64 at D = 128 (with one
     128-column slice ptxas serialized the wgmmas for want of registers, advisory C7512)."""
     return dict(config_for(head_dim, causal, 4096), STAGES=2, CARRY_DK=False, WITH_DQ=True,
-                DQ_SPLIT=2 if head_dim > 64 else 1)
+                DQ_SPLIT=2 if head_dim > 64 else 1, PER_HEAD=False)  # the ordered adds wait in the heads-fastest order
 
 
 def fused_enabled() -> bool:
@@ -905,6 +912,9 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
         return
     if with_dq and ws and cfg.get("PINGPONG", False):
         raise ValueError("the warp-specialized Gluon backward's fused mode (WITH_DQ) runs without PINGPONG")
+    if with_dq and ws and cfg.get("PER_HEAD", False):
+        raise ValueError("the warp-specialized Gluon backward's fused mode (WITH_DQ) needs PER_HEAD=False: its ordered "
+                         "dQ adds wait for lower K/V blocks, launched first only in the heads-fastest grid")
     q_desc, (q_rb, q_rh, q_ch) = _f90._desc(q, seqlen_q, nheads, bm)
     do_desc, _ = _f90._desc(dout, seqlen_q, nheads, bm)
     # the WS kernel loads K/V as the two 64-key halves of BLOCK_N

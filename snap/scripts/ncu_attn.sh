@@ -1,0 +1,30 @@
+#!/bin/bash
+# Nsight Compute on the H200: pipe utilizations, issue activity and warp stall reasons of the
+# attention kernels (Gluon forward, cuDNN, the backward), one profile per case (scripts/ncu_target.py).
+# Usage: OUT=dir bash scripts/ncu_attn.sh [case ...]   (cases below; default: all)
+# Writes $OUT/ncu-<case>.txt; prints the summary lines. Needs ncu (Nsight Compute) with counters.
+set -u
+export PYTHONPATH=${PYTHONPATH:-.}
+OUT=${OUT:-/tmp/ncu}; mkdir -p "$OUT"
+M='regex:^((sm__pipe_.*_cycles_active|sm__inst_executed_pipe_.*|sm__issue_active|smsp__issue_active)\.avg\.pct_of_peak_sustained_active|smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio)$'
+run() {  # name kernel-regex target-args...
+  local name=$1 kre=$2; shift 2
+  ncu --clock-control none -k "regex:$kre" --profile-from-start off \
+      --section SpeedOfLight --section WarpStateStats --section SchedulerStats --metrics "$M" \
+      python3 scripts/ncu_target.py "$@" > "$OUT/ncu-$name.txt" 2>&1
+  echo "== $name"; grep -E "^  [a-zA-Z_].*\\(|Duration|pct_of_peak|stalled|Issue Slots|No Eligible|Active Warps Per|Eligible Warps|Warp Cycles Per Issued" "$OUT/ncu-$name.txt" | sed 's/  */ /g' | head -60
+}
+CASES=${*:-"g64 g64ws c64 g128 c128 bwd128 cbwd128"}
+for c in $CASES; do case $c in
+  g64)    run g64 _attn_fwd gluon --d 64 --n 8192 ;;
+  g64ws)  run g64ws _attn_fwd gluon --d 64 --n 8192 --cfg '{"BLOCK_M":128,"BLOCK_N":128,"STAGES":3,"num_warps":4,"WS":true}' ;;
+  c64)    run c64 '.' cudnn --d 64 --n 8192 ;;
+  g128)   run g128 _attn_fwd gluon --d 128 --n 8192 ;;
+  c128)   run c128 '.' cudnn --d 128 --n 8192 ;;
+  bwd128) run bwd128 '_attn_bwd_sm90|_bwd_dq' bwd --d 128 --n 8192 ;;
+  cbwd128) run cbwd128 '.' cudnn-bwd --d 128 --n 8192 ;;
+  bwd64)  run bwd64 '_attn_bwd_sm90|_bwd_dq' bwd --d 64 --n 8192 ;;
+  # the fused backward (opt-in, perf-notes §22): one kernel, dQ by ordered TMA reductions
+  fbwd128) export TILEFLASH_GLUON_FUSED=1; run fbwd128 '_attn_bwd_sm90' bwd --d 128 --n 8192; unset TILEFLASH_GLUON_FUSED ;;
+  cbwd64) run cbwd64 '.' cudnn-bwd --d 64 --n 8192 ;;
+esac; done

@@ -1,0 +1,747 @@
+"""The Hopper Gluon backward (tileflash.ops.backward_sm90): routing rules on any machine,
+numerics and determinism on an sm90 GPU.
+
+As for the Gluon forward, every numerics test first asserts that the call really took the Gluon
+kernel (a counting wrapper), so that a routing change cannot turn it into a test of the Triton
+backward. Gradients are held to flash-attn's rule against an fp32 reference:
+max |grad - ref| <= 2 x max |eager same-dtype grad - ref| + atol.
+"""
+
+import pytest
+import torch
+import triton
+
+import tileflash
+from tileflash.ops import backward as bwd_mod
+from tileflash.ops import backward_sm90 as gb
+from tileflash.ops import forward as fwd_mod
+from tileflash.reference import attention_ref
+
+from conftest import HAS_CUDA, count_calls
+from test_forward import make_qkv, rounding_atol
+from test_forward_sm90 import _flags
+
+IS_SM90 = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
+needs_sm90 = pytest.mark.skipif(not (IS_SM90 and gb._f90.HAVE_GLUON), reason="needs a Hopper GPU and triton's Gluon")
+
+
+@pytest.fixture
+def gluon_bwd_calls(monkeypatch):
+    """Counts launches of the Gluon backward (switched on even if the environment turned it off)."""
+    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
+    return count_calls(monkeypatch, gb, "backward")
+
+
+def test_bwd_routing_rules_on_cpu_tensors():
+    q, k, v = (torch.empty(1, 256, 2, 64, dtype=torch.float16) for _ in range(3))
+    lse = torch.empty(1, 2, 256)
+    assert not gb.supported(q, q, k, v, q, lse, 0.125, False, 0, _flags(), False, None)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_dq_tiles_cover_every_routed_length(d, causal):
+    """Every length the dK/dV kernel takes (Sq a multiple of 128, Sk of its BLOCK_N) must also fit
+    the dQ kernel's tiles, or the default route would silently fall back to the Triton dQ kernel
+    there; and the dK/dV tiles must divide those lengths too."""
+    dkdv, dq = gb.config_for(d, causal, 4096), gb.dq_config_for(d, causal)
+    assert 128 % dkdv["BLOCK_M"] == 0
+    assert 128 % dq["BLOCK_M"] == 0 and dkdv["BLOCK_N"] % dq["BLOCK_N"] == 0
+    q = torch.empty(1, 384, 2, d, dtype=torch.float16)
+    k = torch.empty(1, 3 * dkdv["BLOCK_N"], 2, d, dtype=torch.float16)
+    assert gb.dq_supported(q, k, torch.empty_like(q), causal)
+
+
+def test_bwd_head_offsets_must_fit_int32():
+    """The kernel stores dK/dV at kv_head · head_stride in int32: buffers whose last head starts
+    at or past 2^31 elements are not routed (meta tensors: no memory needed)."""
+    small = torch.empty(1, 4096, 8, 128, device="meta")
+    assert gb._head_offsets_fit(small) and gb._head_offsets_fit(None)
+    head_major = torch.empty(1, 8, 2 ** 28, 128, device="meta").transpose(1, 2)  # head stride 2^35
+    assert not gb._head_offsets_fit(head_major)
+    edge = torch.empty(1, 2, 2 ** 24, 128, device="meta").transpose(1, 2)        # (2-1) · 2^31
+    assert not gb._head_offsets_fit(edge)
+    below = torch.empty(1, 2, 2 ** 24 - 1, 128, device="meta").transpose(1, 2)
+    assert gb._head_offsets_fit(below)
+
+
+def test_ws_fused_mode_refuses_pingpong():
+    """The warp-specialized kernel's fused mode (WITH_DQ) has no PINGPONG turns: asking for both is
+    an error, not a silently different schedule (raised before any launch, so CPU tensors do)."""
+    q = torch.empty(1, 128, 2, 64, dtype=torch.float16)
+    lse = torch.empty(1, 2, 128)
+    cfg = dict(gb.fused_config_for(64, False), PINGPONG=True)
+    assert cfg["WS"] and cfg["WITH_DQ"]
+    with pytest.raises(ValueError, match="without PINGPONG"):
+        gb._launch(q, q, q, q, lse, lse, q, q, q, 0.125, False, cfg, True)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["default", "fused"])
+def test_fused_mode_is_opt_in(fused, monkeypatch):
+    """TILEFLASH_GLUON_FUSED=1 routes the backward to one fused Gluon launch (WITH_DQ, no dQ
+    kernel); by default it is off (slower than the split kernels on the H200, perf-notes §22) and
+    the split route runs the dK/dV and the dQ kernel. CPU tensors, with the Gluon launchers
+    replaced by recorders (supported() forced true), so that only the routing runs."""
+    if fused:
+        monkeypatch.setenv("TILEFLASH_GLUON_FUSED", "1")
+    else:
+        monkeypatch.delenv("TILEFLASH_GLUON_FUSED", raising=False)
+    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
+    monkeypatch.setattr(gb, "enabled", lambda: True)
+    monkeypatch.setattr(gb, "supported", lambda *a, **kw: True)
+    launches = []
+
+    def fake_backward(dout, q, k, v, lse, delta, dq, dk, dv, scale, causal, cfg=None, deterministic=True):
+        launches.append(("dkdv", cfg))
+        return (dq if cfg and cfg.get("WITH_DQ") else None), dk, dv
+
+    def fake_dq(dout, q, k, v, lse, delta, dq, scale, causal, cfg=None):
+        launches.append(("dq", cfg))
+        return dq
+
+    monkeypatch.setattr(gb, "backward", fake_backward)
+    monkeypatch.setattr(gb, "backward_dq", fake_dq)
+    # no kernel runs: the delta kernel is replaced too (CPU tensors cannot reach a compiled kernel)
+    monkeypatch.setattr(bwd_mod, "_delta", lambda out, *a: torch.zeros(out.shape[0], out.shape[2], out.shape[1]))
+    q, k, v = make_qkv(1, 128, 128, 2, 2, 64, torch.float32, "cpu", seed=1)
+    do, out, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(1, 2, 128)
+    bwd_mod.flash_attn_backward(do, q, k, v, out, lse, 0.125, True)
+    if fused:
+        assert len(launches) == 1 and launches[0][0] == "dkdv"
+        cfg = launches[0][1]
+        assert cfg == gb.fused_config_for(64, True)
+        assert cfg["WS"] and cfg["WITH_DQ"] and not cfg["CARRY_DK"] and cfg["STAGES"] == 2
+    else:
+        assert [name for name, _ in launches] == ["dkdv", "dq"]
+        assert launches[0][1] is None  # backward() then takes config_for's split tiles
+
+
+@pytest.mark.skipif(not gb._f90.HAVE_GLUON, reason="this triton has no Gluon")
+def test_fused_mode_compiles_for_sm90():
+    """No GPU needed: the fused mode compiles for sm_90 with the installed triton, adds dQ with TMA
+    bulk reductions (one per consumer and column slice), and orders them (an acquire load before
+    and a release after) only when deterministic; DQ_MODE 1/2, the timing variants, add nothing."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    code = """
+import json, re, sys
+sys.path.insert(0, "scripts")
+from compile_check import compile_gluon_bwd
+from tileflash.ops import backward_sm90 as GB
+rows = {}
+for d, causal, det, mode in ((128, False, True, 0), (128, True, False, 0), (64, False, True, 0), (64, True, True, 0),
+                             (128, False, False, 1), (128, False, False, 2)):
+    ptx = compile_gluon_bwd(d, causal, dict(GB.fused_config_for(d, causal), DQ_MODE=mode), deterministic=det).asm["ptx"]
+    rows[f"{d} {int(causal)} {int(det)} {mode}"] = [ptx.count("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"),
+        len(re.findall(r"(?:atom|red)[.]global[.]gpu[.]release", ptx)), ptx.count("ld.global.gpu.acquire"),
+        ptx.count("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group")]
+print(json.dumps(rows))
+"""
+    env = {key: val for key, val in os.environ.items() if key != "TRITON_INTERPRET"}  # compile, not interpret
+    env["PYTHONPATH"] = str(root)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900,
+                         cwd=root)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = json.loads(res.stdout.strip().splitlines()[-1])
+    # [reductions, releases, acquires, plain TMA stores]: D=128 splits dQ into two 64-column slices
+    # two releases per consumer: the lazy one inside the loop (the previous block's adds) and the last
+    assert rows["128 0 1 0"][:3] == [4, 4, 2] and rows["128 1 0 0"][:3] == [4, 0, 0]
+    assert rows["64 0 1 0"][:3] == [2, 4, 2] and rows["64 1 1 0"][:3] == [2, 4, 2]
+    assert rows["128 0 0 1"][0] == 0 and rows["128 0 0 1"][3] == 4
+    assert rows["128 0 0 2"][0] == 0 and rows["128 0 0 2"][3] == 0
+
+
+def _cpu_bwd(b=2, sq=256, sk=384, h=4, hk=2, d=64):
+    q, do, out = (torch.empty(b, sq, h, d, dtype=torch.float16) for _ in range(3))
+    k, v = (torch.empty(b, sk, hk, d, dtype=torch.float16) for _ in range(2))
+    return do, q, k, v, out, torch.empty(b, h, sq)
+
+
+@pytest.mark.skipif(not gb._f90.HAVE_GLUON, reason="this triton has no Gluon")
+@pytest.mark.parametrize("d,causal", [(64, False), (64, True), (128, False), (128, True)])
+def test_bwd_launches_match_the_kernel_signatures(d, causal):
+    """The backward's cached launches (host time, perf-notes §25) feed the compiled kernels'
+    launchers positionally: descriptors, pointers, integers and scales must be exactly each
+    kernel's runtime parameters, in order and by name (Sq != Sk and a GQA group of 2, so that a
+    swap shows), and the tail its constexprs with the values of the config."""
+    do, q, _, _, out, lse = _cpu_bwd(d=d)
+    # K and V in (B, H, S, D) memory, Q in (B, S, H, D): the view offsets of the two differ
+    k, v = (torch.empty(2, 2, 384, d, dtype=torch.float16).transpose(1, 2) for _ in range(2))
+    dq = torch.empty_like(q)
+    dk, dv = (torch.empty(2, 384, 2, d, dtype=torch.float16) for _ in range(2))
+    cfg = gb.config_for(d, causal, q.shape[1])
+    views = dict(q_rb=256, q_rh=0, q_ch=d, kv_rb=2 * 384, kv_rh=384, kv_ch=0)
+    dkdv = gb._dkdv_launch(do, q, k, v, lse, dk, dv, causal, cfg, True)
+    dqcfg = gb.dq_config_for(d, causal)
+    launches = {"dkdv": (dkdv, ["LSE", "DELTA", "DK", "DV", "dq_desc", "SEM"],
+                         dict(stride_dkb=dk.stride(0), stride_dkn=dk.stride(1), stride_dkh=dk.stride(2),
+                              stride_dvb=dv.stride(0), stride_dvn=dv.stride(1), stride_dvh=dv.stride(2),
+                              nheads_k=2, kv_group=2, seqlen_q=256, seqlen_k=384),
+                         dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"],
+                              CARRY_DK=cfg["CARRY_DK"], WITH_DQ=False, DETERMINISTIC=True, CONSUMER_REGS=240,
+                              PINGPONG=False, DQ_MODE=0, PER_HEAD=cfg.get("PER_HEAD", False)))}
+    dq_launch = gb._dq_launch(do, q, k, v, lse, dq, causal, dqcfg)
+    launches["dq"] = (dq_launch, ["LSE", "DELTA", "DQ"],
+                      dict(stride_dqb=dq.stride(0), stride_dqm=dq.stride(1), stride_dqh=dq.stride(2), nheads=4,
+                           kv_group=2, seqlen_q=256, seqlen_k=384),
+                      dict(BLOCK_M=dqcfg["BLOCK_M"], BLOCK_N=dqcfg["BLOCK_N"], STAGES=dqcfg["STAGES"],
+                           CONSUMER_REGS=240))
+    for name, (launch, ptrs, ints_want, tail_want) in launches.items():
+        params = launch.kernel.params
+        names = [p.name for p in params]
+        n_runtime = 4 + len(ptrs) + len(launch.ints) + 2
+        assert names[:4] == ["q_desc", "k_desc", "v_desc", "do_desc"], name
+        assert names[4:4 + len(ptrs)] == ptrs, name
+        assert [p.is_constexpr for p in params] == [False] * n_runtime + [True] * len(launch.tail), name
+        assert names[n_runtime - 2:n_runtime] == ["qk_scale", "sm_scale"], name
+        ints = dict(zip(names[4 + len(ptrs):n_runtime - 2], launch.ints))
+        assert {n: ints[n] for n in ints_want} == ints_want, name
+        assert {n: ints[n] for n in views} == views, name
+        assert ints["stride_lb"] == lse.stride(0) and ints["stride_lh"] == lse.stride(1), name
+        tail = dict(zip(names[n_runtime:], launch.tail))
+        assert {n: tail[n] for n in tail_want} == tail_want and tail["HEAD_DIM"] == d and tail["CAUSAL"] == causal
+        assert all(t.base is None for t in launch.templates), name  # a cached launch holds no tensor
+        assert len(launch.grid) == 3, name
+    if cfg.get("PER_HEAD", False):  # 1-D: batch·kv heads · K/V blocks
+        assert dkdv.grid == (2 * 2 * (384 // cfg["BLOCK_N"]), 1, 1)
+    else:
+        assert dkdv.grid == (2 * 2, 384 // cfg["BLOCK_N"], 1)
+    assert launches["dq"][0].grid == (256 // 128, 2 * 4, 1)
+    # the other launch order: the same arguments, a 1-D grid (or the 2-D one), PER_HEAD in the tail
+    other = dict(cfg, PER_HEAD=not cfg.get("PER_HEAD", False))
+    flip = gb._dkdv_launch(do, q, k, v, lse, dk, dv, causal, other, True)
+    assert flip.ints == dkdv.ints
+    dkdv_consts = [p.name for p in dkdv.kernel.params if p.is_constexpr]
+    assert dict(zip(dkdv_consts, flip.tail))["PER_HEAD"] == other["PER_HEAD"]
+    want_grid = (2 * 2 * (384 // cfg["BLOCK_N"]), 1, 1) if other["PER_HEAD"] else (2 * 2, 384 // cfg["BLOCK_N"], 1)
+    assert flip.grid == want_grid
+    # rebased descriptors equal freshly validated ones (K/V in the WS kernel's 64-key halves)
+    fresh = [gb._f90._desc(t, t.shape[1], t.shape[2], r)[0]
+             for t, r in ((q, cfg["BLOCK_M"]), (k, cfg["BLOCK_N"] // 2), (v, cfg["BLOCK_N"] // 2), (do, cfg["BLOCK_M"]))]
+    for got, want, t in zip(dkdv.descriptors(q, k, v, do), fresh, (q, k, v, do)):
+        assert got.base is t and {n: x for n, x in vars(got).items() if n != "base"} == \
+            {n: x for n, x in vars(want).items() if n != "base"}
+
+
+def test_delta_launch_matches_the_kernel_signature(monkeypatch):
+    """The delta kernel's cached launch (``backward._delta``): its pointers and integers are the
+    kernel's runtime parameters in order and by name, its tail the constexprs; one launch per
+    layout, and it computes rowsum(dO * O) on the CPU interpreter's or the compiled kernel's path
+    alike (here: whichever this machine runs, on its device)."""
+    monkeypatch.setattr(bwd_mod, "_PRE_LAUNCHES", {})
+    device = "cuda" if HAS_CUDA else "cpu"
+    if device == "cpu" and not bwd_mod.interpreting():
+        pytest.skip("CPU tensors need the interpreter's kernels")
+    out = torch.randn(2, 96, 3, 40, device=device)
+    dout = torch.randn(2, 3, 96, 40, device=device).transpose(1, 2)  # strides unlike out's
+    lse = torch.empty(2, 3, 96, device=device)
+    delta = bwd_mod._delta(out, dout, lse, False, 3, 40)
+    torch.testing.assert_close(delta, (out * dout).sum(-1).transpose(1, 2), rtol=1e-5, atol=1e-5)
+    (launch,) = bwd_mod._PRE_LAUNCHES.values()
+    assert bwd_mod._delta(out, dout, lse, False, 3, 40) is not delta and len(bwd_mod._PRE_LAUNCHES) == 1
+    params = getattr(bwd_mod._bwd_preprocess, "params", None)
+    if params is None:  # the interpreter's kernel object has no parameter list
+        params = triton.JITFunction(bwd_mod._bwd_preprocess.fn).params
+    names = [p.name for p in params]
+    assert names[:3] == ["O", "DO", "DELTA"] and [p.is_constexpr for p in params] == [False] * 11 + [True] * 3
+    assert dict(zip(names[3:11], launch.ints)) == dict(
+        stride_ob=out.stride(0), stride_om=out.stride(1), stride_oh=out.stride(2), stride_dob=dout.stride(0),
+        stride_dom=dout.stride(1), stride_doh=dout.stride(2), nheads=3, seqlen_q=96)
+    assert launch.constexprs["HEAD_DIM"] == 40 and launch.constexprs["BLOCK_D"] == 64
+    assert launch.grid == (-(-96 // launch.constexprs["BLOCK_M"]), 2 * 3, 1)
+
+
+@pytest.mark.skipif(not gb._f90.HAVE_GLUON, reason="this triton has no Gluon")
+def test_bwd_routing_cache_and_per_call_checks(monkeypatch):
+    """supported() decides the layout once per (shapes, strides, dtypes, device, causal) of every
+    tensor it looks at, and checks the switches, scale, flags, causal alignment, pointer alignment
+    and compile failures on every call."""
+    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
+    monkeypatch.delenv("TILEFLASH_GLUON", raising=False)
+    monkeypatch.setattr(gb, "_LAYOUTS", {})
+    monkeypatch.setattr(gb, "_BROKEN", set())
+    layouts = []
+    real = gb._layout_cfg_key
+    assert real(*_cpu_bwd(), False, None, None) is None  # CPU tensors never take the Gluon kernel
+    monkeypatch.setattr(gb, "_layout_cfg_key", lambda *a: layouts.append(1) or ("cfg",))
+    do, q, k, v, out, lse = _cpu_bwd()
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+
+    def ok(do=do, q=q, k=k, v=v, out=out, lse=lse, dk=dk, dv=dv, scale=0.125, causal=False, shift=128, flags=None,
+           varlen=False, config=None):
+        return gb.supported(do, q, k, v, out, lse, scale, causal, shift, flags or _flags(HAS_RIGHT=causal),
+                            varlen, config, dk=dk, dv=dv)
+
+    assert ok() and ok() and ok(q=torch.empty_like(q)) and len(layouts) == 1   # one decision per layout
+    assert ok(causal=True) and len(layouts) == 2                               # causal is in the key
+    # each tensor's layout is in the key: another strides (or dtype) of any one is a new decision
+    for name, t in dict(do=do, q=q, k=k, v=v, out=out, dk=dk, dv=dv).items():
+        other = t.transpose(1, 2).contiguous().transpose(1, 2)                 # same shape, other strides
+        n = len(layouts)
+        assert ok(**{name: other}) and len(layouts) == n + 1, name
+    n = len(layouts)
+    assert ok(lse=torch.empty(2, 4, 256, dtype=torch.float64)) and ok(dk=None) and len(layouts) == n + 2
+    n = len(layouts)
+    assert not ok(causal=True, shift=0)                                        # top-left alignment, Sq != Sk
+    assert not ok(scale=0.0) and not ok(scale=float("nan"))
+    assert not ok(flags=_flags(HAS_SOFTCAP=True)) and not ok(flags=_flags(HAS_RIGHT=True))
+    assert not ok(varlen=True) and not ok(config={"dkdv": {}})
+    for name, t in dict(q=q, k=k, v=v, do=do).items():                         # TMA bases: 16-byte aligned
+        buf = torch.empty(t.numel() + 8, dtype=torch.float16)
+        assert not ok(**{name: buf[1:t.numel() + 1].view(t.shape)}) and ok(**{name: buf[8:].view(t.shape)}), name
+    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "0")                            # the switches, after caching
+    assert not ok()
+    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
+    monkeypatch.setenv("TILEFLASH_GLUON", "0")
+    assert not ok()
+    monkeypatch.delenv("TILEFLASH_GLUON")
+    assert ok() and len(layouts) == n
+    gb._BROKEN.add(("cfg",))                                                   # a compile failure since
+    assert not ok()
+    monkeypatch.setattr(gb, "_BROKEN", set())
+    gb._LAYOUTS.update({i: None for i in range(gb._CACHE_MAX)})
+    assert ok() and len(layouts) == n                                          # a hit changes nothing
+    assert ok(k=torch.empty(2, 512, 2, 64, dtype=torch.float16)) and len(gb._LAYOUTS) == 1  # a miss, full
+
+
+@needs_sm90
+def test_bwd_routing_rules_on_gpu(monkeypatch):
+    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
+    def ok(sq=256, sk=256, d=128, dtype=torch.float16, causal=False, scale=0.1, flags=None, config=None, shift=None,
+           h=2, hk=2):
+        q, k, v = (t.to(dtype) for t in make_qkv(1, sq, sk, h, hk, d, torch.float16, "cuda"))
+        lse = torch.empty(1, h, sq, device="cuda")
+        flags = flags or _flags(HAS_RIGHT=causal)
+        shift = sk - sq if shift is None else shift
+        return gb.supported(torch.empty_like(q), q, k, v, torch.empty_like(q), lse, scale, causal, shift, flags,
+                            False, config)
+
+    assert ok() and ok(d=64) and ok(d=64, causal=True) and ok(causal=True, sk=384) and ok(dtype=torch.bfloat16)
+    assert ok(h=6, hk=2)
+    assert not ok(sq=192) and not ok(sk=192)     # lengths must be multiples of 128
+    assert not ok(d=96) and not ok(d=256) and not ok(dtype=torch.float32)
+    assert not ok(causal=True, sq=384, sk=256)   # rows that see no key
+    assert not ok(causal=True, shift=0, sk=384)  # top-left causal alignment
+    assert not ok(scale=-0.1) and not ok(scale=float("nan"))
+    assert not ok(flags=_flags(HAS_SOFTCAP=True)) and not ok(flags=_flags(HAS_LEFT=True))
+    assert not ok(flags=_flags(HAS_ALIBI=True)) and not ok(flags=_flags(HAS_DROPOUT=True))
+    assert not ok(flags=_flags(HAS_RIGHT=True))  # a right window that is not causal
+    assert not ok(config={"dkdv": {}, "dq": {}})  # pinned Triton tiles
+    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "0")
+    assert not ok()
+    monkeypatch.delenv("TILEFLASH_GLUON_BWD")
+    assert ok()  # on by default
+
+
+def _grads(q, k, v, do, causal):
+    qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = tileflash.flash_attn_func(qg, kg, vg, causal=causal)
+    return torch.autograd.grad(out, (qg, kg, vg), do)
+
+
+def _ref_grads(q, k, v, do, causal, upcast):
+    qs, ks, vs = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out, _ = attention_ref(qs, ks, vs, causal=causal, upcast=upcast)
+    return torch.autograd.grad(out.to(do.dtype) if not upcast else out, (qs, ks, vs),
+                               do if not upcast else do.float())
+
+
+def check_cuda_grads(grads, q, k, v, do, causal):
+    ref = _ref_grads(q, k, v, do, causal, upcast=True)
+    eager = _ref_grads(q, k, v, do, causal, upcast=False)
+    for name, g, r, e in zip("qkv", grads, ref, eager):
+        assert g.shape == r.shape and g.dtype == q.dtype
+        assert not torch.isnan(g).any(), f"NaN in d{name}"
+        err = (g.float() - r).abs().max().item()
+        eager_err = (e.float() - r).abs().max().item()
+        atol = rounding_atol(r, q.dtype)
+        assert err <= 2 * eager_err + atol, f"d{name}: err {err:.3g} > 2 * eager {eager_err:.3g} + {atol:.3g}"
+
+
+CASES = [  # (batch, seqlen_q, seqlen_k, nheads, nheads_k)
+    (2, 256, 384, 4, 2),     # GQA, Sq < Sk
+    (1, 1024, 1024, 4, 4),
+    (2, 128, 512, 3, 1),     # MQA, one Q block
+    (1, 384, 128, 2, 2),     # Sq > Sk (non-causal only: causal rows would see no key)
+]
+
+
+@needs_sm90
+def test_repeated_backward_calls_take_the_cached_launchers(monkeypatch, gluon_bwd_calls):
+    """The second backward call of a layout launches its three kernels (delta, dK/dV, dQ) through
+    the cached compiled launchers; its gradients are bitwise those of the first call (JIT path)
+    and right against the reference, on fresh NaN-poisoned buffers. Every call gets its own copies
+    of the inputs, and the earlier calls' tensors stay alive, so a launcher that kept an earlier
+    call's addresses would read or write the wrong memory. A dq buffer whose pointer is not
+    16-byte aligned (the JIT specializes on it) sends the dQ kernel through the JIT again."""
+    monkeypatch.delenv("TILEFLASH_GLUON_DQ", raising=False)
+    monkeypatch.delenv("TILEFLASH_GLUON_FUSED", raising=False)
+    for d, causal, (b, sq, sk, h, hk) in ((64, True, (2, 256, 384, 4, 2)), (128, False, (1, 1024, 1024, 4, 4)),
+                                          (64, False, (2, 512, 512, 4, 1))):
+        q0, k0, v0 = make_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=sq + d)
+        do0 = torch.randn_like(q0)
+        scale = d ** -0.5
+        out0, lse0 = fwd_mod.flash_attn_forward(q0, k0, v0, scale, causal)
+        results, runs, keep = [], [], []
+        for offset in (0, 0, 1):
+            q, k, v, do, out, lse = (t.clone() for t in (q0, k0, v0, do0, out0, lse0))
+            buf = torch.full((q.numel() + offset,), float("nan"), dtype=q.dtype, device="cuda")
+            dq = buf[offset:].view(q.shape)
+            dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
+            if len(results) == 1:  # wrap the launchers once, after the first (JIT) call
+                launches = [x for key, x in gb._LAUNCHES.items()
+                            if key[1][:2] == ((do.shape, do.stride(), do.dtype), (q.shape, q.stride(), q.dtype))
+                            and key[2][0] == causal]
+                launches += [x for key, x in bwd_mod._PRE_LAUNCHES.items()
+                             if key[:5] == (out.shape, out.stride(), do.stride(), out.dtype, do.dtype)]
+                assert len(launches) == 3, launches
+                for x in launches:
+                    assert x.runner is not None, "the first launch should have kept the compiled launcher"
+                    device, real = x.runner
+                    x.runner = (device, lambda *a, real=real, name=x.kernel.fn.__name__:
+                                (runs.append((offset, name)), real(*a)))
+            grads = bwd_mod.flash_attn_backward(do, q, k, v, out, lse, scale, causal, dq=dq, dk=dk, dv=dv)
+            assert grads[0] is dq
+            check_cuda_grads(grads, q0, k0, v0, do0, causal)
+            results.append([g.clone() for g in grads])
+            keep.append((q, k, v, do, out, lse, buf, dk, dv))
+        names = sorted(n for _, n in runs)
+        assert [o for o, _ in runs].count(0) == 3 and [o for o, _ in runs].count(1) == 2, runs
+        assert names.count("_attn_bwd_dq_sm90_ws") == 1, runs  # the misaligned dq took the JIT
+        for grads in results[1:]:
+            assert all(torch.equal(g, g0) for g, g0 in zip(grads, results[0]))
+    assert len(gluon_bwd_calls) == 9
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c)))
+def test_gluon_backward_matches_reference(case, d, causal, dtype, gluon_bwd_calls):
+    b, sq, sk, h, hk = case
+    if causal and sq > sk:
+        pytest.skip("causal with Sq > Sk runs the Triton backward (rows without keys)")
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype, "cuda", seed=sq + sk + d)
+    do = torch.randn_like(q)
+    grads = _grads(q, k, v, do, causal)
+    assert gluon_bwd_calls, "the call did not take the Gluon backward"
+    check_cuda_grads(grads, q, k, v, do, causal)
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gluon_backward_sdpa_layout(causal, gluon_bwd_calls):
+    """(B, H, S, D) memory (tileflash.scaled_dot_product_attention) takes the kernel without a copy."""
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2)
+               for t in make_qkv(2, 512, 512, 4, 4, 128, torch.float16, "cuda", seed=11))
+    assert q.stride(2) == 512 * 128  # heads are whole blocks of rows
+    do = torch.randn_like(q)
+    grads = _grads(q, k, v, do, causal)
+    assert gluon_bwd_calls
+    check_cuda_grads(grads, q, k, v, do, causal)
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gluon_backward_writes_every_gradient(causal, gluon_bwd_calls):
+    """NaN-poisoned gradient buffers: every element is written."""
+    q, k, v = make_qkv(1, 640, 768, 4, 2, 128, torch.bfloat16, "cuda", seed=5)
+    do = torch.randn_like(q)
+    out, lse = fwd_mod.flash_attn_forward(q, k, v, 0.125, causal)
+    bufs = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    dq, dk, dv = bwd_mod.flash_attn_backward(do, q, k, v, out, lse, 0.125, causal, dq=bufs[0], dk=bufs[1], dv=bufs[2])
+    assert gluon_bwd_calls
+    for g in (dq, dk, dv):
+        assert not torch.isnan(g).any()
+    ref = bwd_mod.flash_attn_backward(do, q, k, v, out, lse, 0.125, causal,
+                                      config=bwd_mod.default_bwd_config(128, causal))
+    for g, r in zip((dq, dk, dv), ref):  # the Triton backward, pinned: same math, other summation order
+        assert (g.float() - r.float()).abs().max().item() <= 0.05 * r.float().abs().max().item()
+
+
+FUSED = dict(BLOCK_M=64, BLOCK_N=128, STAGES=2, num_warps=8, VEC=2, WITH_DQ=True)
+
+
+def _direct(q, k, v, do, causal, cfg, deterministic=True, poison=True):
+    """The Gluon kernel called directly (any mode), with NaN-poisoned gradient buffers."""
+    scale = q.shape[-1] ** -0.5
+    out, lse = fwd_mod.flash_attn_forward(q, k, v, scale, causal)
+    delta = (out.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
+    bufs = [torch.full_like(t, float("nan")) if poison else torch.empty_like(t) for t in (q, k, v)]
+    return gb.backward(do, q, k, v, lse, delta, *bufs, scale, causal, cfg, deterministic=deterministic), bufs
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("case", CASES[:3], ids=lambda c: "x".join(map(str, c)))
+def test_gluon_fused_mode_matches_reference(case, d, causal):
+    """WITH_DQ=True: dQ summed in fp32 by ordered atomic adds inside the dK/dV kernel."""
+    b, sq, sk, h, hk = case
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.float16, "cuda", seed=sq + d)
+    do = torch.randn_like(q)
+    res, bufs = _direct(q, k, v, do, causal, FUSED)
+    assert res is not None and res[0] is bufs[0]  # dq written by the kernel
+    check_cuda_grads(res, q, k, v, do, causal)
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c)))
+def test_ws_fused_mode_matches_reference(case, d, causal, dtype):
+    """The warp-specialized kernel's fused mode (fused_config_for): dQ summed in fp32 by ordered TMA
+    reductions, every gradient buffer NaN-poisoned, flash-attn's rule; unordered within 1e-2 of it."""
+    b, sq, sk, h, hk = case
+    if causal and sq > sk:
+        pytest.skip("causal with Sq > Sk runs the Triton backward (rows without keys)")
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, dtype, "cuda", seed=sq + 5 * d)
+    do = torch.randn_like(q)
+    cfg = gb.fused_config_for(d, causal)
+    res, bufs = _direct(q, k, v, do, causal, cfg)
+    assert res is not None and res[0] is bufs[0]  # dq written by the kernel
+    check_cuda_grads(res, q, k, v, do, causal)
+    again, _ = _direct(q, k, v, do, causal, cfg)
+    for a, b in zip(res, again):  # ordered sums: the same bits on a rerun
+        assert torch.equal(a, b)
+    nondet, _ = _direct(q, k, v, do, causal, cfg, deterministic=False)
+    assert torch.equal(res[1], nondet[1]) and torch.equal(res[2], nondet[2])  # dK, dV: no atomics
+    assert (res[0].float() - nondet[0].float()).abs().max().item() <= 1e-2 * res[0].float().abs().max().item()
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_ws_fused_mode_through_the_public_api(causal, monkeypatch, gluon_bwd_calls):
+    """TILEFLASH_GLUON_FUSED=1: autograd of flash_attn_func takes the fused kernel (one Gluon
+    launch, no dQ kernel) and its gradients are bitwise the same in three runs (ordered sums)."""
+    monkeypatch.setenv("TILEFLASH_GLUON_FUSED", "1")
+    dq_calls = count_calls(monkeypatch, gb, "backward_dq")
+    q, k, v = make_qkv(2, 2048, 2048, 8, 2, 128, torch.bfloat16, "cuda", seed=9)
+    do = torch.randn_like(q)
+    runs = [_grads(q, k, v, do, causal) for _ in range(3)]
+    assert len(gluon_bwd_calls) == 3 and not dq_calls
+    check_cuda_grads(runs[0], q, k, v, do, causal)
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)
+    monkeypatch.delenv("TILEFLASH_GLUON_FUSED")
+    split = _grads(q, k, v, do, causal)
+    for a, b in zip(runs[0], split):  # the split default: same math, other fp32 summation order for dQ
+        assert (a.float() - b.float()).abs().max().item() <= 1e-2 * b.float().abs().max().item()
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("case", CASES[:3], ids=lambda c: "x".join(map(str, c)))
+def test_ws_kernel_equals_the_eight_warp_kernel(case, d, causal):
+    """The warp-specialized dK/dV kernel (the default) and the 8-warp one, each with dK carried in
+    flight across blocks or waited every block (CARRY_DK), and the WS kernel with turns
+    (PINGPONG), and the WS kernel in the other launch order (PER_HEAD) do the same arithmetic per
+    element in the same order: all six give the same dK and dV bits, and none leaves a NaN of the
+    poisoned buffers."""
+    b, sq, sk, h, hk = case
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=sq + 3 * d)
+    do = torch.randn_like(q)
+    base = gb.config_for(d, causal, sq)
+    assert base["WS"] and not base["WITH_DQ"]
+    ws, _ = _direct(q, k, v, do, causal, base)
+    assert ws is not None and ws[0] is None  # dQ is left to the Triton kernel
+    for a in ws[1:]:
+        assert not torch.isnan(a).any()
+    others = [dict(base, WS=False, CARRY_DK=True), dict(base, WS=False, CARRY_DK=False),
+              dict(base, CARRY_DK=not base["CARRY_DK"]), dict(base, PINGPONG=True),
+              dict(base, PER_HEAD=not base.get("PER_HEAD", False))]
+    for cfg in others:
+        res, _ = _direct(q, k, v, do, causal, cfg)
+        assert res is not None
+        for a, c in zip(ws[1:], res[1:]):
+            assert torch.equal(a, c), f"{cfg} differs from the default"
+
+
+class _FakeDesc:
+    """Stands in for a TensorDescriptor on CPU tensors (only ``base`` is read by the host path)."""
+
+    def __init__(self, base):
+        self.base = base
+
+
+def test_gluon_dq_falls_back_when_it_does_not_compile(monkeypatch):
+    """A compile failure of the Gluon dQ kernel warns, returns None (the caller then runs the Triton
+    dQ kernel) and is not retried (CPU tensors: the launch is replaced before any GPU work)."""
+    if not gb._f90.HAVE_GLUON:
+        pytest.skip("this triton has no Gluon")
+    attempts = []
+
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                attempts.append(1)
+                raise RuntimeError("PassManager::run failed (simulated)")
+            return launch
+
+    monkeypatch.setattr(gb, "_attn_bwd_dq_sm90_ws", Broken())
+    monkeypatch.setattr(gb, "_BROKEN", set())
+    monkeypatch.setattr(gb, "_LAUNCHES", {})  # a launch cached by an earlier test would hold the real kernel
+    monkeypatch.setattr(gb._f90, "_desc", lambda t, s, h, rows: (_FakeDesc(t), (0, 0, 0)))
+    q = torch.empty(1, 128, 2, 64, dtype=torch.float16)
+    lse = torch.empty(1, 2, 128)
+    with pytest.warns(RuntimeWarning, match="Gluon dQ kernel failed to compile"):
+        assert gb.backward_dq(q, q, q, q, lse, lse, torch.empty_like(q), 0.125, False) is None
+    assert gb.backward_dq(q, q, q, q, lse, lse, torch.empty_like(q), 0.125, False) is None
+    assert len(attempts) == 1
+
+
+def test_gluon_dq_kernel_checks_its_tiles():
+    """backward_dq (the Gluon dQ kernel) refuses lengths that are not multiples of
+    its tiles with a message, before any launch (CPU tensors do)."""
+    q = torch.empty(1, 192, 2, 64, dtype=torch.float16)
+    k = torch.empty(1, 256, 2, 64, dtype=torch.float16)
+    lse = torch.empty(1, 2, 192)
+    with pytest.raises(ValueError, match="multiples of BLOCK_M=128"):
+        gb.backward_dq(q, q, k, k, lse, lse, torch.empty_like(q), 0.125, False)
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("case", CASES[:3], ids=lambda c: "x".join(map(str, c)))
+def test_gluon_dq_kernel_matches_reference(case, d, causal):
+    """The Gluon dQ kernel (``backward_dq``) under the fp32 rule, writing every
+    element of a NaN-poisoned buffer; dK and dV from the default Gluon kernel."""
+    b, sq, sk, h, hk = case
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.float16, "cuda", seed=sq + 5 * d)
+    do = torch.randn_like(q)
+    scale = d ** -0.5
+    out, lse = fwd_mod.flash_attn_forward(q, k, v, scale, causal)
+    delta = (out.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
+    dkv, _ = _direct(q, k, v, do, causal, gb.config_for(d, causal, sq))
+    dq = torch.full_like(q, float("nan"))
+    assert gb.backward_dq(do, q, k, v, lse, delta, dq, scale, causal) is dq
+    check_cuda_grads((dq, dkv[1], dkv[2]), q, k, v, do, causal)
+
+
+def test_gluon_dq_is_the_default_and_can_be_turned_off(monkeypatch):
+    """The Gluon dQ kernel follows the Gluon dK/dV kernel unless TILEFLASH_GLUON_DQ=0 (or the whole
+    Gluon backward is off); it applies to lengths that are multiples of its tiles."""
+    monkeypatch.delenv("TILEFLASH_GLUON_DQ", raising=False)
+    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
+    assert gb.dq_enabled() == gb._f90.HAVE_GLUON
+    monkeypatch.setenv("TILEFLASH_GLUON_DQ", "0")
+    assert not gb.dq_enabled()
+    monkeypatch.setenv("TILEFLASH_GLUON_DQ", "1")
+    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "0")
+    assert not gb.dq_enabled()
+    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
+    assert gb.dq_enabled() == gb._f90.HAVE_GLUON
+    q = torch.empty(1, 256, 2, 64, dtype=torch.float16)
+    assert gb.dq_supported(q, q, torch.empty_like(q), False)
+    assert not gb.dq_supported(q[:, :192], q, torch.empty_like(q[:, :192]), False)   # not a tile multiple
+    assert not gb.dq_supported(q, q, torch.empty(1, 256, 2, 128, dtype=torch.float16)[..., ::2], False)
+
+
+@needs_sm90
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gluon_dq_route_through_the_public_api(causal, layout, monkeypatch, gluon_bwd_calls):
+    """By default flash_attn_func's backward runs both Gluon kernels and meets the fp32 rule, in
+    (B, S, H, D) memory and in SDPA's (B, H, S, D) memory (other dq strides)."""
+    monkeypatch.delenv("TILEFLASH_GLUON_DQ", raising=False)
+    dq_calls = count_calls(monkeypatch, gb, "backward_dq")
+    q, k, v = make_qkv(2, 512, 640, 4, 2, 128, torch.bfloat16, "cuda", seed=21)
+    if layout == "bhsd":
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    do = torch.randn_like(q)
+    grads = _grads(q, k, v, do, causal)
+    assert gluon_bwd_calls and dq_calls
+    check_cuda_grads(grads, q, k, v, do, causal)
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gluon_backward_bitwise_deterministic(causal, gluon_bwd_calls):
+    """Two runs give the same bits: the default (no atomics) through the public API, and the
+    fused mode, whose ordered dQ sums take many K blocks per dQ block."""
+    q, k, v = make_qkv(2, 2048, 2048, 8, 2, 128, torch.bfloat16, "cuda", seed=4)
+    do = torch.randn_like(q)
+    runs = [_grads(q, k, v, do, causal) for _ in range(2)]
+    assert gluon_bwd_calls
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+    fused = [_direct(q, k, v, do, causal, FUSED)[0] for _ in range(3)]
+    for other in fused[1:]:
+        for a, b in zip(fused[0], other):
+            assert torch.equal(a, b)
+
+
+@needs_sm90
+def test_gluon_backward_unordered_mode_is_close():
+    """deterministic=False (unordered atomic sums, fused mode) gives the same gradients up to the
+    fp32 summation order."""
+    q, k, v = make_qkv(1, 1024, 1024, 4, 4, 128, torch.float16, "cuda", seed=6)
+    do = torch.randn_like(q)
+    det, _ = _direct(q, k, v, do, True, FUSED)
+    nondet, _ = _direct(q, k, v, do, True, FUSED, deterministic=False)
+    assert torch.equal(det[1], nondet[1]) and torch.equal(det[2], nondet[2])  # dK, dV: no atomics
+    assert (det[0].float() - nondet[0].float()).abs().max().item() <= 1e-2 * det[0].float().abs().max().item()
+
+
+@needs_sm90
+def test_bwd_compile_failure_falls_back_to_triton(monkeypatch):
+    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
+    attempts = []
+
+    def broken(*args, **kwargs):
+        attempts.append(1)
+        raise RuntimeError("PassManager::run failed (simulated)")
+
+    monkeypatch.setattr(gb, "_launch", broken)
+    monkeypatch.setattr(gb, "_BROKEN", set())
+    q, k, v = make_qkv(1, 256, 256, 2, 2, 128, torch.float16, "cuda", seed=3)
+    do = torch.randn_like(q)
+    with pytest.warns(RuntimeWarning, match="Gluon backward failed to compile"):
+        grads = _grads(q, k, v, do, False)
+    check_cuda_grads(grads, q, k, v, do, False)
+    _grads(q, k, v, do, False)
+    assert len(attempts) == 1, "a configuration that failed to compile must not be retried"
+
+
+@pytest.mark.skipif(not gb._f90.HAVE_GLUON, reason="this triton has no Gluon")
+def test_default_kernels_keep_wgmma_asynchronous():
+    """No GPU needed: compile every default Gluon configuration for sm_90 and read the SASS
+    (scripts/sass_check.py, cuobjdump from triton's wheel). ptxas serializes wgmma when an
+    accumulator is touched by other instructions while in flight (advisory C7515): a full wait
+    then follows each HGMMA. That happened to the backward while it carried dK across blocks; the
+    forward kernels, the dQ kernel and the backward except at D=64 non-causal must keep a handful
+    of full waits, not one per HGMMA. (The D=64 non-causal backward still carries dK, which
+    measured faster there: perf-notes §16.)"""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import triton
+
+    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")):
+        pytest.skip("this triton wheel ships no cuobjdump")
+    root = Path(__file__).resolve().parent.parent
+    env = {key: val for key, val in os.environ.items() if key != "TRITON_INTERPRET"}  # compile, not interpret
+    env["PYTHONPATH"] = str(root)
+    res = subprocess.run([sys.executable, str(root / "scripts" / "sass_check.py"), "--json"],
+                         capture_output=True, text=True, env=env, timeout=900)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = json.loads(res.stdout.strip().splitlines()[-1])
+    assert len(rows) == 20 and {"bwd D=64 causal=0", "bwd D=64 causal=1", "dq D=128 causal=1",
+                                "fwd D=64 causal=1 N=16384"} <= set(rows)
+    for name, r in rows.items():
+        assert r["hgmma"] >= 16 and r["loop"] > 0, (name, r)
+        if name != "bwd D=64 causal=0":
+            assert r["waits0"] * 4 <= r["hgmma"], f"{name}: wgmmas serialized ({r})"

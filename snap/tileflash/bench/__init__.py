@@ -1,0 +1,1 @@
+"""Benchmarks and demos for tileflash (``tileflash demo``; ``tileflash bench`` to come)."""

@@ -1,0 +1,154 @@
+"""The registry of attention providers that ``tileflash bench`` measures.
+
+Every provider takes the flash-attn layout, q ``(batch, seqlen, nheads, headdim)`` and k/v
+``(batch, seqlen, nheads_k, headdim)``, with ``seqlen_q == seqlen_k`` (so torch's top-left and
+flash-attn's bottom-right causal masks agree), and returns out in q's layout. A provider that
+cannot run here says why through ``unavailable(device)``; the bench then skips it with that note.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class Provider:
+    name: str
+    fn: Callable  # (q, k, v, causal) -> out
+    unavailable: Callable[[str], Optional[str]]  # device -> reason it cannot run, or None
+
+
+def _tileflash(q, k, v, causal):
+    import tileflash
+
+    return tileflash.flash_attn_func(q, k, v, causal=causal)
+
+
+def eager_attention(q, k, v, causal):
+    """Standard attention as seed 002 writes it: S and P materialised, one kernel per op.
+
+    ``S = (q kᵀ) * scale`` -> (causal: masked_fill) -> ``P = softmax(S)`` -> ``O = P v``, in the
+    input dtype. GQA repeats K/V to the query heads (a real eager implementation's cost).
+    """
+    qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))  # (b, h, s, d)
+    group = qh.shape[1] // kh.shape[1]
+    if group > 1:
+        kh, vh = kh.repeat_interleave(group, 1), vh.repeat_interleave(group, 1)
+    s = torch.matmul(qh, kh.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    if causal:
+        n_q, n_k = s.shape[-2], s.shape[-1]
+        mask = torch.ones(n_q, n_k, dtype=torch.bool, device=s.device).triu(n_k - n_q + 1)
+        s = s.masked_fill(mask, float("-inf"))
+    p = s.softmax(dim=-1)
+    return torch.matmul(p, vh).transpose(1, 2)
+
+
+def _sdpa(backend_name):
+    def fn(q, k, v, causal):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel(getattr(SDPBackend, backend_name)):
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                 is_causal=causal, enable_gqa=q.shape[2] != k.shape[2])
+        return out.transpose(1, 2)
+
+    return fn
+
+
+_FLEX = {}
+
+
+def _flex(q, k, v, causal):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if "fn" not in _FLEX:
+        # one compiled graph per shape and mask: a sweep over N, causal on and off and fwd/bwd
+        # outgrows dynamo's default limit of 8 recompiles, after which flex_attention silently
+        # runs unfused (the first H200 bench run's flex rows at causal 8k/16k and in bwd: 7-31 TFLOP/s)
+        import torch._dynamo.config as dcfg
+
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(dcfg, name):
+                setattr(dcfg, name, max(getattr(dcfg, name), 256))
+        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+    mask = None
+    if causal:
+        n = q.shape[1]
+        key = (n, q.device)
+        if key not in _FLEX:
+            _FLEX[key] = create_block_mask(lambda b, h, qi, ki: ki <= qi, None, None, n, n, device=q.device)
+        mask = _FLEX[key]
+    out = _FLEX["fn"](q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=mask,
+                      enable_gqa=q.shape[2] != k.shape[2])
+    return out.transpose(1, 2)
+
+
+def _flash_attn(q, k, v, causal):
+    from flash_attn import flash_attn_func
+
+    return flash_attn_func(q, k, v, causal=causal)
+
+
+def _always(device):
+    return None
+
+
+def _cuda_only(device):
+    return None if device == "cuda" else "runs on CUDA only"
+
+
+def _flex_ok(device):
+    if device != "cuda":
+        return "benchmarked on CUDA only (compiled FlexAttention)"
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError:
+        return "torch.nn.attention.flex_attention is not in this torch"
+    return None
+
+
+def _flash_attn_ok(device):
+    if device != "cuda":
+        return "runs on CUDA only"
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return "flash-attn is not installed"
+    return None
+
+
+PROVIDERS = {
+    p.name: p
+    for p in [
+        Provider("tileflash", _tileflash, _always),
+        Provider("eager", eager_attention, _always),
+        Provider("sdpa_math", _sdpa("MATH"), _always),
+        Provider("sdpa_efficient", _sdpa("EFFICIENT_ATTENTION"), _cuda_only),
+        Provider("sdpa_flash", _sdpa("FLASH_ATTENTION"), _always),
+        Provider("sdpa_cudnn", _sdpa("CUDNN_ATTENTION"), _cuda_only),
+        Provider("flex", _flex, _flex_ok),
+        Provider("flash_attn", _flash_attn, _flash_attn_ok),
+    ]
+}
+
+
+@contextlib.contextmanager
+def tiled_cpu_path():
+    """Make tileflash's CPU tensors take the tiled PyTorch path (not the Triton interpreter)."""
+    import os
+
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = old

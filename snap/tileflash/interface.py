@@ -1,0 +1,732 @@
+"""Public API: validate, set defaults, dispatch to the ``tileflash::*`` ops. Nothing else."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+import os
+
+import torch
+from torch import Tensor
+
+from tileflash.ops.attention import PackedAttention, attention, kvcache_forward, kvcache_fwd, use_triton
+from tileflash.ops.decode import apply_rotary
+
+MAX_HEADDIM = 256
+MAX_BATCH_HEADS = 65535  # grid axis 1 of every kernel is batch*nheads
+_GPU_DTYPES = (torch.float16, torch.bfloat16)
+_INTERPRETER_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check_qkv(q, k, v, names=("q", "k", "v"), layout="(batch, seqlen, nheads, headdim)"):
+    """Validate q/k/v given in the (batch, seqlen, nheads, headdim) convention (after any transpose).
+
+    ``names``/``layout`` are only used to word the errors in the caller's own terms.
+    """
+    nq, nk, nv = names
+    for name, t in zip(names, (q, k, v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D {layout}, got a {t.dim()}-D tensor of shape {tuple(t.shape)}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(
+            f"{nq}, {nk}, {nv} must be on the same device, got {q.device}, {k.device}, {v.device}; "
+            f"move them with .to(device)"
+        )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(
+            f"{nq}, {nk}, {nv} must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}; cast them to one dtype"
+        )
+    if q.device.type == "cuda":
+        allowed = _GPU_DTYPES
+    else:
+        allowed = _INTERPRETER_DTYPES if use_triton(q) else _CPU_DTYPES
+    if q.dtype not in allowed:
+        names_ = ", ".join(str(d).replace("torch.", "") for d in allowed)
+        hint = ""
+        if q.dtype == torch.float64:
+            hint = " (float64 is supported on the tiled CPU path only)"
+        elif q.dtype == torch.float32 and q.device.type == "cuda":
+            hint = (" (float32 on the GPU is not supported: cast to bfloat16, which has float32's range, "
+                    "e.g. q.bfloat16(); the CPU paths compute float32)")
+        raise TypeError(f"{nq} has dtype {q.dtype}, which is not supported here{hint}; use one of: {names_} "
+                        f"(bfloat16 or float16 recommended on GPU)")
+    if q.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"{nq} is on device {q.device}; tileflash runs on CUDA GPUs and on the CPU")
+    b, sq, h, d = q.shape
+    bk, sk, hk, dk = k.shape
+    bv, sv, hv, dv = v.shape
+    if bk != b or bv != b:
+        raise ValueError(f"batch size mismatch: {nq} has {b}, {nk} has {bk}, {nv} has {bv}; they must be equal")
+    if dk != d or dv != d:
+        raise ValueError(f"head dim mismatch: {nq} has {d}, {nk} has {dk}, {nv} has {dv}; they must be equal")
+    if sv != sk:
+        raise ValueError(f"{nk} and {nv} must have the same seqlen, got {sk} and {sv}")
+    if hv != hk:
+        raise ValueError(f"{nk} and {nv} must have the same number of heads, got {hk} and {hv}")
+    if hk == 0 or h % hk != 0:
+        raise ValueError(
+            f"{nk} has {hk} heads but {nq} has {h}; the number of query heads must be a multiple of "
+            f"the number of key/value heads (GQA/MQA)"
+        )
+    if b * h > MAX_BATCH_HEADS:
+        raise ValueError(
+            f"batch * nheads = {b} * {h} = {b * h} exceeds {MAX_BATCH_HEADS}, the most one launch handles "
+            f"(CUDA's grid limit on the batch*heads axis); split the batch into chunks of at most "
+            f"{MAX_BATCH_HEADS // max(h, 1)} and concatenate the outputs"
+        )
+    if d < 1 or d > MAX_HEADDIM:
+        raise ValueError(f"head dim is {d}; tileflash supports head dims from 1 to {MAX_HEADDIM}")
+
+
+def _unit_last_stride(t: Tensor) -> Tensor:
+    # The kernels need a unit stride on headdim only; every other stride is used as is.
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+
+
+def _default_scale(softmax_scale, head_dim):
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if not isinstance(softmax_scale, (int, float)) or isinstance(softmax_scale, bool):
+        raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+    if not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    return float(softmax_scale)
+
+
+def _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, deterministic, batch, nheads):
+    """Validate flash-attn 2's optional features; returns the op's keyword arguments."""
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    if not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size)):
+        raise ValueError(f"window_size must be a pair of ints >= -1 (left, right), -1 meaning unbounded; "
+                         f"got {window_size!r}")
+    if not isinstance(softcap, (int, float)) or isinstance(softcap, bool) or not softcap >= 0.0 \
+            or not math.isfinite(softcap):
+        raise ValueError(f"softcap must be a finite float >= 0 (0 disables it), got {softcap!r}")
+    if alibi_slopes is not None:
+        if not isinstance(alibi_slopes, Tensor):
+            raise TypeError(f"alibi_slopes must be a torch.Tensor or None, got {type(alibi_slopes).__name__}")
+        if alibi_slopes.dtype != torch.float32:
+            raise TypeError(f"alibi_slopes must be float32, got {alibi_slopes.dtype}; use alibi_slopes.float()")
+        if alibi_slopes.device != q.device:
+            raise ValueError(f"alibi_slopes is on {alibi_slopes.device} but q is on {q.device}; move it with .to()")
+        if tuple(alibi_slopes.shape) not in ((nheads,), (batch, nheads)):
+            raise ValueError(f"alibi_slopes must have shape (nheads,) = ({nheads},) or (batch, nheads) = "
+                             f"({batch}, {nheads}), got {tuple(alibi_slopes.shape)}")
+    feats = dict(window_left=int(window_size[0]), window_right=int(window_size[1]), softcap=float(softcap),
+                 alibi_slopes=alibi_slopes)
+    if dropout_p > 0.0:
+        # One 62-bit Philox seed per call, drawn from torch's generator on q's device, so
+        # torch.manual_seed makes dropout reproducible; the backward reuses it (never a stored mask).
+        feats.update(dropout_p=float(dropout_p),
+                     seed=torch.randint(0, 2**62, (1,), dtype=torch.int64, device=q.device))
+    return feats
+
+
+def _check_cu_seqlens(name, cu, total, batch, max_seqlen, max_name, device):
+    """Returns max_seqlen as an int. Cheap structural checks always; value checks on CPU tensors, or on CUDA when
+    TILEFLASH_CHECK_INPUTS=1 (they need a device-to-host copy, i.e. a sync). Never inside a
+    torch.compile graph, where the values are not known at trace time."""
+    if not isinstance(cu, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
+    if cu.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32, got {cu.dtype}; use {name}.int()")
+    if cu.dim() != 1 or cu.numel() < 1:
+        raise ValueError(f"{name} must be 1-D (batch + 1,), got shape {tuple(cu.shape)}")
+    if cu.device != device:
+        raise ValueError(f"{name} is on {cu.device} but q is on {device}; move it with .to()")
+    if batch is not None and cu.numel() != batch + 1:
+        raise ValueError(f"{name} has {cu.numel()} entries but cu_seqlens_q has {batch + 1}; both are (batch + 1,)")
+    try:
+        if isinstance(max_seqlen, bool):
+            raise TypeError
+        max_seqlen = operator.index(max_seqlen)
+    except TypeError:
+        raise TypeError(f"{max_name} must be an int >= 0, got {max_seqlen!r}") from None
+    if max_seqlen < 0:
+        raise TypeError(f"{max_name} must be an int >= 0, got {max_seqlen!r}")
+    if max_seqlen == 0 and total > 0:
+        raise ValueError(f"{max_name} is 0 but there are {total} tokens; pass the longest sequence's length")
+    if cu.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous (the kernels read it with unit stride); "
+                         f"pass {name}.contiguous()")
+    if torch.compiler.is_compiling():
+        return max_seqlen  # values are data-dependent: not checked inside torch.compile graphs
+    if cu.device.type == "cpu" or os.environ.get("TILEFLASH_CHECK_INPUTS", "0") == "1":
+        vals = cu.tolist()
+        if vals[0] != 0:
+            raise ValueError(f"{name} must start at 0, got {vals[0]}")
+        lens = [b - a for a, b in zip(vals, vals[1:])]
+        if any(n < 0 for n in lens):
+            raise ValueError(f"{name} must be non-decreasing, got {vals}")
+        if vals[-1] != total:
+            raise ValueError(f"{name} must end at the number of tokens ({total}), got {vals[-1]}")
+        if lens and max(lens) > max_seqlen:
+            raise ValueError(f"{max_name} = {max_seqlen} is smaller than the longest sequence ({max(lens)})")
+    return max_seqlen
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                           alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """Exact attention over a batch of sequences of different lengths, packed without padding.
+
+    Same semantics as :func:`flash_attn_func`, applied to each sequence on its own (no token
+    attends across sequences; causal and windows are aligned bottom-right on each sequence's
+    own lengths). No compute is spent on tokens that do not exist.
+
+    Arguments:
+        q: (total_q, nheads, headdim), the sequences concatenated along the first dimension.
+        k, v: (total_k, nheads_k, headdim).
+        cu_seqlens_q: (batch + 1,), int32. Sequence b is rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``
+            of q; it starts at 0 and ends at total_q. E.g. lengths [128, 512, 64] ->
+            ``[0, 128, 640, 704]``.
+        cu_seqlens_k: (batch + 1,), int32, the same for k and v.
+        max_seqlen_q, max_seqlen_k: int, at least the longest sequence (sizes the grid).
+        dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic:
+            as in :func:`flash_attn_func` (alibi_slopes (batch, nheads) is per sequence).
+
+    cu_seqlens are checked for dtype, shape and device on every call. Their values (start at 0,
+    non-decreasing, end at the token count, ``max_seqlen >=`` the longest sequence) are checked
+    on CPU tensors, and on CUDA only when the environment sets ``TILEFLASH_CHECK_INPUTS=1``:
+    reading them would force a device sync on every call. Inside ``torch.compile`` they are not
+    checked (their values are unknown while tracing).
+
+    Return:
+        out: (total_q, nheads, headdim).
+        softmax_lse [if return_attn_probs]: (nheads, total_q), float32 (flash-attn's varlen layout).
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be 3-D (total_tokens, nheads, headdim) for varlen, got shape "
+                             f"{tuple(t.shape)}")
+    _check_qkv(q[None], k[None], v[None])
+    max_seqlen_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], None, max_seqlen_q, "max_seqlen_q",
+                                     q.device)
+    batch = cu_seqlens_q.numel() - 1
+    max_seqlen_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], batch, max_seqlen_k, "max_seqlen_k",
+                                     q.device)
+    if batch * q.shape[1] > MAX_BATCH_HEADS:
+        raise ValueError(f"batch * nheads = {batch * q.shape[1]} exceeds {MAX_BATCH_HEADS}; split the batch")
+    feats = _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, deterministic,
+                            batch=batch, nheads=q.shape[1])
+    scale = _default_scale(softmax_scale, q.shape[-1])
+    q, k, v = (_unit_last_stride(t) for t in (q, k, v))
+    out, lse = attention(q, k, v, scale, causal, 0, **feats, cu_seqlens_q=cu_seqlens_q,
+                             cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    if return_attn_probs:
+        return out, lse, None
+    return out
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """Exact attention, ``softmax(q kᵀ · softmax_scale) v``, without materialising the score matrix.
+
+    Argument names, order and semantics follow flash-attn 2's ``flash_attn_func``.
+
+    Differentiable: gradients flow to q, k and v through the ``tileflash::bwd`` op, which
+    recomputes the attention probabilities block by block from q, k and the saved LSE (only
+    q, k, v, out and the LSE are kept for the backward).
+
+    Supports multi-query and grouped-query attention (MQA/GQA) by passing in K, V with
+    fewer heads than Q. The number of heads in Q must be divisible by the number of heads
+    in KV. For example, if Q has 6 heads and K, V have 2 heads, heads 0, 1, 2 of Q attend
+    to head 0 of K, V and heads 3, 4, 5 of Q attend to head 1 of K, V: query head ``h``
+    uses kv head ``h // (nheads // nheads_k)``. K and V are never expanded in memory.
+
+    If ``causal=True``, the causal mask is aligned to the bottom-right corner of the
+    attention matrix: query ``i`` sees key ``j`` iff ``j <= i + seqlen_k - seqlen_q``.
+    For example, with seqlen_q = 2 and seqlen_k = 5 (1 = visible)::
+
+        1 1 1 1 0
+        1 1 1 1 1
+
+    and with seqlen_q = 5 and seqlen_k = 2::
+
+        0 0
+        0 0
+        0 0
+        1 0
+        1 1
+
+    A query row that sees no key (the first three rows above) outputs exactly 0, and its
+    ``softmax_lse`` is ``-inf``; it never produces NaN.
+
+    If ``window_size != (-1, -1)``, sliding-window (local) attention: query ``i`` sees key ``j``
+    iff ``i + seqlen_k - seqlen_q - window_size[0] <= j <= i + seqlen_k - seqlen_q + window_size[1]``;
+    -1 leaves that side unbounded, and ``causal=True`` sets ``window_size[1] = 0``. Key blocks
+    outside every row's window are never loaded, so the cost grows with the window, not N.
+
+    The score of (i, j) is ``s = softmax_scale · q_i·k_j``, then
+    ``s = softcap · tanh(s / softcap)`` if ``softcap > 0`` (Gemma-2 style logit capping), then
+    ``s = s − slope · |i + seqlen_k − seqlen_q − j|`` with ALiBi slopes, before the softmax.
+
+    Arguments:
+        q: (batch, seqlen_q, nheads, headdim)
+        k: (batch, seqlen_k, nheads_k, headdim)
+        v: (batch, seqlen_k, nheads_k, headdim)
+        softmax_scale: float. The scaling of QKᵀ before the softmax. Default 1 / sqrt(headdim).
+        dropout_p: float in [0, 1). Dropout on the attention probabilities P (after the
+            softmax; kept entries scaled by 1 / (1 - dropout_p)). The mask is drawn in the kernel
+            from a counter-based RNG (Philox on the GPU and in the interpreter, a hash on the tiled
+            CPU path) seeded from torch's generator, so ``torch.manual_seed`` reproduces it; the
+            backward regenerates it and never stores it. Pass 0.0 at evaluation time.
+        causal: bool. Whether to apply a causal mask (bottom-right aligned, see above).
+        window_size: (left, right). Sliding window; -1 means unbounded on that side.
+        softcap: float. > 0 caps the scores with softcap · tanh(s / softcap); 0 disables.
+        alibi_slopes: (nheads,) or (batch, nheads), float32, on q's device. Adds
+            -slope · |i + seqlen_k - seqlen_q - j| to the score of (i, j). No gradient.
+        deterministic: bool. Accepted for flash-attn compatibility. The backward is always
+            deterministic (bitwise reproducible): it uses no atomic adds, whatever this flag says.
+        return_attn_probs: bool. If True, also return ``softmax_lse``. The attention
+            probabilities themselves are never formed, so the third element is None
+            (flash-attn returns them only for testing with dropout).
+
+    Shapes and dtypes:
+        * any seqlen >= 0 (seqlen 0 returns an empty output without a kernel launch;
+          seqlen_k = 0 gives out = 0 and lse = -inf), seqlen_q != seqlen_k allowed;
+        * headdim from 1 to 256 (padded inside the kernel, never in your tensors);
+        * CUDA: float16 and bfloat16 (float32 is rejected with a TypeError that recommends
+          bfloat16). CPU: float32 recommended, float16/bfloat16 accepted (the tiled path
+          computes in float32), float64 on the tiled path only;
+        * any strides with a unit stride on headdim are used without a copy.
+
+    Devices:
+        CUDA tensors run the Triton kernel. CPU tensors run the same Triton kernel in
+        Triton's interpreter if ``TRITON_INTERPRET=1`` was set before import, otherwise a
+        tiled PyTorch implementation of the same algorithm with O(seqlen · block) memory.
+
+    Return:
+        out: (batch, seqlen_q, nheads, headdim), the dtype of q.
+        softmax_lse [optional, if return_attn_probs=True]: (batch, nheads, seqlen_q), float32.
+            The natural-log logsumexp of each row of the final scores (after softcap and
+            ALiBi), -inf for a row that sees no key. It has no gradient: a loss that depends on
+            it does not backpropagate through it (as in flash-attn). Two differences from
+            flash-attn 2's value: it returns +inf for rows that see no key, and with causal +
+            ALiBi its lse is ours + slope·(i + seqlen_k - seqlen_q) (it biases by +slope·j).
+        None [optional, if return_attn_probs=True]: placeholder for the attention probabilities.
+    """
+    _check_qkv(q, k, v)
+    feats = _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, deterministic,
+                            batch=q.shape[0], nheads=q.shape[2])
+    scale = _default_scale(softmax_scale, q.shape[-1])
+    q, k, v = (_unit_last_stride(t) for t in (q, k, v))
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    out, lse = attention(q, k, v, scale, causal, seqlen_k - seqlen_q, **feats)
+    if return_attn_probs:
+        return out, lse, None
+    return out
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                 scale=None, enable_gqa=False):
+    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention``, computed by tileflash.
+
+    Same layout and semantics as torch's function: ``query`` is
+    ``(batch, nheads, seqlen_q, headdim)``, ``key``/``value`` are
+    ``(batch, nheads_k, seqlen_k, headdim)``, and the result has query's shape and dtype.
+    The (batch, seqlen, nheads, headdim) kernels read these tensors through a transpose,
+    so no copy is made.
+
+    ``is_causal=True`` is torch's *top-left* alignment: query ``i`` sees key ``j`` iff
+    ``j <= i``, whatever the lengths (this differs from ``flash_attn_func(causal=True)``
+    when seqlen_q != seqlen_k). With seqlen_q = 2, seqlen_k = 5::
+
+        1 0 0 0 0
+        1 1 0 0 0
+
+    ``enable_gqa=True`` allows ``nheads_k < nheads`` (nheads a multiple of nheads_k;
+    query head h uses kv head ``h // (nheads // nheads_k)``, as in torch). Without it the
+    head counts must match, as in torch.
+
+    Not supported yet (raise ``NotImplementedError``): ``attn_mask`` other than None,
+    ``dropout_p > 0``.
+    """
+    if attn_mask is not None:
+        raise NotImplementedError(
+            "tileflash.scaled_dot_product_attention does not support attn_mask yet; pass attn_mask=None "
+            "(use is_causal=True for a causal mask) or call torch.nn.functional.scaled_dot_product_attention"
+        )
+    if dropout_p != 0.0:
+        raise NotImplementedError(
+            f"tileflash.scaled_dot_product_attention does not support dropout yet (got dropout_p={dropout_p}); "
+            "pass dropout_p=0.0"
+        )
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, nheads, seqlen, headdim), got shape {tuple(t.shape)}")
+    if not enable_gqa and key.shape[1] != query.shape[1]:
+        raise ValueError(
+            f"query has {query.shape[1]} heads but key has {key.shape[1]}; pass enable_gqa=True for "
+            "grouped-query attention (query heads must be a multiple of key/value heads)"
+        )
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    _check_qkv(q, k, v, names=("query", "key", "value"), layout="(batch, nheads, seqlen, headdim)")
+    sc = _default_scale(scale, q.shape[-1])
+    q, k, v = (_unit_last_stride(t) for t in (q, k, v))
+    out, _ = attention(q, k, v, sc, is_causal, 0)
+    return out.transpose(1, 2)
+
+
+# ------------------------------------------------------------------------------------------------
+# Packed variants: q, k, v (or k, v) stacked in one tensor, as a fused QKV projection produces them.
+# They are read through views (no copy), and their gradients are written by the kernels straight
+# into one packed gradient tensor (no concatenation).
+# ------------------------------------------------------------------------------------------------
+
+
+def _check_packed(name, t, ndim, count, layout):
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim or t.shape[ndim - 3] != count:
+        raise ValueError(f"{name} must be {layout}, got shape {tuple(t.shape)}")
+
+
+def _packed(q_or_qkv, kv, dim, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+            deterministic, return_attn_probs, varlen=None):
+    if kv is None:
+        q, k, v = q_or_qkv.unbind(dim)
+    else:
+        q, (k, v) = q_or_qkv, kv.unbind(dim)
+    if varlen is None:
+        _check_qkv(q, k, v)
+        batch, nheads, shift = q.shape[0], q.shape[2], k.shape[1] - q.shape[1]
+        extra = {}
+    else:
+        cu_q, cu_k, max_q, max_k = varlen
+        _check_qkv(q[None], k[None], v[None])
+        max_q = _check_cu_seqlens("cu_seqlens_q", cu_q, q.shape[0], None, max_q, "max_seqlen_q", q.device)
+        batch = cu_q.numel() - 1
+        max_k = _check_cu_seqlens("cu_seqlens_k", cu_k, k.shape[0], batch, max_k, "max_seqlen_k", q.device)
+        nheads, shift = q.shape[1], 0
+        extra = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
+    if batch * nheads > MAX_BATCH_HEADS:
+        raise ValueError(f"batch * nheads = {batch * nheads} exceeds {MAX_BATCH_HEADS}; split the batch")
+    if q_or_qkv.stride(-1) != 1 or (kv is not None and kv.stride(-1) != 1):
+        raise ValueError("packed tensors need a unit stride on headdim; call .contiguous() on them")
+    feats = _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, deterministic,
+                            batch=batch, nheads=nheads)
+    scale = _default_scale(softmax_scale, q.shape[-1])
+    out, lse = PackedAttention.apply(q_or_qkv, kv, dim, scale, causal, shift, {**feats, **extra})
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """:func:`flash_attn_func` on ``qkv`` of shape (batch, seqlen, 3, nheads, headdim).
+
+    Equivalent to ``flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], ...)`` but the
+    gradient is one (batch, seqlen, 3, nheads, headdim) tensor that the backward kernels fill
+    in place (no concatenation of dq, dk, dv). Same arguments and return as flash_attn_func.
+    """
+    _check_packed("qkv", qkv, 5, 3, "(batch, seqlen, 3, nheads, headdim)")
+    return _packed(qkv, None, 2, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                   deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """:func:`flash_attn_func` with ``kv`` of shape (batch, seqlen_k, 2, nheads_k, headdim).
+
+    q is (batch, seqlen_q, nheads, headdim); GQA/MQA as in flash_attn_func. dk and dv are
+    written in place into one packed gradient of kv's shape.
+    """
+    _check_packed("kv", kv, 5, 2, "(batch, seqlen_k, 2, nheads_k, headdim)")
+    return _packed(q, kv, 2, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                   deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """:func:`flash_attn_varlen_func` on ``qkv`` of shape (total, 3, nheads, headdim), with
+    one ``cu_seqlens`` (batch + 1,) int32 and ``max_seqlen`` for q, k and v."""
+    _check_packed("qkv", qkv, 4, 3, "(total_tokens, 3, nheads, headdim)")
+    return _packed(qkv, None, 1, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                   deterministic, return_attn_probs, varlen=(cu_seqlens, cu_seqlens, max_seqlen, max_seqlen))
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """:func:`flash_attn_varlen_func` with ``kv`` of shape (total_k, 2, nheads_k, headdim)."""
+    for name, t in (("q", q),):
+        if not isinstance(t, Tensor) or t.dim() != 3:
+            raise ValueError(f"{name} must be a 3-D tensor (total_q, nheads, headdim)")
+    _check_packed("kv", kv, 4, 2, "(total_k, 2, nheads_k, headdim)")
+    return _packed(q, kv, 1, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                   deterministic, return_attn_probs, varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+
+
+# ------------------------------------------------------------------------------------------------
+# Inference: attention over a KV cache, with in-place append and rotary.
+# ------------------------------------------------------------------------------------------------
+
+
+def _int_tensor(name, t, shape, device):
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32, got {t.dtype}; use {name}.int()")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q is on {device}; move it with .to()")
+    return t.contiguous()
+
+
+def _kvcache_checks_values(device_type: str, seqlen_new: int, rotary_append: bool, compiling: bool) -> bool:
+    """Whether flash_attn_with_kvcache reads cache_seqlens / block_table / cache_batch_idx to check
+    them, which costs a device sync on CUDA. Always when the call writes the cache (an append) or
+    applies rotary (its table must cover the positions), even under torch.compile (a graph break);
+    for a read-only call, on CPU tensors or with TILEFLASH_CHECK_INPUTS=1, and not while tracing.
+    A read-only CUDA call skips them: the kernel clamps lengths and indices into the cache."""
+    if seqlen_new > 0 or rotary_append:
+        return True
+    if compiling:
+        return False
+    return device_type != "cuda" or os.environ.get("TILEFLASH_CHECK_INPUTS", "0") == "1"
+
+
+def _check_kvcache_lengths(sl, seqlen_new, capacity):
+    """Lengths known on the host: non-negative, and the append fits the cache."""
+    if min(sl, default=0) < 0:
+        raise ValueError(f"cache_seqlens must be >= 0, got {sl}")
+    if max(sl, default=0) + seqlen_new > capacity:
+        b = max(range(len(sl)), key=lambda i: sl[i])
+        raise ValueError(f"cache overflow: batch {b} holds {sl[b]} tokens and appends {seqlen_new}, but the "
+                         f"cache has room for {capacity}; grow the cache (or its block_table) first")
+
+
+@torch.compiler.disable
+def _check_kvcache_values(sl, seqlens, seqlen_new, seqlen_q, capacity, num_cache, page_size, block_table,
+                          cache_batch_idx, rotary_cos, cache_leftpad=None):
+    """Value checks of flash_attn_with_kvcache, before any write; returns the lengths as a list.
+
+    Kept out of torch.compile graphs (a graph break), so a compiled append is checked too. Syncs:
+    one for tensor lengths, one for the block table (min, max and repeats computed on the device),
+    one for cache_batch_idx, one for cache_leftpad."""
+    if sl is None:
+        sl = seqlens.tolist()
+    batch = len(sl)
+    _check_kvcache_lengths(sl, seqlen_new, capacity)
+    if block_table is not None and batch and block_table.shape[1]:
+        # the pages each row uses (those holding its first sl[b] + seqlen_new keys); unused slots
+        # get distinct negative sentinels so that they neither repeat nor set the range
+        dev = block_table.device
+        need = torch.tensor([-(-(n + seqlen_new) // page_size) for n in sl], device=dev)
+        slots = torch.arange(block_table.shape[1], device=dev)
+        used = slots[None, :] < need[:, None]                                   # (batch, max_blocks)
+        bt = block_table.long()
+        big = 2 ** 62
+        sentinel = -1 - torch.arange(bt.numel(), device=dev).view_as(bt) - big
+        srt = torch.where(used, bt, sentinel).flatten().sort().values
+        lo_, hi_, rep, n_used = torch.stack((
+            torch.where(used, bt, big).min(), torch.where(used, bt, -big).max(),
+            (srt[1:] == srt[:-1]).any().long(), used.sum())).tolist()
+        if n_used and (lo_ < 0 or hi_ >= num_cache):
+            raise ValueError(f"block_table entries must be in [0, {num_cache}) (the number of pages); "
+                             f"got values from {lo_} to {hi_}")
+        if n_used and seqlen_new and rep:
+            raise ValueError("block_table maps two batch rows (or two positions) to the same page while "
+                             "appending; give every sequence its own pages")
+    if cache_batch_idx is not None:
+        idx = cache_batch_idx.tolist()
+        if min(idx) < 0 or max(idx) >= num_cache:
+            raise ValueError(f"cache_batch_idx entries must be in [0, {num_cache}), got {idx}")
+        if seqlen_new and len(set(idx)) != len(idx):
+            raise ValueError(f"cache_batch_idx has repeated entries {idx}: two batch rows would append to the same "
+                             f"cache entry")
+    if cache_leftpad is not None:
+        pad = cache_leftpad.tolist()
+        bad = [b for b in range(batch) if not 0 <= pad[b] <= sl[b]]
+        if bad:
+            raise ValueError(f"cache_leftpad must satisfy 0 <= cache_leftpad[b] <= cache_seqlens[b]; batch {bad[0]} "
+                             f"has cache_leftpad {pad[bad[0]]} and cache_seqlens {sl[bad[0]]}")
+    if rotary_cos is not None and max(sl, default=0) + max(seqlen_new, seqlen_q) > rotary_cos.shape[0]:
+        raise ValueError(f"rotary_cos has {rotary_cos.shape[0]} positions but positions up to "
+                         f"{max(sl) + max(seqlen_new, seqlen_q) - 1} are needed")
+    return sl
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """Attention of new query tokens against a KV cache (decoding), flash-attn 2's signature.
+
+    If ``k`` and ``v`` are given, they are first **written in place** into the cache at positions
+    ``cache_seqlens[b], cache_seqlens[b] + 1, ...`` (after rotary, if given); attention then runs
+    over ``cache[:cache_seqlens[b] + seqlen_new]``, causal aligned bottom-right (new token t is at
+    position ``cache_seqlens[b] + t``). Without k/v it runs over ``cache[:cache_seqlens[b]]``.
+    Forward only: there is no backward.
+
+    Arguments:
+        q: (batch, seqlen_q, nheads, headdim), usually seqlen_q = 1 (longer chunks work too).
+        k_cache, v_cache: contiguous cache (batch_cache, seqlen_cache, nheads_k, headdim), or,
+            with ``block_table``, a paged cache (num_blocks, page_size, nheads_k, headdim). Any
+            page size >= 1 works (16 to 256 are the usual ones); key j of batch b is row
+            ``j % page_size`` of page ``block_table[b, j // page_size]``.
+        k, v: (batch, seqlen_new, nheads_k, headdim) or None.
+        rotary_cos, rotary_sin: (seqlen_ro, rotary_dim / 2), rotary_dim <= headdim and even.
+            Only used when k and v are appended (as in flash-attn): applied to the new k and to q,
+            at positions cache_seqlens + t when causal or local, otherwise every q token at
+            position cache_seqlens (flash-attn's rule).
+        cache_seqlens: int, or (batch,) int32: tokens already in the cache. None: the cache is full.
+        cache_batch_idx: (batch,) int32: which cache entry each batch element uses (contiguous
+            caches only). None: entry b.
+        cache_leftpad: (batch,) int32: the index where each sequence's cache starts; keys before it
+            are ignored (flash-attn's left padding). Positions stay absolute: appends go to
+            cache_seqlens[b] onward, rotary uses cache_seqlens[b] + t, and the causal alignment is
+            to the end. Must satisfy 0 <= cache_leftpad[b] <= cache_seqlens[b]. None: 0.
+        block_table: (batch, max_blocks) int32 for a paged cache.
+        softmax_scale, causal, window_size, softcap, alibi_slopes: as in flash_attn_func.
+        rotary_interleaved: True for GPT-J style pairs (0,1),(2,3)...; False for GPT-NeoX halves.
+        num_splits: how many pieces the KV length is split into (flash-decoding). 0 chooses from
+            the number of SMs and the cache length; 1 disables splitting.
+        return_softmax_lse: also return the merged LSE (batch, nheads, seqlen_q), float32.
+
+    Everything is validated before anything is written: an append past the cache's end, block
+    table entries out of range, dtype/device/head mismatches raise and leave the cache untouched.
+    Checking values (cache_seqlens, block_table, cache_batch_idx, cache_leftpad) reads them on
+    the host, which on CUDA costs up to four syncs. It is done whenever the call appends (k/v given) or applies
+    rotary, also inside torch.compile (as a graph break); for a read-only call, on CPU tensors or
+    with the environment variable TILEFLASH_CHECK_INPUTS=1 (not while tracing). A read-only call
+    on CUDA skips it, so decode steps stay asynchronous and can be captured in a CUDA graph; the
+    kernel then clamps lengths and indices into the cache, so bad values give wrong outputs for
+    that row but never read outside the cache. cache_seqlens given as a Python int is checked for
+    free. With tensor lengths that are not read, the KV splits are sized by the cache's capacity
+    rather than the longest sequence, so a cache allocated much longer than its contents splits
+    its work coarsely (fewer busy programs at small batch); passing cache_seqlens as an int, or a
+    cache sized to the contents, avoids that.
+    """
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D, got shape {tuple(t.shape)}")
+    if tuple(k_cache.shape) != tuple(v_cache.shape):
+        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a unit stride on headdim (it is updated in place, so it cannot be "
+                             f"copied); allocate it contiguous")
+    batch, seqlen_q, nheads, d = q.shape
+    # validate q against the cache as if it were one (batch_cache, seqlen, nheads_k, d) k/v
+    _check_qkv(q, k_cache[:1].expand(batch, *k_cache.shape[1:]), v_cache[:1].expand(batch, *v_cache.shape[1:]),
+               names=("q", "k_cache", "v_cache"))
+    nheads_k, dev = k_cache.shape[2], q.device
+    paged = block_table is not None
+    if paged:
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx cannot be combined with block_table (a paged cache)")
+        if not isinstance(block_table, Tensor) or block_table.dim() != 2:
+            raise ValueError("block_table must be a 2-D int32 tensor (batch, max_blocks)")
+        block_table = _int_tensor("block_table", block_table, (batch, block_table.shape[1]), dev)
+        capacity = block_table.shape[1] * k_cache.shape[1]
+    else:
+        capacity = k_cache.shape[1]
+        if cache_batch_idx is None and k_cache.shape[0] < batch:
+            raise ValueError(f"k_cache holds {k_cache.shape[0]} sequences but q has batch {batch}; without "
+                             f"cache_batch_idx, batch row b uses cache row b, so the cache needs at least {batch}")
+    if cache_batch_idx is not None:
+        cache_batch_idx = _int_tensor("cache_batch_idx", cache_batch_idx, (batch,), dev)
+    if cache_leftpad is not None:
+        cache_leftpad = _int_tensor("cache_leftpad", cache_leftpad, (batch,), dev)
+    uniform = cache_seqlens is None or (isinstance(cache_seqlens, numbers.Integral)
+                                        and not isinstance(cache_seqlens, bool))
+    if uniform:
+        seqlens = None  # one length known on the host: no tensor unless an append or rotary needs it
+    else:
+        seqlens = _int_tensor("cache_seqlens", cache_seqlens, (batch,), dev)
+    if (k is None) != (v is None):
+        raise ValueError("pass both k and v to append to the cache, or neither")
+    seqlen_new = 0
+    if k is not None:
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, Tensor) or tuple(t.shape[:1]) != (batch,) or t.dim() != 4 \
+                    or tuple(t.shape[2:]) != (nheads_k, d):
+                raise ValueError(f"{name} must be (batch, seqlen_new, nheads_k, headdim) = ({batch}, *, {nheads_k}, "
+                                 f"{d}), got {tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}")
+            if t.dtype != k_cache.dtype or t.device != dev:
+                raise TypeError(f"{name} must match the cache's dtype and device ({k_cache.dtype}, {dev})")
+        if k.shape[1] != v.shape[1]:
+            raise ValueError(f"k and v must have the same seqlen_new, got {k.shape[1]} and {v.shape[1]}")
+        seqlen_new = k.shape[1]
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("pass both rotary_cos and rotary_sin, or neither")
+    if rotary_cos is not None:
+        if rotary_cos.dim() != 2 or rotary_cos.shape != rotary_sin.shape or 2 * rotary_cos.shape[1] > d:
+            raise ValueError(f"rotary_cos/rotary_sin must both be (seqlen_ro, rotary_dim / 2) with rotary_dim <= "
+                             f"headdim = {d}; got {tuple(rotary_cos.shape)} and {tuple(rotary_sin.shape)}")
+    if not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (0 = automatic), got {num_splits!r}")
+    feats = _check_features(q, 0.0, causal, window_size, softcap, alibi_slopes, False, batch=batch, nheads=nheads)
+    scale = _default_scale(softmax_scale, d)
+
+    # -- value checks, all before any write --------------------------------------------------------
+    if isinstance(cache_seqlens, numbers.Integral) or cache_seqlens is None:
+        sl = [int(cache_seqlens) if cache_seqlens is not None else capacity] * batch  # known on the host
+    else:
+        sl = None
+    if _kvcache_checks_values(dev.type, seqlen_new, k is not None and rotary_cos is not None,
+                              torch.compiler.is_compiling()):
+        sl = _check_kvcache_values(sl, seqlens, seqlen_new, seqlen_q, capacity, k_cache.shape[0], k_cache.shape[1],
+                                   block_table, cache_batch_idx, rotary_cos if k is not None else None,
+                                   cache_leftpad)
+    elif sl is not None:
+        _check_kvcache_lengths(sl, seqlen_new, capacity)  # host-known lengths: free to check, no sync
+
+    # -- rotary and in-place append ----------------------------------------------------------------
+    t_new = torch.arange(seqlen_new, device=dev) if k is not None else None
+    if seqlens is None and k is not None:
+        seqlens = torch.full((batch,), sl[0] if sl else 0, dtype=torch.int32, device=dev)
+    if rotary_cos is not None and k is not None:  # flash-attn: rotary only applies with an append
+        span = capacity  # flash-attn's rule: a window at least the cache's size is no window
+        local = 0 <= feats["window_left"] < span or 0 <= feats["window_right"] < span
+        t_q = torch.arange(seqlen_q, device=dev) if (causal or local) else \
+            torch.zeros(seqlen_q, dtype=torch.long, device=dev)
+        q = apply_rotary(q, rotary_cos, rotary_sin, seqlens.long()[:, None] + t_q[None, :], rotary_interleaved)
+        k = apply_rotary(k, rotary_cos, rotary_sin, seqlens.long()[:, None] + t_new[None, :], rotary_interleaved)
+    if k is not None and seqlen_new > 0:
+        pos = seqlens.long()[:, None] + t_new[None, :]                          # (batch, seqlen_new)
+        if paged:
+            ps = k_cache.shape[1]
+            page = torch.gather(block_table.long(), 1, pos // ps)
+            rows = (page, pos % ps)
+        else:
+            cb = cache_batch_idx.long() if cache_batch_idx is not None else torch.arange(batch, device=dev)
+            rows = (cb[:, None].expand_as(pos), pos)
+        with torch.no_grad():
+            k_cache[rows] = k
+            v_cache[rows] = v
+        seqlens = seqlens + seqlen_new
+    q = _unit_last_stride(q)
+    if uniform:
+        seqlens = None  # every entry holds sl[0] + seqlen_new keys: the kernel takes that scalar
+    elif seqlens.dtype != torch.int32 or not seqlens.is_contiguous():
+        seqlens = seqlens.to(torch.int32).contiguous()
+    # forward-only: outside torch.compile the op's dispatch is pure host overhead, so call its body
+    fwd = kvcache_fwd if torch.compiler.is_compiling() else kvcache_forward
+    out, lse = fwd(q, k_cache, v_cache, seqlens, scale, causal,
+                           feats["window_left"], feats["window_right"], feats["softcap"], feats["alibi_slopes"],
+                           cache_batch_idx, block_table, num_splits,
+                           max(sl, default=0) + seqlen_new if sl is not None else -1, cache_leftpad)
+    return (out, lse) if return_softmax_lse else out

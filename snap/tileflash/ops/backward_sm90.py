@@ -1,0 +1,1031 @@
+"""Hopper (sm90) backward in Gluon: a warp-specialized dK/dV kernel (default), an 8-warp dK/dV
+kernel, and the 8-warp kernel fused with ordered dQ sums.
+
+Why a second backward. In ``tileflash.ops.backward`` (plain Triton), as in the forward
+(``forward_sm90``), every ``tl.dot`` on Hopper waits for its result, so the elementwise work
+never overlaps the tensor cores. These kernels use asynchronous wgmma: one program per (K/V
+block, batch·kv head) keeps K, V and the fp32 dK, dV accumulators on chip and streams the Q and
+dO blocks of every query head of its GQA group through a TMA ring. Per Q block (transposed form,
+rows = keys), on each warpgroup's 64 keys:
+
+    issue Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ        (async)
+    wait Sᵀ;  Pᵀ = exp2(Sᵀ·scale − lse)                          (dPᵀ still runs)
+    wait dPᵀ; issue dV += Pᵀ·dO                                  (async)
+    dSᵀ = Pᵀ∘(dPᵀ − delta)                                      (dV's matmul runs)
+    issue dK += dSᵀ·Q                                            (async)
+    CARRY_DK: wait dK in the next block's first wait; else wait dV and dK now
+    WITH_DQ only: dSᵀ to shared memory, dQ_part = dS·K, add dQ_part into an fp32 dQ buffer
+
+Two kernels run this loop. ``_attn_bwd_sm90_ws`` (``WS=True``, the default): a 1-warp producer
+partition streams K/V and the Q/dO ring with TMA, two 4-warp consumer partitions own the two
+64-key halves and release a ring slot through an mbarrier once their last matmul on it retired.
+``_attn_bwd_sm90`` (``WS=False``): 8 warps in one partition, whose two warpgroups meet at a CTA
+barrier before each refill; it also has the fused mode. Both do the same arithmetic per element
+in the same order, so their dK and dV are the same bits (GPU-tested).
+
+``CARRY_DK``: when dK stays in flight across the loop's back edge, ptxas serializes every wgmma
+(performance advisory C7515: a wait after each HGMMA in the SASS), so the overlap above does not
+happen. Waiting for dK within the block removes that; it measured 6–10% faster at D = 128 and is
+the default there, while at D = 64 with 128-row Q blocks it spills and is slower, so D = 64
+non-causal keeps the carry; D = 64 causal uses 64-row Q blocks without it (docs/perf-notes.md
+§16–17).
+
+A third kernel, ``_attn_bwd_dq_sm90_ws`` (:func:`backward_dq`), computes dQ with the forward's
+warp-specialized structure (Q-stationary, K/V streamed). It is the default dQ path after the
+Gluon dK/dV kernel (``TILEFLASH_GLUON_DQ=0``: the Triton dQ kernel instead). On the H200 it
+runs at 1061–1165 TFLOP/s-equivalent alone at D = 128, N = 4k–16k, where the Triton dQ kernel
+ran at ~1020 (derived from the whole backward; docs/perf-notes.md §17).
+
+Two modes (``WITH_DQ``, a constexpr):
+
+* ``False``, the default (:func:`config_for`): dK and dV only. ``tileflash.ops.backward`` then
+  runs the Gluon dQ kernel above (or its Triton dQ kernel where that one does not apply), which
+  recomputes S and dP per (Q block, K block): 7 matmuls per
+  pair in all, no atomics, bitwise deterministic. At D=128 the first Gluon dK/dV kernel measured
+  17–27% faster than the Triton dK/dV kernel (session 6), and the default is 9–13% faster than
+  that one (session 7, run 9; docs/perf-notes.md §15–16).
+* ``True``, the fused FA2/FA3 schedule (5 matmuls per pair): the fp32 dQ buffer is shared by
+  every K block, so its updates are atomic adds. By default they are **ordered** (FA3's
+  deterministic mode): the program of K block n adds to Q block m only after the programs of K
+  blocks 0..n-1 have added theirs (a per-(b, h, Q block) counter in global memory, released
+  after each add), so the fp32 sums happen in the same order on every run.
+  ``deterministic=False`` drops the ordering. Two kernels have it:
+
+  - the warp-specialized one (``WS=True``, :func:`fused_config_for`; routed to only with
+    ``TILEFLASH_GLUON_FUSED=1``): each consumer stages its dSᵀ and its fp32 dQ part in shared
+    memory and adds the part with one TMA bulk reduction per 64- or 128-column slice; its two
+    consumers add in a fixed order too (K block n's consumer 0, then 1). On the H200 it measured
+    0.58–0.76× the split default ordered and 0.59–0.98× unordered (session 13, docs/perf-notes.md
+    §22, which has where the time goes), so it is off by default;
+  - the 8-warp one (``WS=False``): per-thread vector atomics; slower still (session 6), reachable
+    through ``backward(..., cfg=dict(..., WITH_DQ=True, WS=False))`` only.
+
+  Both are correct and bitwise reproducible when ordered (GPU-tested).
+
+Scope, decided by :func:`supported`: dense fp16/bf16 on sm90, head dim 64 or 128, no
+window/softcap/ALiBi/dropout, causal only bottom-right with Sq <= Sk, Sq and Sk multiples of 128,
+16-byte aligned memory in the (B, S, H, D) or (B, H, S, D) layouts. Everything else runs the
+Triton backward, which stays the reference (and the CPU-interpreter path). Numerics follow
+``tileflash.ops.backward``: base-2 scores with the scale folded in, the natural-log LSE
+converted on load, fp32 accumulation, P and dS cast to the input dtype for their matmuls.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from tileflash.ops import forward_sm90 as _f90
+
+if _f90.HAVE_GLUON:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                                   warpgroup_mma_init,
+                                                                   warpgroup_mma_wait)
+
+LOG2E = 1.4426950408889634
+
+if _f90.HAVE_GLUON:
+    # a CTA-wide barrier: gl.thread_barrier in triton 3.6, renamed gl.barrier in later releases
+    _cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+
+    @gluon.jit
+    def _dq_add(ptrs, vals, VEC: gl.constexpr):
+        """DQ[ptrs] += vals (fp32, relaxed atomics). VEC = 2: one red.global.add.v2.f32 per pair of
+        a thread's consecutive registers, which the wgmma result layout holds as adjacent columns
+        (sm90's vector reductions: half the instructions of one add per element)."""
+        if VEC == 2:
+            gl.inline_asm_elementwise("red.relaxed.gpu.global.add.v2.f32 [$2], {$4, $5};\n\tmov.b32 $0, 0;\n\tmov.b32 $1, 0;",
+                                      "=r,=r,l,l,f,f", [ptrs.to(gl.int64, bitcast=True), vals], dtype=gl.int32, is_pure=False, pack=2)
+        else:
+            gl.atomic_add(ptrs, vals, sem="relaxed")
+
+    @gluon.jit
+    def _refill(q_desc, do_desc, q_bar, q_smem, do_smem, stage, i, total, per_head, lo, off_b, off_hk, kv_group,
+                q_rb, q_rh, q_ch, BLOCK_M: gl.constexpr):
+        """TMA the Q and dO blocks of iteration i (head off_hk·G + i // per_head) into ring slot
+        `stage`, if i < total."""
+        h = off_hk * kv_group + i // per_head
+        row = off_b * q_rb + h * q_rh + lo + (i % per_head) * BLOCK_M
+        pred = i < total
+        nbytes: gl.constexpr = 2 * q_desc.block_type.nbytes
+        mbarrier.expect(q_bar.index(stage), nbytes, pred=pred)
+        _f90._tma_load(q_desc, [row, h * q_ch], q_bar.index(stage), q_smem.index(stage), pred=pred)
+        _f90._tma_load(do_desc, [row, h * q_ch], q_bar.index(stage), do_smem.index(stage), pred=pred)
+
+    @gluon.jit
+    def _dq_ordered_add(ptrs, dq_part, sem_ptr, order, DETERMINISTIC: gl.constexpr, VEC: gl.constexpr):
+        """Add dq_part at ptrs; DETERMINISTIC: only after `order` earlier K blocks have added theirs
+        to this Q block (counter at sem_ptr), and count this one after."""
+        if DETERMINISTIC:
+            while gl.atomic_add(sem_ptr, 0, sem="acquire") < order:
+                pass
+            _cta_barrier()
+        _dq_add(ptrs, dq_part, VEC)
+        if DETERMINISTIC:
+            _cta_barrier()      # every thread's adds are issued before the release
+            gl.atomic_add(sem_ptr, 1, sem="release")
+
+    @gluon.jit
+    def _dq_turn(sem_ptr, order):
+        """Wait until `order` adds to this Q block have completed (the counter at sem_ptr)."""
+        while gl.atomic_add(sem_ptr, 0, sem="acquire") < order:
+            pass
+        _cta_barrier()
+
+    @gluon.jit
+    def _dq_turn_done(sem_ptr):
+        """Count this partition's adds to the Q block once its TMA reductions have completed (written
+        to global memory, not only read from shared memory): the issuing thread waits for them, and
+        the barrier orders that wait before the release."""
+        gl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n\tmov.b32 $0, 0;", "=r,r", [sem_ptr.to(gl.int64, bitcast=True).to(gl.int32)],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+        _cta_barrier()
+        gl.atomic_add(sem_ptr, 1, sem="release")
+
+    @gluon.jit
+    def _kv_block_coords(nheads_k, seqlen_q, seqlen_k, kv_rb, kv_rh, kv_ch, BLOCK_N: gl.constexpr,
+                         PER_HEAD: gl.constexpr = False):
+        """Which (batch, kv head, K/V block) a dK/dV program owns and where its K/V tile starts in
+        the 2-D views: (off_b, off_hk, start_n, shift, kv_row, kv_col).
+        Grid (batch·kv heads, K/V blocks): heads fastest, so block n of every head is launched before
+        block n + 1 (the order the ordered dQ adds of the fused mode wait in).
+        PER_HEAD: a 1-D grid of batch·kv heads · K/V blocks, K/V blocks fastest, so the programs of
+        one head run together and share its Q/dO in L2 (block 0, the longest when causal, first)."""
+        if PER_HEAD:
+            n_blocks = seqlen_k // BLOCK_N
+            pid_bhk = gl.program_id(0) // n_blocks
+            pid_n = gl.program_id(0) % n_blocks
+        else:
+            pid_bhk = gl.program_id(0)
+            pid_n = gl.program_id(1)
+        off_b = pid_bhk // nheads_k
+        off_hk = pid_bhk % nheads_k
+        start_n = pid_n * BLOCK_N
+        shift = seqlen_k - seqlen_q
+        kv_row = off_b * kv_rb + off_hk * kv_rh + start_n
+        return off_b, off_hk, start_n, shift, kv_row, off_hk * kv_ch
+
+    @gluon.jit
+    def _q_range(start_n, shift, seqlen_q, kv_group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 CAUSAL: gl.constexpr):
+        """The Q blocks a K/V block at start_n works through: (n_m, lo, mask_end, per_head, total).
+        Q blocks [lo, seqlen_q) see some key of the block, those starting before mask_end need the
+        causal mask; per_head blocks per query head, total over the GQA group's heads."""
+        n_m = seqlen_q // BLOCK_M
+        if CAUSAL:
+            lo = gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M
+            mask_end = gl.minimum(gl.maximum(start_n + BLOCK_N - shift, 0), seqlen_q)
+        else:
+            lo = 0
+            mask_end = 0
+        per_head = n_m - lo // BLOCK_M
+        total = per_head * kv_group          # iterations: every Q block of every head of the group
+        return n_m, lo, mask_end, per_head, total
+
+    @gluon.jit
+    def _lse_delta(LSE, DELTA, row_lse, offs_m):
+        """The base-2 LSE and delta of rows offs_m ([BLOCK_M] each)."""
+        lse = gl.load(LSE + row_lse + offs_m) * 1.4426950408889634                        # [BLOCK_M] base 2
+        delta = gl.load(DELTA + row_lse + offs_m)                                         # [BLOCK_M]
+        return lse, delta
+
+    @gluon.jit
+    def _probs_t(st, lse, qk_scale, start_k, offs_n, start_m, offs_m, mask_end, shift, CAUSAL: gl.constexpr):
+        """Pᵀ = exp2(Sᵀ·scale − lse) for keys start_k + offs_n (rows) and queries offs_m (columns),
+        0 where the bottom-right causal mask hides a key (only Q blocks before mask_end need it)."""
+        pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))                              # [keys, BLOCK_M]
+        if CAUSAL:
+            if start_m < mask_end:  # bottom-right: key j visible to row i iff j <= i + shift
+                vis = gl.expand_dims(start_k + offs_n, 1) <= gl.expand_dims(offs_m + shift, 0)
+                pt = gl.where(vis, pt, 0.0)
+        return pt
+
+    @gluon.jit
+    def _store_dkdv(DK, DV, dk, dv, start_k, off_b, off_hk, sm_scale,
+                    stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+                    ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, LAYOUT: gl.constexpr):
+        """dK = scale · Σ dSᵀ·Q and dV as accumulated, for keys [start_k, +ROWS): plain stores."""
+        offs_kn = gl.arange(0, ROWS, layout=gl.SliceLayout(1, LAYOUT))
+        offs_kd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, LAYOUT))
+        rows = gl.expand_dims(start_k + offs_kn, 1).to(gl.int64)
+        cols = gl.expand_dims(offs_kd, 0)
+        dtype: gl.constexpr = DK.dtype.element_ty
+        gl.store(DK + off_b.to(gl.int64) * stride_dkb + off_hk * stride_dkh + rows * stride_dkn + cols,
+                 (dk * sm_scale).to(dtype))
+        gl.store(DV + off_b.to(gl.int64) * stride_dvb + off_hk * stride_dvh + rows * stride_dvn + cols, dv.to(dtype))
+
+    @gluon.jit
+    def _attn_bwd_sm90(
+        q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ, SEM, DK, DV,
+        q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,       # 2-D view offsets (forward_sm90._view_params)
+        stride_lb, stride_lh, dq_stride,
+        stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+        nheads, nheads_k, kv_group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+        CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, VEC: gl.constexpr, WITH_DQ: gl.constexpr,
+        CARRY_DK: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        """One program per (batch·kv head, K/V block): grid axis 0 is batch·kv head, so the
+        programs of K block n of every head are launched before those of block n + 1 (the
+        deterministic mode waits on lower blocks only: no deadlock, little waiting)."""
+        off_b, off_hk, start_n, shift, kv_row, kv_col = _kv_block_coords(nheads_k, seqlen_q, seqlen_k, kv_rb, kv_rh,
+                                                                         kv_ch, BLOCK_N)
+
+        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                            instr_shape=[16, BLOCK_M, 16])
+        dkv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                             instr_shape=[16, HEAD_DIM, 16])
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, num_warps // 4],
+                                                            instr_shape=[16, HEAD_DIM // (num_warps // 4), 16])
+        dtype: gl.constexpr = q_desc.dtype
+
+        k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], v_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+        ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(q_bar.index(i), count=1)
+
+        n_m, lo, mask_end, per_head, total = _q_range(start_n, shift, seqlen_q, kv_group, BLOCK_M, BLOCK_N, CAUSAL)
+
+        kv_bytes: gl.constexpr = 2 * k_desc.block_type.nbytes
+        mbarrier.expect(kv_bar, kv_bytes)
+        _f90._tma_load(k_desc, [kv_row, kv_col], kv_bar, k_smem)
+        _f90._tma_load(v_desc, [kv_row, kv_col], kv_bar, v_smem)
+        for i in gl.static_range(STAGES):  # fill the Q/dO ring
+            _refill(q_desc, do_desc, q_bar, q_smem, do_smem, i, i, total, per_head, lo, off_b, off_hk, kv_group,
+                    q_rb, q_rh, q_ch, BLOCK_M)
+
+        offs_mb = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))              # [BLOCK_M]
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))               # [BLOCK_N]
+        dq_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))                 # [BLOCK_M]
+        dq_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))                # [HEAD_DIM]
+        if CARRY_DK:  # dK is carried between iterations as an in-flight wgmma accumulator
+            dk = warpgroup_mma_init(gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, dkv_layout))   # [BLOCK_N, HEAD_DIM]
+        else:
+            dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, dkv_layout)
+        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, dkv_layout)                        # [BLOCK_N, HEAD_DIM]
+        mbarrier.wait(kv_bar, 0)
+
+        zero_st = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
+        zero_dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dkv_layout, k_width=2)
+        for it in range(total):
+            stage = it % STAGES
+            h = off_hk * kv_group + it // per_head
+            start_m = lo + (it % per_head) * BLOCK_M
+            bh = off_b * nheads + h
+            row_lse = off_b * stride_lb + h * stride_lh
+            q_s = q_smem.index(stage)                                                     # [BLOCK_M, HEAD_DIM]
+            do_s = do_smem.index(stage)                                                   # [BLOCK_M, HEAD_DIM]
+            mbarrier.wait(q_bar.index(stage), (it // STAGES) & 1)
+            st_tok = warpgroup_mma(k_smem, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+            dpt_tok = warpgroup_mma(v_smem, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+            offs_m = start_m + offs_mb                                                    # [BLOCK_M]
+            lse, delta = _lse_delta(LSE, DELTA, row_lse, offs_m)                          # [BLOCK_M] each
+            # groups retire in order: dK of the previous block (if carried), then Sᵀ; dPᵀ runs on
+            if CARRY_DK:
+                st, dk = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok, dk))        # [BLOCK_N, BLOCK_M]
+            else:
+                st = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok,))
+            # both warpgroups are past this point: every matmul of the previous block has retired,
+            # so its ring slot (last read by dK) and dS (last read by dQ) are free
+            _cta_barrier()
+            _refill(q_desc, do_desc, q_bar, q_smem, do_smem, (it + STAGES - 1) % STAGES, it - 1 + STAGES,
+                    gl.where(it >= 1, total, 0), per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh, q_ch, BLOCK_M)
+            pt = _probs_t(st, lse, qk_scale, start_n, offs_n, start_m, offs_m, mask_end, shift, CAUSAL)  # [BLOCK_N, BLOCK_M]
+            dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt_tok,))                  # [BLOCK_N, BLOCK_M]
+            b_pt = gl.convert_layout(pt.to(dtype), op_layout)                             # [BLOCK_N, BLOCK_M]
+            dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                             # [BLOCK_N, HEAD_DIM]
+            dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)                       # [BLOCK_N, BLOCK_M]
+            if WITH_DQ:
+                ds_smem.store(dst)
+                fence_async_shared()
+                _cta_barrier()   # both warpgroups' rows of dSᵀ are in shared memory
+                dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True)
+                dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)  # [BLOCK_N, HEAD_DIM]
+                # dV and dQ retire, dK runs on during the adds
+                dq_part, dv = warpgroup_mma_wait(num_outstanding=1, deps=(dq_tok, dv))   # [BLOCK_M, HEAD_DIM]
+                ptrs = DQ + bh.to(gl.int64) * seqlen_q * dq_stride + gl.expand_dims(start_m + dq_m, 1) * dq_stride \
+                    + gl.expand_dims(dq_d, 0)                                             # [BLOCK_M, HEAD_DIM]
+                _dq_ordered_add(ptrs, dq_part, SEM + bh * n_m + start_m // BLOCK_M, gl.program_id(1), DETERMINISTIC, VEC)
+                if not CARRY_DK:
+                    dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
+            else:  # dQ is left to another kernel
+                dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
+                if CARRY_DK:  # dK runs on into the next block
+                    dv = warpgroup_mma_wait(num_outstanding=1, deps=(dv,))
+                else:
+                    dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+        if CARRY_DK:
+            dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
+
+        mbarrier.invalidate(kv_bar)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(q_bar.index(i))
+
+        _store_dkdv(DK, DV, dk, dv, start_n, off_b, off_hk, sm_scale, stride_dkb, stride_dkn, stride_dkh,
+                    stride_dvb, stride_dvn, stride_dvh, BLOCK_N, HEAD_DIM, dkv_layout)
+
+
+    # ------------------------------------------------------------------------------------------
+    # Warp-specialized dK/dV kernel: a 1-warp producer streams the Q/dO ring with TMA, and two
+    # 4-warp consumers own the two 64-key halves of the K/V block. Each consumer releases a ring
+    # slot through an mbarrier when its last matmul on it retires, instead of a CTA-wide barrier
+    # per Q block, so the two warpgroups drift apart and one's softmax overlaps the other's matmuls
+    # (the barrier was the largest stall of _attn_bwd_sm90 under Nsight Compute, docs/perf-notes.md §16).
+    # ------------------------------------------------------------------------------------------
+    @gluon.jit
+    def _bwd_ws_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
+                         q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh, q_ch,
+                         HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+        """K and V (two halves each) once, then the Q/dO blocks of iteration i into slot i % STAGES
+        once both consumers have released that slot's previous block."""
+        mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
+        for c in gl.static_range(2):
+            _f90._tma_load(k_desc, [kv_row + c * HALF_N, kv_col], kv_bar, k_smem.index(c))
+            _f90._tma_load(v_desc, [kv_row + c * HALF_N, kv_col], kv_bar, v_smem.index(c))
+        for i in range(total):
+            slot = i % STAGES
+            released = ((i // STAGES) & 1) ^ 1   # parity of the release of block i - STAGES
+            mbarrier.wait(q_empty.index(slot), released, pred=i >= STAGES)
+            _refill(q_desc, do_desc, q_full, q_smem, do_smem, slot, i, total, per_head, lo, off_b, off_hk,
+                    kv_group, q_rb, q_rh, q_ch, BLOCK_M)
+
+    @gluon.jit
+    def _bwd_ws_consumer(shared, dq_desc, SEM, C: gl.constexpr, HALF_N: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, CARRY_DK: gl.constexpr, PINGPONG: gl.constexpr,
+                         WITH_DQ: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_MODE: gl.constexpr):
+        """Keys [start_n + C·HALF_N, +HALF_N): the dK/dV schedule of _attn_bwd_sm90 (WITH_DQ=False)
+        on one warpgroup, releasing each ring slot when its dK matmul retires. ``shared`` holds
+        what both consumers get alike (buffers, barriers, pointers, coordinates and strides; see
+        _attn_bwd_sm90_ws), as the forward's _ws_consumer does; dq_desc and SEM stay apart, since
+        they are None (constexprs, which a tuple does not keep) without WITH_DQ. CARRY_DK as there:
+        True leaves dK in flight into the next block, which makes ptxas serialize every wgmma
+        (C7515); False waits for dK at the end of each block. PINGPONG: each of the block's two
+        matmul issues (Sᵀ and dPᵀ; dV and dK) is a turn taken alternately with the other consumer
+        (the forward's _ws_turn / _ws_pass, two turns per block), so one consumer's elementwise
+        work runs while the other's matmuls do; False: the consumers run free.
+        WITH_DQ (PINGPONG off): the fused schedule. dSᵀ goes to this consumer's shared buffer,
+        dQ_part = dS·K over its HALF_N keys runs as a fifth matmul, in DQ_SPLIT column slices of DQ_D
+        (dq_desc's block width: two of 64 at D = 128, so that dK and dV stay resident; one slice
+        after dV retires when DQ_SPLIT = 1), and each [BLOCK_M, DQ_D] slice goes through shared
+        memory (dq_smem) into the fp32 (B·Sq, H·D) view of dq_desc by one TMA bulk reduction (add),
+        which runs while the next block is computed. DQ_MODE 1 (a plain
+        TMA store) and 2 (no global write) are wrong on purpose, to time the reduction's cost
+        (scripts/fused_bwd_check.py --modes). DETERMINISTIC: the adds to a Q block
+        happen in the order (K block 0, consumer 0), (0, 1), (1, 0), ... (a counter per
+        (b, h, Q block) at SEM), so the fp32 sums are the same bits on every run."""
+        (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_full, q_empty, pp_bar, LSE, DELTA, DK, DV,
+         off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale, sm_scale,
+         stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+         seqlen_q, nheads, n_m) = shared
+        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, BLOCK_M, 16])
+        dkv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, HEAD_DIM, 16])
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dkv_layout, k_width=2)
+        dtype: gl.constexpr = k_smem.dtype
+        k_c = k_smem.index(C)                                                             # [HALF_N, HEAD_DIM]
+        v_c = v_smem.index(C)                                                             # [HALF_N, HEAD_DIM]
+        start_c = start_n + C * HALF_N
+        offs_mb = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))              # [BLOCK_M]
+        offs_n = gl.arange(0, HALF_N, layout=gl.SliceLayout(1, st_layout))                # [HALF_N]
+        if CARRY_DK:
+            dk = warpgroup_mma_init(gl.zeros([HALF_N, HEAD_DIM], gl.float32, dkv_layout))  # [HALF_N, HEAD_DIM]
+        else:
+            dk = gl.zeros([HALF_N, HEAD_DIM], gl.float32, dkv_layout)
+        dv = gl.zeros([HALF_N, HEAD_DIM], gl.float32, dkv_layout)                         # [HALF_N, HEAD_DIM]
+        zero_st = gl.zeros([HALF_N, BLOCK_M], gl.float32, st_layout)
+        if WITH_DQ:
+            gl.static_assert(not CARRY_DK, "WITH_DQ waits for dK within each block (CARRY_DK=False)")
+            ds_c = ds_smem.index(C)                                                       # [HALF_N, BLOCK_M]
+            DQ_D: gl.constexpr = dq_desc.block_type.shape[1]
+            DQ_SPLIT: gl.constexpr = HEAD_DIM // DQ_D
+            dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                                instr_shape=[16, DQ_D, 16])
+            # this consumer's place in every Q block's sum: after both consumers of the K blocks before
+            order = 2 * gl.program_id(1) + C
+            prev_sem = SEM
+        mbarrier.wait(kv_bar, 0)
+        for it in range(total):
+            stage = it % STAGES
+            h = off_hk * kv_group + it // per_head
+            start_m = lo + (it % per_head) * BLOCK_M
+            row_lse = off_b * stride_lb + h * stride_lh
+            q_s = q_smem.index(stage)                                                     # [BLOCK_M, HEAD_DIM]
+            do_s = do_smem.index(stage)                                                   # [BLOCK_M, HEAD_DIM]
+            mbarrier.wait(q_full.index(stage), (it // STAGES) & 1)
+            _f90._ws_turn(pp_bar, 2 * it, C, PINGPONG)
+            st_tok = warpgroup_mma(k_c, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+            dpt_tok = warpgroup_mma(v_c, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+            _f90._ws_pass(pp_bar, C, PINGPONG)
+            offs_m = start_m + offs_mb                                                    # [BLOCK_M]
+            lse, delta = _lse_delta(LSE, DELTA, row_lse, offs_m)                          # [BLOCK_M] each
+            if CARRY_DK:
+                # dK of the previous block, then Sᵀ, retire (in order); dPᵀ runs on
+                st, dk = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok, dk))        # [HALF_N, BLOCK_M]
+                # every matmul of block it - 1 has retired: its slot is free as far as this consumer goes
+                mbarrier.arrive(q_empty.index((it + STAGES - 1) % STAGES), count=1, pred=it >= 1)
+            else:
+                st = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok,))               # [HALF_N, BLOCK_M]
+            pt = _probs_t(st, lse, qk_scale, start_c, offs_n, start_m, offs_m, mask_end, shift, CAUSAL)  # [HALF_N, BLOCK_M]
+            dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt_tok,))                  # [HALF_N, BLOCK_M]
+            b_pt = gl.convert_layout(pt.to(dtype), op_layout)                             # [HALF_N, BLOCK_M]
+            if PINGPONG:  # dSᵀ first, then both matmuls in one turn
+                dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)                   # [HALF_N, BLOCK_M]
+                _f90._ws_turn(pp_bar, 2 * it + 1, C, PINGPONG)
+                dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                         # [HALF_N, HEAD_DIM]
+                dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
+                _f90._ws_pass(pp_bar, C, PINGPONG)
+            else:  # dV runs while dSᵀ is computed
+                dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                         # [HALF_N, HEAD_DIM]
+                dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)                   # [HALF_N, BLOCK_M]
+                if WITH_DQ:  # dSᵀ to shared memory: the A operand of dQ_part = dS·K
+                    ds_c.store(dst)
+                    fence_async_shared()
+                dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)  # [HALF_N, HEAD_DIM]
+            if WITH_DQ:
+                # dQ_part = dS·K over this consumer's keys, DQ_SPLIT column slices of DQ_D (fewer live
+                # registers: dK and dV stay resident), each added by a TMA reduction
+                sem = SEM + (off_b * nheads + h) * n_m + start_m // BLOCK_M                # (b, h, Q block)
+                dq_row = off_b * seqlen_q + start_m
+                if DQ_SPLIT == 1:  # dV retires first (its P operand's registers free), then one dQ matmul
+                    dv = warpgroup_mma_wait(num_outstanding=1, deps=(dv,))
+                for hc in gl.static_range(DQ_SPLIT):
+                    dq_tok = warpgroup_mma(ds_c.permute((1, 0)), k_c.slice(hc * DQ_D, DQ_D, dim=1),
+                                           gl.zeros([BLOCK_M, DQ_D], gl.float32, dq_layout),
+                                           use_acc=False, is_async=True)                # [BLOCK_M, DQ_D]
+                    if hc == 0:
+                        dq_part, dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, dv, dk))
+                        mbarrier.arrive(q_empty.index(stage), count=1)                    # Q/dO slot done
+                    else:
+                        dq_part = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok,))
+                    dq_s = dq_smem.index(C * DQ_SPLIT + hc)                                # [BLOCK_M, DQ_D] fp32
+                    if DETERMINISTIC and hc == 0:
+                        # the previous block's reductions had a block's time to complete: count them
+                        # (lazily, so this consumer never waits for its own adds), then wait for this turn
+                        if it > 0:
+                            _dq_turn_done(prev_sem)
+                        _dq_turn(sem, order)
+                    else:
+                        _f90.tma.store_wait(DQ_SPLIT - 1)   # the previous block's reduction from dq_s has read it
+                    dq_s.store(dq_part)
+                    fence_async_shared()
+                    if DQ_MODE == 0:
+                        _f90._tma_add(dq_desc, [dq_row, h * HEAD_DIM + hc * DQ_D], dq_s)
+                    elif DQ_MODE == 1:  # timing only (wrong dQ): a plain TMA store, no reduction
+                        _f90._tma_store(dq_desc, [dq_row, h * HEAD_DIM + hc * DQ_D], dq_s)
+                prev_sem = sem
+            elif CARRY_DK:
+                dv = warpgroup_mma_wait(num_outstanding=1, deps=(dv,))                    # dK runs on
+            else:
+                dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+                mbarrier.arrive(q_empty.index(stage), count=1)                            # block it is done
+        if CARRY_DK:
+            dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
+
+        if WITH_DQ and DETERMINISTIC:
+            if total > 0:
+                _dq_turn_done(prev_sem)   # also waits for the last reductions: dq_smem is free at exit
+        elif WITH_DQ:
+            _f90.tma.store_wait(0)        # the last reductions have read dq_smem before the program exits
+        _store_dkdv(DK, DV, dk, dv, start_c, off_b, off_hk, sm_scale, stride_dkb, stride_dkn, stride_dkh,
+                    stride_dvb, stride_dvn, stride_dvh, HALF_N, HEAD_DIM, dkv_layout)
+
+    @gluon.jit
+    def _attn_bwd_sm90_ws(
+        q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DK, DV, dq_desc, SEM,
+        q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
+        stride_lb, stride_lh,
+        stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+        nheads_k, kv_group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, CARRY_DK: gl.constexpr = True,
+        PINGPONG: gl.constexpr = False, WITH_DQ: gl.constexpr = False, DETERMINISTIC: gl.constexpr = True,
+        DQ_MODE: gl.constexpr = 0, PER_HEAD: gl.constexpr = False,
+    ):
+        """One program per (batch·kv head, K/V block) as _attn_bwd_sm90; k_desc/v_desc blocks are
+        the BLOCK_N // 2-key halves. WITH_DQ: also dQ, summed into the fp32 buffer behind dq_desc
+        (see _bwd_ws_consumer); otherwise dq_desc and SEM are unused. PER_HEAD: the launch order of
+        _kv_block_coords with a head's K/V blocks together (not with WITH_DQ, whose ordered adds
+        need the heads-fastest order)."""
+        HALF_N: gl.constexpr = BLOCK_N // 2
+        gl.static_assert(not (PER_HEAD and WITH_DQ), "the fused mode's ordered dQ adds need the heads-fastest grid")
+        off_b, off_hk, start_n, shift, kv_row, kv_col = _kv_block_coords(nheads_k, seqlen_q, seqlen_k, kv_rb, kv_rh,
+                                                                         kv_ch, BLOCK_N, PER_HEAD)
+        n_m, lo, mask_end, per_head, total = _q_range(start_n, shift, seqlen_q, kv_group, BLOCK_M, BLOCK_N, CAUSAL)
+
+        dtype: gl.constexpr = q_desc.dtype
+        k_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, HEAD_DIM], v_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        pp_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # PINGPONG turns
+        mbarrier.init(kv_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(q_full.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=2)   # one release per consumer
+        for i in gl.static_range(2):
+            mbarrier.init(pp_bar.index(i), count=1)
+        gl.static_assert(not (WITH_DQ and PINGPONG), "WITH_DQ runs without PINGPONG turns")
+        if WITH_DQ:  # each consumer's dSᵀ (the A operand of its dQ matmul) and fp32 dQ part (the TMA source)
+            ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF_N, BLOCK_M], dtype)
+            ds_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, BLOCK_M], ds_layout)
+            dq_smem = gl.allocate_shared_memory(gl.float32, [2 * (HEAD_DIM // dq_desc.block_type.shape[1]), BLOCK_M,
+                                                             dq_desc.block_type.shape[1]], dq_desc.layout)
+        else:
+            ds_smem = k_smem   # unused
+            dq_smem = k_smem
+
+        # runtime values only: a tuple does not keep constexprs constant
+        shared = (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_full, q_empty, pp_bar, LSE, DELTA, DK,
+                  DV, off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale, sm_scale,
+                  stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+                  seqlen_q, nheads_k * kv_group, n_m)
+        gl.warp_specialize([
+            (_bwd_ws_consumer, (shared, dq_desc, SEM, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK,
+                                PINGPONG, WITH_DQ, DETERMINISTIC, DQ_MODE)),
+            (_bwd_ws_consumer, (shared, dq_desc, SEM, 1, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK,
+                                PINGPONG, WITH_DQ, DETERMINISTIC, DQ_MODE)),
+            (_bwd_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
+                                q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh,
+                                q_ch, HALF_N, BLOCK_M, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+
+    # ------------------------------------------------------------------------------------------
+    # dQ kernel (backward_dq(); the default dQ path after the dK/dV kernel). The
+    # forward's warp-specialized structure with the backward's dQ math: one program per (128-row
+    # Q block, batch·head), the forward's producer streams Q (and, here, dO) halves once and the
+    # K/V ring, two consumer warpgroups own 64 rows each. Per K/V block: S = Q·Kᵀ and dP = dO·Vᵀ
+    # (async), P = exp2(S·scale − lse), dS = P∘(dP − delta), dQ += dS·K, waited within the block
+    # (no accumulator carried across the loop, so ptxas keeps the wgmmas asynchronous).
+    # ------------------------------------------------------------------------------------------
+    @gluon.jit
+    def _dq_ws_producer(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, q_bar, do_bar,
+                        k_full, v_full, k_empty, v_empty, q_row, q_col, kv_row, kv_col, n_blocks,
+                        HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """The two dO halves, then the forward's producer: the Q halves and the K/V ring."""
+        for c in gl.static_range(2):
+            _f90._load_block(do_desc, do_bar.index(c), do_smem.index(c), q_row + c * HALF_M, q_col, True)
+        _f90._ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_bar, k_full, v_full, k_empty,
+                          v_empty, (q_row, q_col, kv_row, kv_col, n_blocks), HALF_M, BLOCK_N, STAGES, False, 2, False)
+
+    @gluon.jit
+    def _dq_ws_consumer(q_smem, k_smem, v_smem, do_smem, q_bar, do_bar, k_full, v_full, k_empty, v_empty,
+                        LSE, DELTA, DQ, row_lse, start_m, n_blocks, n_full, shift, qk_scale, sm_scale,
+                        off_b, off_h, stride_dqb, stride_dqm, stride_dqh,
+                        C: gl.constexpr, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                        STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+        """dQ of rows [start_m + C·HALF_M, +HALF_M) of one (batch, head)."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, HEAD_DIM, 16])
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
+        dtype: gl.constexpr = k_smem.dtype
+        q_c = q_smem.index(C)                                                             # [HALF_M, HEAD_DIM]
+        do_c = do_smem.index(C)                                                           # [HALF_M, HEAD_DIM]
+        offs_m = start_m + C * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, s_layout))  # [HALF_M]
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))               # [BLOCK_N]
+        lse, delta = _lse_delta(LSE, DELTA, row_lse, offs_m)                              # [HALF_M] each
+        s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, s_layout)
+        dq = gl.zeros([HALF_M, HEAD_DIM], gl.float32, dq_layout)                          # [HALF_M, HEAD_DIM]
+        mbarrier.wait(q_bar.index(C), 0)
+        mbarrier.wait(do_bar.index(C), 0)
+        for j in range(n_blocks):
+            stage = j % STAGES
+            phase = (j // STAGES) & 1
+            mbarrier.wait(k_full.index(stage), phase)
+            s_tok = warpgroup_mma(q_c, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            mbarrier.wait(v_full.index(stage), phase)
+            dp_tok = warpgroup_mma(do_c, v_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))                     # [HALF_M, BLOCK_N]
+            p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 1))                            # [HALF_M, BLOCK_N]
+            if CAUSAL:
+                if j >= n_full:  # bottom-right: key j visible to row i iff j <= i + shift
+                    vis = gl.expand_dims(j * BLOCK_N + offs_n, 0) <= gl.expand_dims(offs_m + shift, 1)
+                    p = gl.where(vis, p, 0.0)
+            dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok,))                   # [HALF_M, BLOCK_N]
+            mbarrier.arrive(v_empty.index(stage), count=1)                                # V_j no longer read
+            ds = gl.convert_layout((p * (dp - gl.expand_dims(delta, 1))).to(dtype), op_layout)  # [HALF_M, BLOCK_N]
+            dq = warpgroup_mma(ds, k_smem.index(stage), dq, is_async=True)               # [HALF_M, HEAD_DIM]
+            dq, ds = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds))               # ds: a register operand
+            mbarrier.arrive(k_empty.index(stage), count=1)                                # K_j no longer read
+
+        offs_qm = start_m + C * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, dq_layout))
+        offs_qd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
+        ptrs = DQ + off_b.to(gl.int64) * stride_dqb + off_h * stride_dqh \
+            + gl.expand_dims(offs_qm, 1).to(gl.int64) * stride_dqm + gl.expand_dims(offs_qd, 0)
+        gl.store(ptrs, (dq * sm_scale).to(DQ.dtype.element_ty))
+
+    @gluon.jit
+    def _attn_bwd_dq_sm90_ws(
+        q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ,
+        q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
+        stride_lb, stride_lh, stride_dqb, stride_dqm, stride_dqh,
+        nheads, kv_group, seqlen_q, seqlen_k, qk_scale, sm_scale,
+        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        """dQ only; one program per (BLOCK_M-row Q block, batch·head); q_desc/do_desc blocks are
+        the BLOCK_M // 2-row halves."""
+        HALF_M: gl.constexpr = BLOCK_M // 2
+        off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift = _f90._q_block_coords(
+            nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, BLOCK_M, CAUSAL)
+        row_lse = off_b * stride_lb + off_h * stride_lh
+        # both halves run the block's key range (the ring counts two releases per slot)
+        n_full, n_blocks = _f90._key_blocks(start_m, shift, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_DIM], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_DIM], do_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        do_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(q_bar.index(i), count=1)
+            mbarrier.init(do_bar.index(i), count=1)
+        k_full, v_full, k_empty, v_empty = _f90._kv_ring_bars(STAGES)
+
+        gl.warp_specialize([
+            (_dq_ws_consumer, (q_smem, k_smem, v_smem, do_smem, q_bar, do_bar, k_full, v_full, k_empty, v_empty,
+                               LSE, DELTA, DQ, row_lse, start_m, n_blocks, n_full, shift, qk_scale, sm_scale,
+                               off_b, off_h, stride_dqb, stride_dqm, stride_dqh,
+                               0, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+            (_dq_ws_consumer, (q_smem, k_smem, v_smem, do_smem, q_bar, do_bar, k_full, v_full, k_empty, v_empty,
+                               LSE, DELTA, DQ, row_lse, start_m, n_blocks, n_full, shift, qk_scale, sm_scale,
+                               off_b, off_h, stride_dqb, stride_dqm, stride_dqh,
+                               1, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+            (_dq_ws_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, q_bar, do_bar,
+                               k_full, v_full, k_empty, v_empty, q_row, q_col, kv_row, kv_col, n_blocks,
+                               HALF_M, BLOCK_N, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+
+def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
+    """Tiles and mode of the Gluon backward, from ``scripts/gluon_bwd_probe.py`` /
+    ``gluon_bwd_check.py`` on the H200 (testing.md, sixth session, runs 1, 2 and 4; fp16):
+
+    * ``WITH_DQ=False`` (the default): the kernel computes dK and dV only, and a dQ kernel runs
+      after it (the Gluon one of :func:`backward_dq`; the Triton dQ kernel of
+      ``tileflash.ops.backward`` in session 6, when these timings were taken). Kernel time at
+      D=128, N = 4k / 16k: 2092 / 7924 µs against 2518 / 10163 for the Triton dK/dV kernel (non-causal), 1210 / 4119
+      against 1651 / 5650 (causal). The fused mode (``WITH_DQ=True``, dQ summed in fp32 by
+      ordered atomic adds) took 5570 / 21353 µs: its dQ matmul, with dS staged through shared
+      memory, doubled the kernel time (4119 -> 8275 µs even with the adds replaced by stores).
+    * 128 keys per program (two warpgroups of 64 rows), 64-row Q blocks, a 2-slot Q/dO ring (a
+      3-slot ring: 231 / 247 against 236 / 255 TFLOP/s, fused mode); dQ added with 2-wide vector
+      reductions in the fused mode (one add per element: the same speed).
+    * D = 64: 128-row Q blocks (run 6): the dK/dV kernel alone 435 / 480 / 532 TFLOP/s-equivalent
+      non-causal and 317 / 440 / 519 causal (N = 1k / 4k / 16k), against 377 / 431 / 460 and
+      272 / 372 / 426 with 64-row blocks. At D = 128, 128-row blocks would need 256 registers of
+      accumulators per thread (dK, dV, Sᵀ, dPᵀ).
+    * ``WS=True``: the warp-specialized dK/dV kernel (``_attn_bwd_sm90_ws``: a producer warp, two
+      64-key consumer warpgroups that release ring slots through mbarriers) instead of the 8-warp
+      kernel whose two warpgroups meet at a CTA barrier per Q block. Same arithmetic per element,
+      so the same bits. Kernel alone (seventh session, run 4, TFLOP/s-equivalent, N = 4k / 16k):
+      D = 64 non-causal 515 / 565 against 495 / 548, causal 460 / 538 against 444 / 527; D = 128
+      non-causal 621 / 644 against 613 / 637, causal 577 / 622 against 546 / 634. The fused mode
+      needs ``WS=False``.
+    * ``CARRY_DK``: at D = 128 dK is waited for at the end of each block (False). Carrying it in
+      flight into the next block makes ptxas serialize every wgmma (advisory C7515; in the SASS a
+      wait follows each of the 48 HGMMAs, against 4 without the carry). Run 9 of the seventh
+      session, kernel alone, N = 4k / 16k: non-causal 673 / 709 against 629 / 670, causal
+      634 / 692 against 576 / 654. At D = 64 the carry stays (True): without it ptxas spills
+      56-216 bytes and the kernel measured 2-5% slower (490 / 547 against 516 / 558 non-causal).
+    * D = 64 causal: 64-row Q blocks without the carry (no spills, 4 full waits for 32 HGMMAs).
+      Eighth session, run 1, N = 4k / 16k: 481 / 562 against 404 / 485 with the carry at 64 rows
+      and 460 / 528 for 128 rows with the carry (run 9 of the seventh session); non-causal it
+      measured 473 / 514, below the 128-row kernel, which stays the non-causal default.
+    * D = 128: a 3-slot Q/dO ring (eighth session, run 4, N = 1k / 4k / 16k): non-causal
+      532 / 590 / 712 against 530 / 573 / 695 with 2 slots, causal 413 / 568 / 701 against
+      423 / 565 / 681. Causal keeps 2 slots: the gains were within noise there (−2% to +3%), and
+      the third slot raises the causal kernel's spills from 72 to 100 bytes (ptxas, triton 3.6;
+      non-causal: none with either). At D = 64 a third slot was mixed (non-causal
+      429 / 491 / 569 against 440 / 511 / 554; causal 331 / 407 / 555 against 333 / 471 / 549):
+      2 slots stay.
+    * ``PINGPONG`` (WS only, off): the consumers take turns at issuing their matmuls, as the
+      forward's ping-pong. Same bits; eighth session, run 7, D = 128: non-causal −1% to +3%,
+      causal 0 to −16% against no turns, so it is not used."""
+    wide = head_dim <= 64 and not causal  # 128-row Q blocks with dK carried: D = 64 non-causal only
+    stages = 3 if head_dim > 64 and not causal else 2
+    return dict(BLOCK_M=128 if wide else 64, BLOCK_N=128, STAGES=stages, num_warps=8, VEC=2, WITH_DQ=False, WS=True,
+                CARRY_DK=wide)
+
+
+def fused_config_for(head_dim: int, causal: bool) -> dict:
+    """Tiles of the fused warp-specialized backward (``WS=True, WITH_DQ=True``): dK, dV and dQ in one
+    kernel, dQ summed over K blocks by TMA reductions into an fp32 buffer (ordered by default, so
+    bitwise deterministic). The dK/dV tiles of :func:`config_for` with dK waited within each block
+    and a 2-slot Q/dO ring (the fp32 dQ staging takes the third slot's shared memory at D = 128).
+    ``DQ_SPLIT``: dQ parts in column slices of head_dim / DQ_SPLIT, two of 64 at D = 128 (with one
+    128-column slice ptxas serialized the wgmmas for want of registers, advisory C7512)."""
+    return dict(config_for(head_dim, causal, 4096), STAGES=2, CARRY_DK=False, WITH_DQ=True,
+                DQ_SPLIT=2 if head_dim > 64 else 1)
+
+
+def fused_enabled() -> bool:
+    """TILEFLASH_GLUON_FUSED=1 routes Hopper backward calls to the fused kernel (:func:`fused_config_for`)."""
+    return enabled() and os.environ.get("TILEFLASH_GLUON_FUSED", "0") == "1"
+
+
+_BROKEN: set = set()
+
+
+def enabled() -> bool:
+    """TILEFLASH_GLUON_BWD=0 (or TILEFLASH_GLUON=0) turns the Gluon backward off."""
+    return _f90.enabled() and os.environ.get("TILEFLASH_GLUON_BWD", "1") != "0"
+
+
+def _head_offsets_fit(t) -> bool:
+    """Whether the kernel's int32 head offset (kv head · head stride) of a dK/dV buffer fits."""
+    return t is None or (t.shape[2] - 1) * abs(t.stride(2)) < 2 ** 31
+
+
+def supported(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen, config,
+              dk=None, dv=None) -> bool:
+    """Whether this backward call can take the Gluon kernel (module docstring: scope). dk/dv: the
+    gradient buffers the kernel will write, if already allocated. What follows from the tensors'
+    layout (shapes, strides, dtypes, device) is decided once per layout and cached; the scale, the
+    flags, the causal alignment, the pointers' alignment and the compile failures are checked on
+    every call."""
+    if not enabled() or config is not None or varlen or not softmax_scale > 0:
+        return False  # (NaN scales fail too)
+    if flags["HAS_LEFT"] or flags["HAS_SOFTCAP"] or flags["HAS_ALIBI"] or flags["HAS_DROPOUT"]:
+        return False
+    if flags["HAS_RIGHT"] and not causal:
+        return False
+    if causal and causal_shift != k.shape[1] - q.shape[1]:
+        return False
+    if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16 or dout.data_ptr() % 16:
+        return False
+    key = (_layout(dout, q, k, v, out, lse, dk, dv), bool(causal))
+    try:
+        cfg_key = _LAYOUTS[key]
+    except KeyError:
+        cfg_key = _layout_cfg_key(dout, q, k, v, out, lse, causal, dk, dv)
+        if len(_LAYOUTS) >= _CACHE_MAX:
+            _LAYOUTS.clear()
+        _LAYOUTS[key] = cfg_key
+    return cfg_key is not None and cfg_key not in _BROKEN
+
+
+def _layout(*tensors):
+    """The layout key of tensors (None entries allowed): shapes, strides, dtypes, and the device."""
+    return tuple(None if t is None else (t.shape, t.stride(), t.dtype) for t in tensors) + (tensors[1].device,)
+
+
+# layout key -> the config's _BROKEN key if the Gluon backward can take that layout, else None
+_LAYOUTS: dict = {}
+# layout key -> _f90._Launch of the dK/dV or dQ kernel
+_LAUNCHES: dict = {}
+_CACHE_MAX = 1024  # a cache is emptied when full (a workload with ever-new shapes re-plans)
+
+
+def _layout_cfg_key(dout, q, k, v, out, lse, causal, dk, dv):
+    """The layout half of :func:`supported`: config_for's _BROKEN key if the kernel can take
+    tensors of this layout, else None."""
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return None
+    if not (_head_offsets_fit(dk) and _head_offsets_fit(dv)):
+        return None  # e.g. head-major buffers of > 2^31 elements
+    dt = q.dtype
+    if dt not in (torch.float16, torch.bfloat16) or any(t.dtype != dt for t in (k, v, out, dout)):
+        return None
+    d = q.shape[-1]
+    if d not in (64, 128):
+        return None
+    if k.shape[-1] != d or v.shape != k.shape or q.shape[2] % k.shape[2] or out.shape != q.shape \
+            or dout.shape != q.shape:
+        return None
+    sq, sk = q.shape[1], k.shape[1]
+    if causal and sq > sk:
+        return None
+    cfg = config_for(d, causal, sq)
+    if sq % 128 or sk % cfg["BLOCK_N"] or lse.dtype != torch.float32 or lse.stride(-1) != 1:
+        return None
+    for t in (q, k, v, dout):
+        if any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
+            return None
+    views = [_f90._view_params(t, t.shape[1], t.shape[2]) for t in (q, dout, k, v)]
+    if any(vw is None for vw in views):
+        return None
+    if views[0][2:] != views[1][2:] or views[2][2:] != views[3][2:]:
+        return None
+    return _f90._key(d, causal, dt, cfg)
+
+
+def backward(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal: bool, cfg: dict | None = None,
+             deterministic: bool = True):
+    """Launch the Gluon kernel; the caller checked :func:`supported` and computed delta
+    ((B, H, Sq) fp32, like lse). Writes dk and dv, and dq too when ``cfg["WITH_DQ"]`` (the fused
+    mode; the default config leaves dq to a dQ kernel, :func:`backward_dq` or the Triton one).
+    Returns (dq or None, dk, dv), or None after a warning if the kernel does not compile with the
+    installed triton (the caller then runs the Triton backward)."""
+    d = q.shape[-1]
+    cfg = cfg or config_for(d, causal, q.shape[1])
+    key = _f90._key(d, causal, q.dtype, cfg)
+    if key in _BROKEN:
+        return None  # failed to compile before (e.g. the fused mode, which supported() does not check)
+    ran = _f90.launch_or_fall_back(
+        _BROKEN, key, "the Hopper Gluon backward",
+        "using the Triton backward for this configuration. TILEFLASH_GLUON_BWD=0 turns the Gluon backward off.",
+        lambda: _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, deterministic))
+    return ((dq if cfg.get("WITH_DQ", False) else None), dk, dv) if ran else None
+
+
+def _cached_launch(kind, build, tensors, modes: tuple, cfg):
+    """The :class:`_f90._Launch` that ``build()`` makes for this layout, kernel kind and config,
+    made once per key: the tensors' shapes, strides, dtypes and device, the ``modes`` (causal,
+    ...) and the config."""
+    key = (kind, _layout(*tensors), modes, tuple(sorted(cfg.items())))
+    try:
+        return _LAUNCHES[key]
+    except KeyError:
+        launch = build()
+        if len(_LAUNCHES) >= _CACHE_MAX:
+            _LAUNCHES.clear()
+        _LAUNCHES[key] = launch
+        return launch
+
+
+def _aligned(*tensors) -> bool:
+    """Whether every pointer is 16-byte aligned, as triton specializes raw pointers on that: a cached
+    launcher (:class:`_f90._Launch`) is used only then (and made only then)."""
+    return all(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def _dkdv_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic):
+    """The warp-specialized dK/dV kernel's launch (``WS=True``, ``WITH_DQ=False``) for this layout:
+    descriptors Q, K, V, dO; pointers LSE, DELTA, DK, DV and the unused dq_desc and SEM; then the
+    integer arguments and the two scales."""
+    batch, seqlen_q, nheads, d = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    q_desc, (q_rb, q_rh, q_ch) = _f90._desc(q, seqlen_q, nheads, bm)
+    do_desc, _ = _f90._desc(dout, seqlen_q, nheads, bm)
+    # the WS kernel loads K/V as the two 64-key halves of BLOCK_N
+    k_desc, (kv_rb, kv_rh, kv_ch) = _f90._desc(k, seqlen_k, nheads_k, bn // 2)
+    v_desc, _ = _f90._desc(v, seqlen_k, nheads_k, bn // 2)
+    ints = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, lse.stride(0), lse.stride(1),
+            dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+            nheads_k, nheads // nheads_k, seqlen_q, seqlen_k)
+    constexprs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+                      CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True),
+                      PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=False, DETERMINISTIC=deterministic,
+                      DQ_MODE=cfg.get("DQ_MODE", 0), PER_HEAD=cfg.get("PER_HEAD", False))
+    grid = (batch * nheads_k * (seqlen_k // bn),) if cfg.get("PER_HEAD", False) else (batch * nheads_k, seqlen_k // bn)
+    return _f90._Launch(_attn_bwd_sm90_ws, grid, (q_desc, k_desc, v_desc, do_desc), 6, ints, 2, constexprs)
+
+
+def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, deterministic):
+    batch, seqlen_q, nheads, d = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    with_dq, ws = cfg.get("WITH_DQ", False), cfg.get("WS", False)
+    if ws and not with_dq:  # the default: a launch cached per layout (host time, perf-notes §25)
+        launch = _cached_launch("dkdv", lambda: _dkdv_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic),
+                                (dout, q, k, v, lse, dk, dv, delta), (bool(causal), bool(deterministic)), cfg)
+        launch((q, k, v, dout), (lse, delta, dk, dv, None, None), (softmax_scale * LOG2E, softmax_scale),
+               _aligned(lse, delta, dk, dv))
+        return
+    if with_dq and ws and cfg.get("PINGPONG", False):
+        raise ValueError("the warp-specialized Gluon backward's fused mode (WITH_DQ) runs without PINGPONG")
+    q_desc, (q_rb, q_rh, q_ch) = _f90._desc(q, seqlen_q, nheads, bm)
+    do_desc, _ = _f90._desc(dout, seqlen_q, nheads, bm)
+    # the WS kernel loads K/V as the two 64-key halves of BLOCK_N
+    k_desc, (kv_rb, kv_rh, kv_ch) = _f90._desc(k, seqlen_k, nheads_k, bn // 2 if ws else bn)
+    v_desc, _ = _f90._desc(v, seqlen_k, nheads_k, bn // 2 if ws else bn)
+    if with_dq and ws:
+        # fp32 dQ in q's (B, Sq, H, D) order, summed over K blocks by TMA reductions of
+        # [bm, d / DQ_SPLIT] tiles of its (B·Sq, H·D) view; one counter per (b, h, Q block) orders the sums
+        dq_acc = torch.zeros((batch, seqlen_q, nheads, d), dtype=torch.float32, device=q.device)
+        sem = torch.zeros((batch * nheads * (seqlen_q // bm),), dtype=torch.int32, device=q.device)
+        dq_view = dq_acc.view(batch * seqlen_q, nheads * d)
+        dq_d = d // cfg.get("DQ_SPLIT", 1)  # the kernel's DQ_D (it reads it off dq_desc's block)
+        dq_desc = _f90.TensorDescriptor(dq_view, list(dq_view.shape), [nheads * d, 1], [bm, dq_d],
+                                        gl.NVMMASharedLayout.get_default_for([bm, dq_d], gl.float32))
+    elif with_dq:
+        # fp32 dQ, (B·H, Sq, D), summed over K blocks; one counter per (b, h, Q block) orders the sums
+        dq_acc = torch.zeros((batch * nheads, seqlen_q, d), dtype=torch.float32, device=q.device)
+        sem = torch.zeros((batch * nheads * (seqlen_q // bm),), dtype=torch.int32, device=q.device)
+    else:
+        dq_acc = sem = None  # unused (WITH_DQ is a constexpr): no allocation, no memset
+    grid = (batch * nheads_k, seqlen_k // bn)
+    if ws:
+        _attn_bwd_sm90_ws[grid](
+            q_desc, k_desc, v_desc, do_desc, lse, delta, dk, dv, dq_desc if with_dq else None, sem,
+            q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
+            lse.stride(0), lse.stride(1),
+            dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+            nheads_k, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E, softmax_scale,
+            HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+            CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True),
+            PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=with_dq, DETERMINISTIC=deterministic,
+            DQ_MODE=cfg.get("DQ_MODE", 0),
+        )
+        if with_dq:  # dq = scale · dq_acc, cast to q's dtype in one pass
+            torch.mul(dq_acc, softmax_scale, out=dq)
+        return
+    _attn_bwd_sm90[grid](
+        q_desc, k_desc, v_desc, do_desc, lse, delta, dq_acc, sem, dk, dv,
+        q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
+        lse.stride(0), lse.stride(1), d,
+        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        nheads, nheads_k, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E, softmax_scale,
+        HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+        DETERMINISTIC=deterministic, VEC=cfg.get("VEC", 2), WITH_DQ=with_dq,
+        CARRY_DK=cfg.get("CARRY_DK", True), num_warps=cfg["num_warps"],
+    )
+    if with_dq:  # dq = scale · dq_acc, in q's layout and dtype
+        dq.copy_(dq_acc.view(batch, nheads, seqlen_q, d).transpose(1, 2).mul_(softmax_scale))
+
+
+def dq_config_for(head_dim: int, causal: bool) -> dict:
+    """Tiles of the Gluon dQ kernel: 128-row Q blocks in two 64-row halves, 128-key K/V blocks, a
+    2-slot ring. Measured (eighth session, run 1, fp16, the kernel alone, TFLOP/s-equivalent =
+    whole-backward flops over this kernel's time, N = 4k / 16k): D = 128 non-causal 1165 / 1116
+    against 1106 / 1087 with 64-key blocks and 3 slots; causal 1022 / 1088 against 951 / 991;
+    D = 64 non-causal 959 / 985 against 901 / 892, causal 852 / 923 against 786 / 843. The Triton
+    dQ kernel it replaces ran at ~1020 (D = 128 non-causal 16k, from the whole backward minus the
+    dK/dV kernel)."""
+    return dict(BLOCK_M=128, BLOCK_N=128, STAGES=2)
+
+
+def dq_enabled() -> bool:
+    """Whether dQ goes to the Gluon dQ kernel after the Gluon dK/dV kernel (the default on Hopper).
+    TILEFLASH_GLUON_DQ=0 keeps the Triton dQ kernel (as does TILEFLASH_GLUON_BWD=0, which turns
+    the whole Gluon backward off)."""
+    return enabled() and os.environ.get("TILEFLASH_GLUON_DQ", "1") != "0"
+
+
+def dq_supported(q, k, dq, causal: bool) -> bool:
+    """Whether a call that took the Gluon dK/dV kernel can also take the Gluon dQ kernel: lengths
+    that are multiples of its tiles, and a dq buffer with contiguous rows and int32 head offsets."""
+    cfg = dq_config_for(q.shape[-1], causal)
+    return (q.shape[1] % cfg["BLOCK_M"] == 0 and k.shape[1] % cfg["BLOCK_N"] == 0 and dq.shape == q.shape
+            and dq.stride(-1) == 1 and _head_offsets_fit(dq))
+
+
+def _dq_launch(dout, q, k, v, lse, dq, causal, cfg):
+    """The Gluon dQ kernel's launch for this layout: descriptors Q, K, V, dO (Q/dO in the
+    BLOCK_M // 2-row halves); pointers LSE, DELTA, DQ; then the integer arguments and the scales."""
+    batch, seqlen_q, nheads, d = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    q_desc, (q_rb, q_rh, q_ch) = _f90._desc(q, seqlen_q, nheads, bm // 2)
+    do_desc, _ = _f90._desc(dout, seqlen_q, nheads, bm // 2)
+    k_desc, (kv_rb, kv_rh, kv_ch) = _f90._desc(k, seqlen_k, nheads_k, bn)
+    v_desc, _ = _f90._desc(v, seqlen_k, nheads_k, bn)
+    ints = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, lse.stride(0), lse.stride(1),
+            dq.stride(0), dq.stride(1), dq.stride(2), nheads, nheads // nheads_k, seqlen_q, seqlen_k)
+    constexprs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
+                      CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4)
+    return _f90._Launch(_attn_bwd_dq_sm90_ws, (seqlen_q // bm, batch * nheads), (q_desc, k_desc, v_desc, do_desc),
+                        3, ints, 2, constexprs)
+
+
+def backward_dq(dout, q, k, v, lse, delta, dq, softmax_scale: float, causal: bool, cfg: dict | None = None):
+    """dQ by the warp-specialized Gluon dQ kernel (``_attn_bwd_dq_sm90_ws``) into dq, in place of
+    the Triton dQ kernel (``flash_attn_backward`` routes here by default on Hopper, see
+    :func:`dq_enabled`; ``scripts/gluon_bwd_check.py --configs .../dq`` times other tiles). Same
+    scope as :func:`supported` (the caller checks it); lengths must be multiples
+    of the tiles. Returns dq, or None after a warning if the kernel does not compile with the
+    installed triton (the caller then runs the Triton dQ kernel)."""
+    cfg = cfg or dq_config_for(q.shape[-1], causal)
+    if delta.stride() != lse.stride():
+        raise ValueError("backward_dq: delta must have lse's strides (the kernel addresses both alike)")
+    batch, seqlen_q, nheads, d = q.shape
+    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    if not _head_offsets_fit(dq):
+        raise ValueError("backward_dq: dq's head offsets overflow int32; use the Triton dQ kernel")
+    if seqlen_q % bm or seqlen_k % bn:
+        raise ValueError(f"backward_dq: seqlen_q ({seqlen_q}) and seqlen_k ({seqlen_k}) must be multiples of "
+                         f"BLOCK_M={bm} and BLOCK_N={bn}")
+    key = ("dq",) + _f90._key(d, causal, q.dtype, cfg)
+    if key in _BROKEN:
+        return None
+
+    launch = _cached_launch("dq", lambda: _dq_launch(dout, q, k, v, lse, dq, causal, cfg),
+                            (dout, q, k, v, lse, dq, delta), (bool(causal),), cfg)
+    if not _f90.launch_or_fall_back(
+            _BROKEN, key, "the Gluon dQ kernel", "using the Triton dQ kernel for this configuration.",
+            lambda: launch((q, k, v, dout), (lse, delta, dq), (softmax_scale * LOG2E, softmax_scale),
+                           _aligned(lse, delta, dq))):
+        return None
+    return dq
