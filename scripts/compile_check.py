@@ -144,7 +144,8 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
         const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
                      CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True),
                      PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=cfg.get("WITH_DQ", False),
-                     DETERMINISTIC=deterministic, DQ_MODE=cfg.get("DQ_MODE", 0), PER_HEAD=cfg.get("PER_HEAD", False))
+                     DETERMINISTIC=deterministic, DQ_MODE=cfg.get("DQ_MODE", 0), PER_HEAD=cfg.get("PER_HEAD", False),
+                     PDL_TRIGGER=cfg.get("PDL_TRIGGER", False))
         if not const["WITH_DQ"]:
             const.update(dq_desc=None, SEM=None)  # the launcher passes None for the unused dQ buffers
     else:

@@ -130,6 +130,52 @@ def test_fused_mode_is_opt_in(fused, monkeypatch):
 
 
 @pytest.mark.skipif(not gb._f90.HAVE_GLUON, reason="this triton has no Gluon")
+def test_pdl_trigger_compiles_to_one_early_launch_dependents():
+    """No GPU needed: PDL_TRIGGER puts exactly one griddepcontrol.launch_dependents into the dK/dV
+    kernel (none without it), before any global load or async copy, so the dQ kernel launched
+    with PDL can take the SMs of the dK/dV kernel's last programs; and the dQ launch carries
+    triton's launch_pdl option only when asked (PDL)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    code = """
+import json, sys
+sys.path.insert(0, "scripts")
+from compile_check import compile_gluon_bwd
+from tileflash.ops import backward_sm90 as GB
+rows = {}
+for d, causal in ((128, False), (64, True)):
+    for trig in (False, True):
+        ptx = compile_gluon_bwd(d, causal, dict(GB.config_for(d, causal, 4096), PDL_TRIGGER=trig)).asm["ptx"]
+        body = ptx[ptx.find(".entry"):]
+        i = body.find("griddepcontrol.launch_dependents")
+        before = body[:i] if i >= 0 else ""
+        rows[f"{d} {int(causal)} {int(trig)}"] = [ptx.count("griddepcontrol"), before.count("ld.global"),
+                                                   before.count("cp.async")]
+print(json.dumps(rows))
+"""
+    env = {key: val for key, val in os.environ.items() if key != "TRITON_INTERPRET"}  # compile, not interpret
+    env["PYTHONPATH"] = str(root)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900,
+                         cwd=root)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = json.loads(res.stdout.strip().splitlines()[-1])
+    for key, (n_gdc, loads_before, copies_before) in rows.items():
+        assert n_gdc == int(key.split()[2]), key   # one trigger with PDL_TRIGGER, none without
+        assert loads_before == 0 and copies_before == 0, key
+    do, q, k, v, out, lse = _cpu_bwd(d=128)
+    dq = torch.empty_like(q)
+    for pdl in (False, True):
+        launch = gb._dq_launch(do, q, k, v, lse, dq, False, dict(gb.dq_config_for(128, False), PDL=pdl))
+        assert launch.constexprs.get("launch_pdl", False) is pdl
+        assert "launch_pdl" not in [p.name for p in launch.kernel.params]  # an option, not in the tail
+
+
+@pytest.mark.skipif(not gb._f90.HAVE_GLUON, reason="this triton has no Gluon")
 def test_fused_mode_compiles_for_sm90():
     """No GPU needed: the fused mode compiles for sm_90 with the installed triton, adds dQ with TMA
     bulk reductions (one per consumer and column slice), and orders them (an acquire load before
@@ -197,7 +243,8 @@ def test_bwd_launches_match_the_kernel_signatures(d, causal):
                               nheads_k=2, kv_group=2, seqlen_q=256, seqlen_k=384),
                          dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"],
                               CARRY_DK=cfg["CARRY_DK"], WITH_DQ=False, DETERMINISTIC=True, CONSUMER_REGS=240,
-                              PINGPONG=False, DQ_MODE=0, PER_HEAD=cfg.get("PER_HEAD", False)))}
+                              PINGPONG=False, DQ_MODE=0, PER_HEAD=cfg.get("PER_HEAD", False),
+                              PDL_TRIGGER=cfg.get("PDL_TRIGGER", False)))}
     dq_launch = gb._dq_launch(do, q, k, v, lse, dq, causal, dqcfg)
     launches["dq"] = (dq_launch, ["LSE", "DELTA", "DQ"],
                       dict(stride_dqb=dq.stride(0), stride_dqm=dq.stride(1), stride_dqh=dq.stride(2), nheads=4,
@@ -577,6 +624,38 @@ def test_ws_kernel_equals_the_eight_warp_kernel(case, d, causal):
         assert res is not None
         for a, c in zip(ws[1:], res[1:]):
             assert torch.equal(a, c), f"{cfg} differs from the default"
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("case", CASES[:3], ids=lambda c: "x".join(map(str, c)))
+def test_dq_kernel_under_pdl_overlaps_safely(case, d, causal):
+    """The dQ kernel launched with PDL right after a dK/dV kernel that lets dependents launch from
+    its start (PDL_TRIGGER) computes the same bits as the serial pair, leaves no NaN of the
+    poisoned buffers, and an ordinary kernel launched right after the pair (no sync) sees both
+    kernels' results: five poisoned reruns, each reduced at once, equal the serial sums."""
+    b, sq, sk, h, hk = case
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=sq + 7 * d)
+    do = torch.randn_like(q)
+    scale = d ** -0.5
+    out, lse = fwd_mod.flash_attn_forward(q, k, v, scale, causal)
+    delta = (out.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
+    kv_cfg, dq_cfg = gb.config_for(d, causal, sq), gb.dq_config_for(d, causal)
+
+    def pair(pdl):
+        bufs = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+        assert gb.backward(do, q, k, v, lse, delta, *bufs, scale, causal, dict(kv_cfg, PDL_TRIGGER=pdl)) is not None
+        assert gb.backward_dq(do, q, k, v, lse, delta, bufs[0], scale, causal, dict(dq_cfg, PDL=pdl)) is not None
+        return bufs, torch.stack([t.float().sum() for t in bufs])  # reduced at once, no sync
+
+    serial, want = pair(False)
+    check_cuda_grads(serial, q, k, v, do, causal)
+    for _ in range(5):
+        got, sums = pair(True)
+        assert torch.equal(sums, want)
+        for a, c in zip(got, serial):
+            assert torch.equal(a, c)
 
 
 class _FakeDesc:

@@ -146,6 +146,15 @@ if _f90.HAVE_GLUON:
         gl.atomic_add(sem_ptr, 1, sem="release")
 
     @gluon.jit
+    def _let_dependents_launch():
+        """griddepcontrol.launch_dependents: the next kernel in the stream, if launched with
+        programmatic dependent launch (PDL), may be scheduled once every program of this one has
+        run this (or exited). The dQ kernel after the dK/dV kernel reads nothing the dK/dV kernel
+        writes, so it needs no wait: it takes the SMs the dK/dV kernel's last programs free."""
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents;\n\tmov.b32 $0, 0;", "=r,r", [gl.program_id(0)],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
     def _kv_block_coords(nheads_k, seqlen_q, seqlen_k, kv_rb, kv_rh, kv_ch, BLOCK_N: gl.constexpr,
                          PER_HEAD: gl.constexpr = False):
         """Which (batch, kv head, K/V block) a dK/dV program owns and where its K/V tile starts in
@@ -511,13 +520,16 @@ if _f90.HAVE_GLUON:
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, CARRY_DK: gl.constexpr = True,
         PINGPONG: gl.constexpr = False, WITH_DQ: gl.constexpr = False, DETERMINISTIC: gl.constexpr = True,
-        DQ_MODE: gl.constexpr = 0, PER_HEAD: gl.constexpr = False,
+        DQ_MODE: gl.constexpr = 0, PER_HEAD: gl.constexpr = False, PDL_TRIGGER: gl.constexpr = False,
     ):
         """One program per (batch·kv head, K/V block) as _attn_bwd_sm90; k_desc/v_desc blocks are
         the BLOCK_N // 2-key halves. WITH_DQ: also dQ, summed into the fp32 buffer behind dq_desc
         (see _bwd_ws_consumer); otherwise dq_desc and SEM are unused. PER_HEAD: the launch order of
         _kv_block_coords with a head's K/V blocks together (not with WITH_DQ, whose ordered adds
-        need the heads-fastest order)."""
+        need the heads-fastest order). PDL_TRIGGER: let the next kernel (the dQ kernel, launched with
+        PDL) be scheduled from the start (_let_dependents_launch)."""
+        if PDL_TRIGGER:
+            _let_dependents_launch()
         HALF_N: gl.constexpr = BLOCK_N // 2
         gl.static_assert(not (PER_HEAD and WITH_DQ), "the fused mode's ordered dQ adds need the heads-fastest grid")
         off_b, off_hk, start_n, shift, kv_row, kv_col = _kv_block_coords(nheads_k, seqlen_q, seqlen_k, kv_rb, kv_rh,
@@ -894,7 +906,8 @@ def _dkdv_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic):
     constexprs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
                       CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True),
                       PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=False, DETERMINISTIC=deterministic,
-                      DQ_MODE=cfg.get("DQ_MODE", 0), PER_HEAD=cfg.get("PER_HEAD", False))
+                      DQ_MODE=cfg.get("DQ_MODE", 0), PER_HEAD=cfg.get("PER_HEAD", False),
+                      PDL_TRIGGER=cfg.get("PDL_TRIGGER", False))
     grid = (batch * nheads_k * (seqlen_k // bn),) if cfg.get("PER_HEAD", False) else (batch * nheads_k, seqlen_k // bn)
     return _f90._Launch(_attn_bwd_sm90_ws, grid, (q_desc, k_desc, v_desc, do_desc), 6, ints, 2, constexprs)
 
@@ -1005,6 +1018,8 @@ def _dq_launch(dout, q, k, v, lse, dq, causal, cfg):
             dq.stride(0), dq.stride(1), dq.stride(2), nheads, nheads // nheads_k, seqlen_q, seqlen_k)
     constexprs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
                       CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4)
+    if cfg.get("PDL", False):  # a launch option, not a parameter: it is in the compiled kernel's metadata
+        constexprs["launch_pdl"] = True
     return _f90._Launch(_attn_bwd_dq_sm90_ws, (seqlen_q // bm, batch * nheads), (q_desc, k_desc, v_desc, do_desc),
                         3, ints, 2, constexprs)
 
