@@ -84,6 +84,9 @@ def test_ws_fused_mode_refuses_the_per_head_order():
     lse = torch.empty(1, 2, 128)
     for d, causal in ((64, False), (128, True)):
         assert gb.config_for(d, causal, 4096)["PER_HEAD"] and not gb.fused_config_for(d, causal)["PER_HEAD"]
+        # the dQ kernel overlaps the dK/dV kernel's tail for causal calls only (run 4 of session 18)
+        assert gb.config_for(d, causal, 4096)["PDL_TRIGGER"] == causal == gb.dq_config_for(d, causal)["PDL"]
+        assert not gb.fused_config_for(d, causal)["PDL_TRIGGER"]
     cfg = dict(gb.fused_config_for(64, False), PER_HEAD=True)
     with pytest.raises(ValueError, match="needs PER_HEAD=False"):
         gb._launch(q, q, q, q, lse, lse, q, q, q, 0.125, False, cfg, True)
