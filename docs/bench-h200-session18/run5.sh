@@ -12,3 +12,4 @@ for dt in float16 bfloat16; do
   echo "bench $dt rc=$?"; grep -E "^tileflash" $OUT/run5/bwd-$dt.log
   (cd $OUT && tar czf run5.tgz run5)
 done
+cd $OUT && rm -rf run5
