@@ -36,6 +36,13 @@ Gluon dK/dV kernel (``TILEFLASH_GLUON_DQ=0``: the Triton dQ kernel instead). On 
 runs at 1061–1165 TFLOP/s-equivalent alone at D = 128, N = 4k–16k, where the Triton dQ kernel
 ran at ~1020 (derived from the whole backward; docs/perf-notes.md §17).
 
+Launch order (docs/perf-notes.md §27). The default dK/dV grid runs a head's K/V blocks together
+(``PER_HEAD``), so that they share the head's Q and dO in L2; the fused mode keeps the grid with
+heads fastest, which its ordered dQ sums need. For causal calls the dK/dV kernel lets dependents
+launch from its start (``PDL_TRIGGER``) and the dQ kernel is launched with programmatic
+dependent launch (``dq_config_for``'s ``PDL``): it reads nothing the dK/dV kernel writes, so it
+needs no wait, and its programs take the SMs the dK/dV kernel's last programs free.
+
 Two modes (``WITH_DQ``, a constexpr):
 
 * ``False``, the default (:func:`config_for`): dK and dV only. ``tileflash.ops.backward`` then
