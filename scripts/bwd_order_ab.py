@@ -22,14 +22,18 @@ from tileflash.ops import backward_sm90 as GB
 from tileflash.ops import forward as F
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def grid_args(ap):
+    """The grid's options (shared with scripts/bwd_overlap_ab.py)."""
     ap.add_argument("--dtype", nargs="+", default=["float16"])
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--rounds", type=int, default=2)
-    args = ap.parse_args()
-    rows, bad = [], 0
+
+
+def cells(args):
+    """Each cell of the grid: (dtype name, D, causal, N, q, k, v, dO, scale, lse, delta, flops) with
+    B·N = 16k tokens, H = 2048 / D, fresh random inputs (seed N + D), the forward's LSE, delta =
+    rowsum(dO·O), and the whole backward's flops (2.5 × 4·B·H·N²·D, × 0.5 causal)."""
     for dt in args.dtype:
         dtype = getattr(torch, dt)
         for d in args.d:
@@ -42,34 +46,43 @@ def main():
                     out, lse = F.flash_attn_forward(q, k, v, scale, causal)
                     delta = (out.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
                     flops = 2.5 * 4 * b * h * n * n * d * (0.5 if causal else 1)
-                    base = GB.config_for(d, causal, n)
-                    cfgs = {"heads": dict(base, PER_HEAD=False), "per_head": dict(base, PER_HEAD=True)}
-                    got = {}
-                    for name, cfg in cfgs.items():
-                        bufs = [torch.full_like(x, float("nan")) for x in (q, k, v)]
-                        GB.backward(do, q, k, v, lse, delta, *bufs, scale, causal, cfg)
-                        got[name] = bufs
-                    same = all(torch.equal(x, y) for x, y in zip(got["heads"][1:], got["per_head"][1:]))
-                    nan = any(torch.isnan(x).any().item() for g in got.values() for x in g[1:])
-                    bad += (not same) or nan
-                    ms = {name: [] for name in cfgs}
-                    for _ in range(args.rounds):
-                        for name, cfg in cfgs.items():
-                            bufs = got[name]
-                            ms[name].append(do_bench(
-                                lambda: GB.backward(do, q, k, v, lse, delta, *bufs, scale, causal, cfg),
-                                warmup=25, rep=100))
-                    dq = torch.empty_like(q)
-                    dq_ms = do_bench(lambda: GB.backward_dq(do, q, k, v, lse, delta, dq, scale, causal),
-                                     warmup=25, rep=100)
-                    a, p = (sum(x) / len(x) for x in (ms["heads"], ms["per_head"]))
-                    row = (dt, d, int(causal), n, a, p, dq_ms, flops / (a + dq_ms) * 1e-9, flops / (p + dq_ms) * 1e-9,
-                           a / p, same, nan, ms)
-                    rows.append(row)
-                    print("{} D={} causal={} N={}: dkdv heads {:.4f} ms per-head {:.4f} ms dq {:.4f} ms; whole "
-                          "(dkdv+dq) {:.0f} -> {:.0f} TFLOP/s; speedup {:.3f}; bitwise {} nan {}; rounds {}".format(
-                              *row[:10], same, nan, {k2: [round(x, 4) for x in v2] for k2, v2 in ms.items()}),
-                          flush=True)
+                    yield dt, d, causal, n, q, k, v, do, scale, lse, delta, flops
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    grid_args(ap)
+    args = ap.parse_args()
+    rows, bad = [], 0
+    for dt, d, causal, n, q, k, v, do, scale, lse, delta, flops in cells(args):
+        base = GB.config_for(d, causal, n)
+        cfgs = {"heads": dict(base, PER_HEAD=False), "per_head": dict(base, PER_HEAD=True)}
+        got = {}
+        for name, cfg in cfgs.items():
+            bufs = [torch.full_like(x, float("nan")) for x in (q, k, v)]
+            GB.backward(do, q, k, v, lse, delta, *bufs, scale, causal, cfg)
+            got[name] = bufs
+        same = all(torch.equal(x, y) for x, y in zip(got["heads"][1:], got["per_head"][1:]))
+        nan = any(torch.isnan(x).any().item() for g in got.values() for x in g[1:])
+        bad += (not same) or nan
+        ms = {name: [] for name in cfgs}
+        for _ in range(args.rounds):
+            for name, cfg in cfgs.items():
+                bufs = got[name]
+                ms[name].append(do_bench(
+                    lambda: GB.backward(do, q, k, v, lse, delta, *bufs, scale, causal, cfg),
+                    warmup=25, rep=100))
+        dq = torch.empty_like(q)
+        dq_ms = do_bench(lambda: GB.backward_dq(do, q, k, v, lse, delta, dq, scale, causal),
+                         warmup=25, rep=100)
+        a, p = (sum(x) / len(x) for x in (ms["heads"], ms["per_head"]))
+        row = (dt, d, int(causal), n, a, p, dq_ms, flops / (a + dq_ms) * 1e-9, flops / (p + dq_ms) * 1e-9,
+               a / p, same, nan, ms)
+        rows.append(row)
+        print("{} D={} causal={} N={}: dkdv heads {:.4f} ms per-head {:.4f} ms dq {:.4f} ms; whole "
+              "(dkdv+dq) {:.0f} -> {:.0f} TFLOP/s; speedup {:.3f}; bitwise {} nan {}; rounds {}".format(
+                  *row[:10], same, nan, {k2: [round(x, 4) for x in v2] for k2, v2 in ms.items()}),
+              flush=True)
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}; dK/dV kernel launch order A/B, "
           f"do_bench medians averaged over {args.rounds} alternated rounds")
     print("| dtype | D | causal | N | dK/dV heads-fastest ms | dK/dV per-head ms | dQ ms | whole TFLOP/s before | "

@@ -22,67 +22,53 @@ import argparse
 import torch
 from triton.testing import do_bench
 
+from bwd_order_ab import cells, grid_args
 from tileflash.ops import backward_sm90 as GB
-from tileflash.ops import forward as F
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dtype", nargs="+", default=["float16"])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
-    ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
-    ap.add_argument("--rounds", type=int, default=2)
+    grid_args(ap)
     ap.add_argument("--chain", type=int, default=20)
     args = ap.parse_args()
     rows, bad = [], 0
-    for dt in args.dtype:
-        dtype = getattr(torch, dt)
-        for d in args.d:
-            for causal in (False, True):
-                for n in args.sizes:
-                    b, h = 16384 // n, 2048 // d
-                    torch.manual_seed(n + d)
-                    q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=dtype) for _ in range(4))
-                    scale = d ** -0.5
-                    out, lse = F.flash_attn_forward(q, k, v, scale, causal)
-                    delta = (out.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
-                    flops = 2.5 * 4 * b * h * n * n * d * (0.5 if causal else 1)
-                    kv_cfg, dq_cfg = GB.config_for(d, causal, n), GB.dq_config_for(d, causal)
-                    variants = {"serial": (dict(kv_cfg, PDL_TRIGGER=False), dict(dq_cfg, PDL=False)),
-                                "pdl": (dict(kv_cfg, PDL_TRIGGER=True), dict(dq_cfg, PDL=True))}
+    for dt, d, causal, n, q, k, v, do, scale, lse, delta, flops in cells(args):
+        kv_cfg, dq_cfg = GB.config_for(d, causal, n), GB.dq_config_for(d, causal)
+        variants = {"serial": (dict(kv_cfg, PDL_TRIGGER=False), dict(dq_cfg, PDL=False)),
+                    "pdl": (dict(kv_cfg, PDL_TRIGGER=True), dict(dq_cfg, PDL=True))}
 
-                    def pair(bufs, cfgs):
-                        GB.backward(do, q, k, v, lse, delta, bufs[0], bufs[1], bufs[2], scale, causal, cfgs[0])
-                        GB.backward_dq(do, q, k, v, lse, delta, bufs[0], scale, causal, cfgs[1])
+        def pair(bufs, cfgs):
+            GB.backward(do, q, k, v, lse, delta, bufs[0], bufs[1], bufs[2], scale, causal, cfgs[0])
+            GB.backward_dq(do, q, k, v, lse, delta, bufs[0], scale, causal, cfgs[1])
 
-                    got = {}
-                    for name, cfgs in variants.items():
-                        bufs = [torch.full_like(x, float("nan")) for x in (q, k, v)]
-                        pair(bufs, cfgs)
-                        got[name] = bufs
-                    same = all(torch.equal(x, y) for x, y in zip(got["serial"], got["pdl"]))
-                    nan = any(torch.isnan(x).any().item() for g in got.values() for x in g)
-                    want = torch.stack([x.float().sum() for x in got["serial"]])
-                    chain_bad = 0
-                    for _ in range(args.chain):
-                        bufs = got["pdl"]
-                        for x in bufs:
-                            x.fill_(float("nan"))
-                        pair(bufs, variants["pdl"])
-                        sums = torch.stack([x.float().sum() for x in bufs])   # launched right after, no sync
-                        chain_bad += not torch.equal(sums, want)
-                    bad += (not same) or nan or chain_bad > 0
-                    ms = {name: [] for name in variants}
-                    for _ in range(args.rounds):
-                        for name, cfgs in variants.items():
-                            bufs = got[name]
-                            ms[name].append(do_bench(lambda: pair(bufs, cfgs), warmup=25, rep=100))
-                    a, p = (sum(x) / len(x) for x in (ms["serial"], ms["pdl"]))
-                    row = (dt, d, int(causal), n, a, p, flops / a * 1e-9, flops / p * 1e-9, a / p, same, nan, chain_bad)
-                    rows.append(row)
-                    print("{} D={} causal={} N={}: serial {:.4f} ms pdl {:.4f} ms ({:.0f} -> {:.0f} TFLOP/s, "
-                          "speedup {:.3f}); bitwise {} nan {} chain failures {}; rounds {}".format(
-                              *row, {k2: [round(x, 4) for x in v2] for k2, v2 in ms.items()}), flush=True)
+        got = {}
+        for name, cfgs in variants.items():
+            bufs = [torch.full_like(x, float("nan")) for x in (q, k, v)]
+            pair(bufs, cfgs)
+            got[name] = bufs
+        same = all(torch.equal(x, y) for x, y in zip(got["serial"], got["pdl"]))
+        nan = any(torch.isnan(x).any().item() for g in got.values() for x in g)
+        want = torch.stack([x.float().sum() for x in got["serial"]])
+        chain_bad = 0
+        for _ in range(args.chain):
+            bufs = got["pdl"]
+            for x in bufs:
+                x.fill_(float("nan"))
+            pair(bufs, variants["pdl"])
+            sums = torch.stack([x.float().sum() for x in bufs])   # launched right after, no sync
+            chain_bad += not torch.equal(sums, want)
+        bad += (not same) or nan or chain_bad > 0
+        ms = {name: [] for name in variants}
+        for _ in range(args.rounds):
+            for name, cfgs in variants.items():
+                bufs = got[name]
+                ms[name].append(do_bench(lambda: pair(bufs, cfgs), warmup=25, rep=100))
+        a, p = (sum(x) / len(x) for x in (ms["serial"], ms["pdl"]))
+        row = (dt, d, int(causal), n, a, p, flops / a * 1e-9, flops / p * 1e-9, a / p, same, nan, chain_bad)
+        rows.append(row)
+        print("{} D={} causal={} N={}: serial {:.4f} ms pdl {:.4f} ms ({:.0f} -> {:.0f} TFLOP/s, "
+              "speedup {:.3f}); bitwise {} nan {} chain failures {}; rounds {}".format(
+                  *row, {k2: [round(x, 4) for x in v2] for k2, v2 in ms.items()}), flush=True)
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}; dK/dV then dQ, serial against PDL, "
           f"do_bench medians averaged over {args.rounds} alternated rounds")
     print("| dtype | D | causal | N | serial ms | PDL ms | serial TFLOP/s | PDL TFLOP/s | speedup | same bits, no NaN, "

@@ -1,1 +1,0 @@
-"""Benchmarks and demos for tileflash (``tileflash demo``; ``tileflash bench`` to come)."""

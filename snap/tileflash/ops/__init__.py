@@ -1,1 +1,0 @@
-"""Kernel families. Order inside each module: @triton.jit kernels -> host launcher -> custom op."""
