@@ -132,12 +132,9 @@ def test_fused_mode_is_opt_in(fused, monkeypatch):
         assert launches[0][1] is None  # backward() then takes config_for's split tiles
 
 
-@pytest.mark.skipif(not gb._f90.HAVE_GLUON, reason="this triton has no Gluon")
-def test_pdl_trigger_compiles_to_one_early_launch_dependents():
-    """No GPU needed: PDL_TRIGGER puts exactly one griddepcontrol.launch_dependents into the dK/dV
-    kernel (none without it), before any global load or async copy, so the dQ kernel launched
-    with PDL can take the SMs of the dK/dV kernel's last programs; and the dQ launch carries
-    triton's launch_pdl option only when asked (PDL)."""
+def _compile_rows(code: str) -> dict:
+    """Run `code` (which compiles kernels for sm_90 through scripts/compile_check.py and prints one
+    JSON dict last) in a fresh interpreter without TRITON_INTERPRET, and return that dict."""
     import json
     import os
     import subprocess
@@ -145,7 +142,21 @@ def test_pdl_trigger_compiles_to_one_early_launch_dependents():
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    code = """
+    env = {key: val for key, val in os.environ.items() if key != "TRITON_INTERPRET"}  # compile, not interpret
+    env["PYTHONPATH"] = str(root)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900,
+                         cwd=root)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not gb._f90.HAVE_GLUON, reason="this triton has no Gluon")
+def test_pdl_trigger_compiles_to_one_early_launch_dependents():
+    """No GPU needed: PDL_TRIGGER puts exactly one griddepcontrol.launch_dependents into the dK/dV
+    kernel (none without it), before any global load or async copy, so the dQ kernel launched
+    with PDL can take the SMs of the dK/dV kernel's last programs; and the dQ launch carries
+    triton's launch_pdl option only when asked (PDL)."""
+    rows = _compile_rows("""
 import json, sys
 sys.path.insert(0, "scripts")
 from compile_check import compile_gluon_bwd
@@ -160,13 +171,7 @@ for d, causal in ((128, False), (64, True)):
         rows[f"{d} {int(causal)} {int(trig)}"] = [ptx.count("griddepcontrol"), before.count("ld.global"),
                                                    before.count("cp.async")]
 print(json.dumps(rows))
-"""
-    env = {key: val for key, val in os.environ.items() if key != "TRITON_INTERPRET"}  # compile, not interpret
-    env["PYTHONPATH"] = str(root)
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900,
-                         cwd=root)
-    assert res.returncode == 0, res.stderr[-3000:]
-    rows = json.loads(res.stdout.strip().splitlines()[-1])
+""")
     for key, (n_gdc, loads_before, copies_before) in rows.items():
         assert n_gdc == int(key.split()[2]), key   # one trigger with PDL_TRIGGER, none without
         assert loads_before == 0 and copies_before == 0, key
@@ -183,14 +188,7 @@ def test_fused_mode_compiles_for_sm90():
     """No GPU needed: the fused mode compiles for sm_90 with the installed triton, adds dQ with TMA
     bulk reductions (one per consumer and column slice), and orders them (an acquire load before
     and a release after) only when deterministic; DQ_MODE 1/2, the timing variants, add nothing."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    code = """
+    rows = _compile_rows("""
 import json, re, sys
 sys.path.insert(0, "scripts")
 from compile_check import compile_gluon_bwd
@@ -203,13 +201,7 @@ for d, causal, det, mode in ((128, False, True, 0), (128, True, False, 0), (64, 
         len(re.findall(r"(?:atom|red)[.]global[.]gpu[.]release", ptx)), ptx.count("ld.global.gpu.acquire"),
         ptx.count("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group")]
 print(json.dumps(rows))
-"""
-    env = {key: val for key, val in os.environ.items() if key != "TRITON_INTERPRET"}  # compile, not interpret
-    env["PYTHONPATH"] = str(root)
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900,
-                         cwd=root)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    rows = json.loads(res.stdout.strip().splitlines()[-1])
+""")
     # [reductions, releases, acquires, plain TMA stores]: D=128 splits dQ into two 64-column slices
     # two releases per consumer: the lazy one inside the loop (the previous block's adds) and the last
     assert rows["128 0 1 0"][:3] == [4, 4, 2] and rows["128 1 0 0"][:3] == [4, 0, 0]
