@@ -653,6 +653,41 @@ def test_dq_kernel_under_pdl_overlaps_safely(case, d, causal):
             assert torch.equal(a, c)
 
 
+@needs_sm90
+@pytest.mark.parametrize("d", [64, 128])
+def test_public_backward_with_pdl_in_a_cuda_graph(d):
+    """The default causal backward (its dQ kernel launched with PDL) captured in a CUDA graph
+    through the public API, as torch.compile's CUDA-graph modes would: each replay, with the
+    static gradient buffers poisoned with NaN before it and reduced inside the graph right after
+    the backward, gives the eager call's bits."""
+    q, k, v = (t.detach().requires_grad_() for t in make_qkv(2, 512, 512, 4, 2, d, torch.bfloat16, "cuda", seed=d))
+    do = torch.randn_like(q)
+    assert gb.config_for(d, True, 512)["PDL_TRIGGER"] and gb.dq_config_for(d, True)["PDL"]
+    out = tileflash.flash_attn_func(q, k, v, causal=True)
+    want = torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+    static = [torch.empty_like(t) for t in (q, k, v)]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up off the default stream, as capture requires
+        for _ in range(2):
+            torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grads = torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+        for buf, g in zip(static, grads):
+            buf.copy_(g)
+        sums = torch.stack([g.float().sum() for g in grads])
+    for _ in range(3):
+        for g in grads:
+            g.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(sums, torch.stack([g.float().sum() for g in want]))
+        for got, ref in zip(static, want):
+            assert torch.equal(got, ref)
+
+
 class _FakeDesc:
     """Stands in for a TensorDescriptor on CPU tensors (only ``base`` is read by the host path)."""
 
