@@ -3,9 +3,9 @@
 Usage: PYTHONPATH=. python3 scripts/bwd_order_ab.py [--dtype float16 bfloat16] [--sizes 1024 ... 16384]
        [--d 64 128] [--rounds 2]
 For each (dtype, D, causal, N), B·N = 16k tokens and H = 2048 / D (the bench's grid):
-* the Gluon dK/dV kernel with config_for's tiles in the heads-fastest grid (PER_HEAD=False, the
-  order the fused mode needs) and in the per-head grid (PER_HEAD=True: a head's K/V blocks
-  together), into NaN-poisoned buffers: dK and dV must be bitwise equal between the two and free
+* the Gluon dK/dV kernel with config_for's tiles in the heads-fastest 2-D grid (PER_HEAD=False,
+  the grid the fused mode's ordered adds use) and in the per-head grid (PER_HEAD=True: a head's
+  K/V blocks together), into NaN-poisoned buffers: dK and dV must be bitwise equal between the two and free
   of NaN (the same arithmetic; only the order of the programs differs);
 * do_bench medians (ms) of each, alternated for --rounds rounds, and of the Gluon dQ kernel once,
   so that the whole backward's change can be read off: TFLOP/s-equivalent = the whole backward's

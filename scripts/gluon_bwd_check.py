@@ -78,7 +78,7 @@ def main():
                     "unordered; nocarry: dK waited every block, CARRY_DK=False; ws: the warp-specialized dK/dV "
                     "kernel, a producer warp and two consumer warpgroups; pp: with ws, the two consumers take turns at "
                     "issuing their matmuls, PINGPONG=True; ph: with ws, the dK/dV grid with a head's K blocks together, "
-                    "PER_HEAD=True), or default[/ph] for config_for's tiles")
+                    "PER_HEAD=True), or default[/heads] for config_for's config (/heads: in the 2-D grid, heads fastest)")
     ap.add_argument("--nondet", action="store_true", help="also time the fused mode, ordered and unordered")
     ap.add_argument("--triton-dq", action="store_true", help="also time (and check) the whole backward with the "
                     "Gluon dK/dV kernel and the Triton dQ kernel (TILEFLASH_GLUON_DQ=0), printed as gluon+tdq: the "
@@ -151,8 +151,10 @@ def main():
                             print(f"  D={d} causal={int(causal)} N={n} gluon dQ {spec}: FAILED {repr(e)[:300]}",
                                   flush=True)
                         continue
-                    if parts[0] == "default":  # config_for's tiles, PER_HEAD with /ph
-                        cfg = dict(GB.config_for(d, causal, n), PER_HEAD="ph" in parts[1:])
+                    if parts[0] == "default":  # config_for as is; /heads: the 2-D grid, heads fastest
+                        cfg = GB.config_for(d, causal, n)
+                        if "heads" in parts[1:]:
+                            cfg = dict(cfg, PER_HEAD=False)
                     else:
                         bm, bn, st, w = (int(x) for x in parts[:4])
                         cfg = dict(BLOCK_M=bm, BLOCK_N=bn, STAGES=st, num_warps=w,

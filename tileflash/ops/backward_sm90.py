@@ -37,11 +37,12 @@ runs at 1061–1165 TFLOP/s-equivalent alone at D = 128, N = 4k–16k, where the
 ran at ~1020 (derived from the whole backward; docs/perf-notes.md §17).
 
 Launch order (docs/perf-notes.md §27). The default dK/dV grid runs a head's K/V blocks together
-(``PER_HEAD``), so that they share the head's Q and dO in L2; the fused mode keeps the grid with
-heads fastest, which its ordered dQ sums need. For causal calls the dK/dV kernel lets dependents
-launch from its start (``PDL_TRIGGER``) and the dQ kernel is launched with programmatic
-dependent launch (``dq_config_for``'s ``PDL``): it reads nothing the dK/dV kernel writes, so it
-needs no wait, and its programs take the SMs the dK/dV kernel's last programs free.
+(``PER_HEAD``), so that they share the head's Q and dO in L2; the fused mode keeps the 2-D grid
+with heads fastest, since its ordered dQ sums take their turn from ``program_id(1)``. An opt-in
+overlap (off by default: its A/B was within noise, and its ordering is not established): the
+dK/dV kernel lets dependents launch from its start (``PDL_TRIGGER``) and the dQ kernel is
+launched with programmatic dependent launch (``PDL`` in its config), without a
+``griddepcontrol.wait``.
 
 Two modes (``WITH_DQ``, a constexpr):
 
@@ -157,7 +158,9 @@ if _f90.HAVE_GLUON:
         """griddepcontrol.launch_dependents: the next kernel in the stream, if launched with
         programmatic dependent launch (PDL), may be scheduled once every program of this one has
         run this (or exited). The dQ kernel after the dK/dV kernel reads nothing the dK/dV kernel
-        writes, so it needs no wait: it takes the SMs the dK/dV kernel's last programs free."""
+        writes and runs no griddepcontrol.wait: it takes the SMs the dK/dV kernel's last programs
+        free. Opt-in (PDL_TRIGGER / PDL): that a kernel after the dQ kernel also waits for the
+        dK/dV kernel is assumed from CUDA's stream order, not established (perf-notes §27)."""
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents;\n\tmov.b32 $0, 0;", "=r,r", [gl.program_id(0)],
                                   dtype=gl.int32, is_pure=False, pack=1)
 
@@ -169,7 +172,9 @@ if _f90.HAVE_GLUON:
         Grid (batch·kv heads, K/V blocks): heads fastest, so block n of every head is launched before
         block n + 1 (the order the ordered dQ adds of the fused mode wait in).
         PER_HEAD: a 1-D grid of batch·kv heads · K/V blocks, K/V blocks fastest, so the programs of
-        one head run together and share its Q/dO in L2 (block 0, the longest when causal, first)."""
+        one head run together and share its Q/dO in L2 (block 0, the longest when causal, first).
+        The fused mode cannot use it: its ordered dQ adds take their turn from program_id(1),
+        which is 0 in the 1-D grid (the adds would lose their order)."""
         if PER_HEAD:
             n_blocks = seqlen_k // BLOCK_N
             pid_bhk = gl.program_id(0) // n_blocks
@@ -533,12 +538,12 @@ if _f90.HAVE_GLUON:
         the BLOCK_N // 2-key halves. WITH_DQ: also dQ, summed into the fp32 buffer behind dq_desc
         (see _bwd_ws_consumer); otherwise dq_desc and SEM are unused. PER_HEAD: the launch order of
         _kv_block_coords with a head's K/V blocks together (not with WITH_DQ, whose ordered adds
-        need the heads-fastest order). PDL_TRIGGER: let the next kernel (the dQ kernel, launched with
-        PDL) be scheduled from the start (_let_dependents_launch)."""
+        take their turn from program_id(1)). PDL_TRIGGER: let the next kernel (the dQ kernel, if
+        launched with PDL) be scheduled from the start (_let_dependents_launch)."""
         if PDL_TRIGGER:
             _let_dependents_launch()
         HALF_N: gl.constexpr = BLOCK_N // 2
-        gl.static_assert(not (PER_HEAD and WITH_DQ), "the fused mode's ordered dQ adds need the heads-fastest grid")
+        gl.static_assert(not (PER_HEAD and WITH_DQ), "the fused mode's ordered dQ adds need the 2-D grid")
         off_b, off_hk, start_n, shift, kv_row, kv_col = _kv_block_coords(nheads_k, seqlen_q, seqlen_k, kv_rb, kv_rh,
                                                                          kv_ch, BLOCK_N, PER_HEAD)
         n_m, lo, mask_end, per_head, total = _q_range(start_n, shift, seqlen_q, kv_group, BLOCK_M, BLOCK_N, CAUSAL)
@@ -743,21 +748,23 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
     * ``PER_HEAD``: the grid launches a head's K/V blocks together (block 0 first), so that they
       share its Q and dO in L2, instead of block n of every head before block n + 1. Eighteenth
       session, run 1 (``scripts/bwd_order_ab.py``, fp16, the kernel alone, two alternated rounds):
-      1.3–16% faster in all 20 cells of the grid (D = 64 causal 4k 1.32 against 1.53 ms; D = 128
-      non-causal 1k 0.593 against 0.640 ms), the same bits. The fused mode keeps the old order
+      1.3–16% faster in the means of all 20 cells of the grid (D = 64 causal 4k 1.32 against
+      1.53 ms; D = 128 non-causal 1k 0.593 against 0.640 ms), the same bits. The fused mode keeps the old order
       (:func:`backward` refuses it with PER_HEAD); the 8-warp kernel (``WS=False``) has only
       the old one and ignores the flag.
-    * ``PDL_TRIGGER`` (causal calls): the kernel lets the next one launch from its start, and the
-      dQ kernel (:func:`dq_config_for`, ``PDL``) is launched with programmatic dependent launch,
-      so its programs take the SMs that the dK/dV kernel's last ones free (it reads nothing that
-      kernel writes). Eighteenth session, run 4 (``scripts/bwd_overlap_ab.py``, fp16, both
-      kernels, two alternated rounds): causal 0.99–1.08× the serial pair's time (+2.9% on
-      average over 10 cells), non-causal 0.96–1.02× (four of five cells at N ≥ 4k slower), so
-      non-causal calls stay serial. Same bits; a kernel launched after the pair sees both."""
+    * ``PDL_TRIGGER`` (off; with ``PDL`` in the dQ kernel's config, an opt-in overlap): the kernel
+      lets the next one launch from its start, so that a dQ kernel launched with programmatic
+      dependent launch takes the SMs the dK/dV kernel's last programs free. Eighteenth session,
+      run 4 (``scripts/bwd_overlap_ab.py``, fp16, both kernels, means of two alternated rounds):
+      causal 0.99–1.08× the serial pair's time, non-causal 0.96–1.02× (all six cells at N ≥ 4k
+      slower), but single rounds moved by up to 14%, and the best rounds of each arm differ by
+      +1.7% (causal) and +0.15% (non-causal): within the spread. The dQ kernel runs no
+      ``griddepcontrol.wait``, so that a kernel after it waits for the dK/dV kernel too is
+      assumed, not established. Not the default."""
     wide = head_dim <= 64 and not causal  # 128-row Q blocks with dK carried: D = 64 non-causal only
     stages = 3 if head_dim > 64 and not causal else 2
     return dict(BLOCK_M=128 if wide else 64, BLOCK_N=128, STAGES=stages, num_warps=8, VEC=2, WITH_DQ=False, WS=True,
-                CARRY_DK=wide, PER_HEAD=True, PDL_TRIGGER=causal)
+                CARRY_DK=wide, PER_HEAD=True, PDL_TRIGGER=False)
 
 
 def fused_config_for(head_dim: int, causal: bool) -> dict:
@@ -768,7 +775,7 @@ def fused_config_for(head_dim: int, causal: bool) -> dict:
     ``DQ_SPLIT``: dQ parts in column slices of head_dim / DQ_SPLIT, two of 64 at D = 128 (with one
     128-column slice ptxas serialized the wgmmas for want of registers, advisory C7512)."""
     return dict(config_for(head_dim, causal, 4096), STAGES=2, CARRY_DK=False, WITH_DQ=True,
-                DQ_SPLIT=2 if head_dim > 64 else 1, PER_HEAD=False, PDL_TRIGGER=False)  # the ordered adds wait in the heads-fastest order
+                DQ_SPLIT=2 if head_dim > 64 else 1, PER_HEAD=False, PDL_TRIGGER=False)  # ordered adds: the 2-D grid
 
 
 def fused_enabled() -> bool:
@@ -941,7 +948,7 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
         raise ValueError("the warp-specialized Gluon backward's fused mode (WITH_DQ) runs without PINGPONG")
     if with_dq and ws and cfg.get("PER_HEAD", False):
         raise ValueError("the warp-specialized Gluon backward's fused mode (WITH_DQ) needs PER_HEAD=False: its ordered "
-                         "dQ adds wait for lower K/V blocks, launched first only in the heads-fastest grid")
+                         "dQ adds take their turn from the 2-D grid's program_id(1), which is 0 in the 1-D grid")
     q_desc, (q_rb, q_rh, q_ch) = _f90._desc(q, seqlen_q, nheads, bm)
     do_desc, _ = _f90._desc(dout, seqlen_q, nheads, bm)
     # the WS kernel loads K/V as the two 64-key halves of BLOCK_N
@@ -999,10 +1006,10 @@ def dq_config_for(head_dim: int, causal: bool) -> dict:
     against 1106 / 1087 with 64-key blocks and 3 slots; causal 1022 / 1088 against 951 / 991;
     D = 64 non-causal 959 / 985 against 901 / 892, causal 852 / 923 against 786 / 843. The Triton
     dQ kernel it replaces ran at ~1020 (D = 128 non-causal 16k, from the whole backward minus the
-    dK/dV kernel). ``PDL`` (causal calls): launched with programmatic dependent launch after the
-    dK/dV kernel, which lets it start early (``config_for``'s ``PDL_TRIGGER``; eighteenth session,
-    run 4)."""
-    return dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, PDL=causal)
+    dK/dV kernel). ``PDL`` (off; opt-in): launched with programmatic dependent launch, meant only
+    right after a dK/dV kernel with ``PDL_TRIGGER`` (:func:`config_for`; eighteenth session, run 4:
+    within the spread, not the default)."""
+    return dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, PDL=False)
 
 
 def dq_enabled() -> bool:
