@@ -749,9 +749,9 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
       share its Q and dO in L2, instead of block n of every head before block n + 1. Eighteenth
       session, run 1 (``scripts/bwd_order_ab.py``, fp16, the kernel alone, two alternated rounds):
       1.3–16% faster in the means of all 20 cells of the grid (D = 64 causal 4k 1.32 against
-      1.53 ms; D = 128 non-causal 1k 0.593 against 0.640 ms), the same bits. The fused mode keeps the old order
-      (:func:`backward` refuses it with PER_HEAD); the 8-warp kernel (``WS=False``) has only
-      the old one and ignores the flag.
+      1.53 ms; D = 128 non-causal 1k 0.593 against 0.640 ms), the same bits. The fused mode
+      keeps the old order (:func:`backward` refuses it with PER_HEAD); the 8-warp kernel
+      (``WS=False``) has only the old one and ignores the flag.
     * ``PDL_TRIGGER`` (off; with ``PDL`` in the dQ kernel's config, an opt-in overlap): the kernel
       lets the next one launch from its start, so that a dQ kernel launched with programmatic
       dependent launch takes the SMs the dK/dV kernel's last programs free. Eighteenth session,
