@@ -524,11 +524,17 @@ def test_gluon_backward_writes_every_gradient(causal, gluon_bwd_calls):
 FUSED = dict(BLOCK_M=64, BLOCK_N=128, STAGES=2, num_warps=8, VEC=2, WITH_DQ=True)
 
 
-def _direct(q, k, v, do, causal, cfg, deterministic=True, poison=True):
-    """The Gluon kernel called directly (any mode), with NaN-poisoned gradient buffers."""
+def _scale_lse_delta(q, k, v, do, causal):
+    """What the Gluon backward kernels take besides q, k, v, dO: the default scale, the forward's
+    LSE and delta = rowsum(dO * O) in the LSE's layout."""
     scale = q.shape[-1] ** -0.5
     out, lse = fwd_mod.flash_attn_forward(q, k, v, scale, causal)
-    delta = (out.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
+    return scale, lse, (out.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
+
+
+def _direct(q, k, v, do, causal, cfg, deterministic=True, poison=True):
+    """The Gluon kernel called directly (any mode), with NaN-poisoned gradient buffers."""
+    scale, lse, delta = _scale_lse_delta(q, k, v, do, causal)
     bufs = [torch.full_like(t, float("nan")) if poison else torch.empty_like(t) for t in (q, k, v)]
     return gb.backward(do, q, k, v, lse, delta, *bufs, scale, causal, cfg, deterministic=deterministic), bufs
 
@@ -636,9 +642,7 @@ def test_dq_kernel_under_pdl_overlaps_safely(case, d, causal):
     b, sq, sk, h, hk = case
     q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=sq + 7 * d)
     do = torch.randn_like(q)
-    scale = d ** -0.5
-    out, lse = fwd_mod.flash_attn_forward(q, k, v, scale, causal)
-    delta = (out.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
+    scale, lse, delta = _scale_lse_delta(q, k, v, do, causal)
     kv_cfg, dq_cfg = gb.config_for(d, causal, sq), gb.dq_config_for(d, causal)
 
     def pair(pdl):
@@ -709,9 +713,7 @@ def test_gluon_dq_kernel_matches_reference(case, d, causal):
     b, sq, sk, h, hk = case
     q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.float16, "cuda", seed=sq + 5 * d)
     do = torch.randn_like(q)
-    scale = d ** -0.5
-    out, lse = fwd_mod.flash_attn_forward(q, k, v, scale, causal)
-    delta = (out.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
+    scale, lse, delta = _scale_lse_delta(q, k, v, do, causal)
     dkv, _ = _direct(q, k, v, do, causal, gb.config_for(d, causal, sq))
     dq = torch.full_like(q, float("nan"))
     assert gb.backward_dq(do, q, k, v, lse, delta, dq, scale, causal) is dq
