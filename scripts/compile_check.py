@@ -6,10 +6,14 @@ changes still need a GPU run. Usage (any triton version, no GPU needed):
 
     python scripts/compile_check.py            # head dims 64, 128, 256, 40; fp16 and bf16
     python scripts/compile_check.py --gluon    # only the Hopper Gluon forward's configs
+    python scripts/compile_check.py --ptx-digests F.json   # also write each case's PTX digest
+                                                           # (debug lines stripped), to compare trees
 """
 
+import hashlib
 import inspect
 import itertools
+import json
 import sys
 
 import triton
@@ -28,6 +32,18 @@ FEATURES = [
 OPTIONAL_PTRS = {"ALIBI": "HAS_ALIBI", "CU_Q": "IS_VARLEN", "CU_K": "IS_VARLEN", "SEED": "HAS_DROPOUT",
                  "BATCH_IDX": "HAS_BATCH_IDX", "BLOCK_TABLE": "PAGED", "SEQLENS_K": "HAS_SEQLENS",
                  "O_PART": "SPLIT", "LSE_PART": "SPLIT", "COUNTER": "SPLIT", "LEFTPAD": "HAS_LEFTPAD"}
+
+
+# case -> sha256 of its PTX without debug lines (--ptx-digests)
+DIGESTS: dict = {}
+
+
+def _record(case: str, kernel) -> None:
+    """Keep the digest of a compiled case's PTX with the debug sections, .loc/.file lines and debug
+    labels removed: two trees whose digests agree compiled to the same code."""
+    ptx = kernel.asm["ptx"].split("\t.section\t.debug")[0]
+    keep = [ln for ln in ptx.splitlines() if not ln.lstrip().startswith((".loc", ".file", "$L__tmp", "//"))]
+    DIGESTS[case] = hashlib.sha256("\n".join(keep).encode()).hexdigest()
 
 
 def signature(fn, dtype, constexprs):
@@ -204,10 +220,14 @@ def main():
                     cases.append((fam + ("-tma" if tma else ""), fn, dict(**flags, HEAD_DIM=d, BLOCK_D=bd,
                                                                           DOT_PRECISION="tf32", USE_TMA=tma, **c), w, s))
                 cases.append(("pre", B._bwd_preprocess, dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=64), 4, 1))
+                # the flat grid of calls with more than 65535 batch*heads (common.block_grid)
+                cases += [(n + "-flat", fn, dict(c, FLAT_GRID=True), w, s) for n, fn, c, w, s in list(cases)
+                          if "FLAT_GRID" in fn.arg_names and not feats["IS_VARLEN"]]
                 for name, fn, const, w, s in cases:
                     try:
                         k = compile_one(fn, dtype, const, w, s)
                         tag = "features" if feats["IS_VARLEN"] else "plain"
+                        _record(f"{dtype} {tag} D={d} causal={causal} {name}", k)
                         print(f"ok   {dtype} {tag:<8} D={d:<3} causal={causal!s:<5} {name:<7} warps={w} stages={s} "
                               f"smem={k.metadata.shared}", flush=True)
                     except Exception as e:  # noqa: BLE001
@@ -240,9 +260,14 @@ def main():
                                cfg["num_stages"]),
                               (f"split {tile}", DEC._decode_split, dict(base, SPLIT=True, BLOCK_S=128, S_CHUNK=4096 // bd,
                                                                 HAS_SEQLENS=False), cfg["num_warps"], cfg["num_stages"])]
+                    if "BH_AXIS0" in DEC._decode_split.arg_names and not feats["PAGED"]:
+                        # batch*kv heads on grid axis 0 (more than 65535 of them)
+                        cases.append((f"decode {tile} bh-axis0", DEC._decode_split, dict(base, SPLIT=False, BH_AXIS0=True),
+                                      cfg["num_warps"], cfg["num_stages"]))
                 for name, fn, const, w, s_ in cases:
                     try:
-                        compile_one(fn, dtype, const, w, s_)
+                        k = compile_one(fn, dtype, const, w, s_)
+                        _record(f"{dtype} {name} {w}/{s_} {sorted(const.items())}", k)
                         print(f"ok   {dtype} D={d} BLOCK_M={bm} {name} paged={feats['PAGED']} "
                               f"page_tile={feats.get('PAGE_TILE', False)}", flush=True)
                     except Exception as e:  # noqa: BLE001
@@ -270,11 +295,15 @@ def main():
                 d, causal = int(tag.split("D=")[1].split()[0]), "True" in tag
                 try:
                     k = build(d, causal, cfg, dtype)
+                    _record(f"{dtype} {tag} {sorted(cfg.items())}", k)
                     print(f"ok   {dtype} {tag} {cfg} smem={k.metadata.shared}", flush=True)
                 except Exception as e:  # noqa: BLE001
                     failures += 1
                     print(f"FAIL {dtype} {tag} {cfg}: {type(e).__name__}: {str(e)[:600]}", flush=True)
     print(f"triton {triton.__version__}: {failures} failure(s)")
+    if "--ptx-digests" in sys.argv:
+        with open(sys.argv[sys.argv.index("--ptx-digests") + 1], "w") as f:
+            json.dump(DIGESTS, f, indent=0, sort_keys=True)
     return 1 if failures else 0
 
 

@@ -140,9 +140,3 @@ def test_interpret_set_after_import_is_explained(monkeypatch):
     q, k, v = qkv()
     with pytest.raises(RuntimeError, match=r"TRITON_INTERPRET=1 was set after tileflash"):
         flash_attn_func(q, k, v)
-
-
-def test_batch_times_heads_over_grid_limit():
-    q = torch.randn(4096, 1, 17, 8)  # 69632 (batch, head) pairs > 65535
-    with pytest.raises(ValueError, match=r"batch \* nheads .* exceeds 65535.*split the batch"):
-        flash_attn_func(q, q, q)

@@ -14,7 +14,6 @@ from tileflash.ops.attention import PackedAttention, attention, kvcache_forward,
 from tileflash.ops.decode import apply_rotary
 
 MAX_HEADDIM = 256
-MAX_BATCH_HEADS = 65535  # grid axis 1 of every kernel is batch*nheads
 _GPU_DTYPES = (torch.float16, torch.bfloat16)
 _INTERPRETER_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -71,12 +70,6 @@ def _check_qkv(q, k, v, names=("q", "k", "v"), layout="(batch, seqlen, nheads, h
         raise ValueError(
             f"{nk} has {hk} heads but {nq} has {h}; the number of query heads must be a multiple of "
             f"the number of key/value heads (GQA/MQA)"
-        )
-    if b * h > MAX_BATCH_HEADS:
-        raise ValueError(
-            f"batch * nheads = {b} * {h} = {b * h} exceeds {MAX_BATCH_HEADS}, the most one launch handles "
-            f"(CUDA's grid limit on the batch*heads axis); split the batch into chunks of at most "
-            f"{MAX_BATCH_HEADS // max(h, 1)} and concatenate the outputs"
         )
     if d < 1 or d > MAX_HEADDIM:
         raise ValueError(f"head dim is {d}; tileflash supports head dims from 1 to {MAX_HEADDIM}")
@@ -217,8 +210,6 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     batch = cu_seqlens_q.numel() - 1
     max_seqlen_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], batch, max_seqlen_k, "max_seqlen_k",
                                      q.device)
-    if batch * q.shape[1] > MAX_BATCH_HEADS:
-        raise ValueError(f"batch * nheads = {batch * q.shape[1]} exceeds {MAX_BATCH_HEADS}; split the batch")
     feats = _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, deterministic,
                             batch=batch, nheads=q.shape[1])
     scale = _default_scale(softmax_scale, q.shape[-1])
@@ -416,8 +407,6 @@ def _packed(q_or_qkv, kv, dim, dropout_p, softmax_scale, causal, window_size, so
         max_k = _check_cu_seqlens("cu_seqlens_k", cu_k, k.shape[0], batch, max_k, "max_seqlen_k", q.device)
         nheads, shift = q.shape[1], 0
         extra = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
-    if batch * nheads > MAX_BATCH_HEADS:
-        raise ValueError(f"batch * nheads = {batch * nheads} exceeds {MAX_BATCH_HEADS}; split the batch")
     if q_or_qkv.stride(-1) != 1 or (kv is not None and kv.stride(-1) != 1):
         raise ValueError("packed tensors need a unit stride on headdim; call .contiguous() on them")
     feats = _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, deterministic,

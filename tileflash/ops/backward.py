@@ -35,8 +35,8 @@ import triton
 import triton.language as tl
 
 from tileflash.ops import backward_sm90, forward_sm90
-from tileflash.ops.common import (cdiv, dropout_keep, head_scalars, kv_block_range, q_block_range, score_mods, seq_bounds,
-                                   visible)
+from tileflash.ops.common import (block_grid, block_ids, cdiv, dropout_keep, head_scalars, kv_block_range, q_block_range,
+                                   score_mods, seq_bounds, visible)
 from tileflash.ops.forward import (LOG2E, _ensure_tma_allocator, block_d_for, feature_args, interpreting, problem_dims,
                                    rng_strides, strides3, tma_requested, tma_supported)
 
@@ -47,10 +47,9 @@ def _bwd_preprocess(
     stride_ob, stride_om, stride_oh,
     stride_dob, stride_dom, stride_doh,
     nheads, seqlen_q,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, FLAT_GRID: tl.constexpr = False,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_m, pid_bh = block_ids(seqlen_q, BLOCK_M, False, FLAT_GRID)  # grid: common.block_grid
     off_b = (pid_bh // nheads).to(tl.int64)
     off_h = (pid_bh % nheads).to(tl.int64)
     o_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)                                     # [BLOCK_M]
@@ -139,12 +138,12 @@ def _bwd_dkdv(
     qk_scale, sm_scale, softcap_scale, softcap2, dropout_p, rng_stride_bh, rng_stride_m,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr = False,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr = False, FLAT_GRID: tl.constexpr = False,
 ):
     """dK, dV of one K/V block of one (batch, kv head). USE_TMA (sm90+): the Q and dO blocks of the
-    inner loop move through tensor descriptors."""
-    pid_n = tl.program_id(0)
-    pid_bhk = tl.program_id(1)
+    inner loop move through tensor descriptors. Grid: (K blocks, batch*kv heads), or one flat axis
+    of both past 65535 batch*kv heads (FLAT_GRID, ``common.block_grid``)."""
+    pid_n, pid_bhk = block_ids(seqlen_k, BLOCK_N, False, FLAT_GRID)
     off_b = (pid_bhk // nheads_k).to(tl.int64)
     off_hk = (pid_bhk % nheads_k).to(tl.int64)
     start_n = pid_n * BLOCK_N
@@ -271,14 +270,12 @@ def _bwd_dq(
     qk_scale, sm_scale, softcap_scale, softcap2, dropout_p, rng_stride_bh, rng_stride_m,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr = False,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr = False, FLAT_GRID: tl.constexpr = False,
 ):
     """dQ of one Q block of one (batch, head). USE_TMA (sm90+): the K and V blocks of the inner
-    loop move through tensor descriptors."""
-    pid_m = tl.program_id(0)
-    if HAS_RIGHT:
-        pid_m = tl.num_programs(0) - 1 - pid_m  # heaviest Q blocks first
-    pid_bh = tl.program_id(1)
+    loop move through tensor descriptors. Grid: (Q blocks, batch*heads), or one flat axis of both
+    past 65535 batch*heads (FLAT_GRID, ``common.block_grid``)."""
+    pid_m, pid_bh = block_ids(seqlen_q, BLOCK_M, HAS_RIGHT, FLAT_GRID)  # causal: heaviest Q blocks first
     off_b = (pid_bh // nheads).to(tl.int64)
     off_h = (pid_bh % nheads).to(tl.int64)
     off_hk = off_h // kv_group
@@ -403,8 +400,10 @@ def _delta(out, dout, lse, varlen: bool, nheads: int, head_dim: int):
         pre_b, pre_s = o4.shape[0], o4.shape[1]
         pre_m = 64 if not interpreting() else 32
         ints = (o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0), do4.stride(1), do4.stride(2), nheads, pre_s)
-        launch = forward_sm90._Launch(_bwd_preprocess, (cdiv(pre_s, pre_m), pre_b * nheads), (), 3, ints, 0,
-                                      dict(HEAD_DIM=head_dim, BLOCK_D=block_d_for(head_dim), BLOCK_M=pre_m))
+        grid, flat = block_grid(cdiv(pre_s, pre_m), pre_b * nheads)
+        launch = forward_sm90._Launch(_bwd_preprocess, grid, (), 3, ints, 0,
+                                      dict(HEAD_DIM=head_dim, BLOCK_D=block_d_for(head_dim), BLOCK_M=pre_m,
+                                           FLAT_GRID=flat))
         if len(_PRE_LAUNCHES) >= 1024:
             _PRE_LAUNCHES.clear()
         _PRE_LAUNCHES[key] = launch
@@ -472,17 +471,19 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
             *rng_strides(seqlen_q, seqlen_k))
     c = config["dkdv"]
     if not gluon_done:
-        _bwd_dkdv[(cdiv(seqlen_k, c["BLOCK_N"]), batch * nheads_k)](
+        grid, flat = block_grid(cdiv(seqlen_k, c["BLOCK_N"]), batch * nheads_k)
+        _bwd_dkdv[grid](
             q, k, v, dout, lse, delta, dk, dv, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seed,
             *strides3(q, varlen), *strides3(k, varlen), *strides3(v, varlen), *strides3(dout, varlen),
             *strides3(dk, varlen), *strides3(dv, varlen), *lse_strides, *alibi_strides,
-            nheads, nheads_k, seqlen_q, seqlen_k, causal_shift, *tail, **common, **c,
+            nheads, nheads_k, seqlen_q, seqlen_k, causal_shift, *tail, **common, **c, FLAT_GRID=flat,
         )
     c = config["dq"]
-    _bwd_dq[(cdiv(seqlen_q, c["BLOCK_M"]), batch * nheads)](
+    grid, flat = block_grid(cdiv(seqlen_q, c["BLOCK_M"]), batch * nheads)
+    _bwd_dq[grid](
         q, k, v, dout, lse, delta, dq, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seed,
         *strides3(q, varlen), *strides3(k, varlen), *strides3(v, varlen), *strides3(dout, varlen),
         *strides3(dq, varlen), *lse_strides, *alibi_strides,
-        nheads, seqlen_q, seqlen_k, causal_shift, *tail, **common, **c,
+        nheads, seqlen_q, seqlen_k, causal_shift, *tail, **common, **c, FLAT_GRID=flat,
     )
     return dq, dk, dv

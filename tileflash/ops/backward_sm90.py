@@ -85,6 +85,7 @@ import os
 import torch
 
 from tileflash.ops import forward_sm90 as _f90
+from tileflash.ops.common import GRID_YZ_MAX
 
 if _f90.HAVE_GLUON:
     from triton.experimental import gluon
@@ -1021,10 +1022,11 @@ def dq_enabled() -> bool:
 
 def dq_supported(q, k, dq, causal: bool) -> bool:
     """Whether a call that took the Gluon dK/dV kernel can also take the Gluon dQ kernel: lengths
-    that are multiples of its tiles, and a dq buffer with contiguous rows and int32 head offsets."""
+    that are multiples of its tiles, a dq buffer with contiguous rows and int32 head offsets, and at
+    most 65535 batch*heads (its grid's axis 1; past that the Triton dQ kernel's flat grid runs)."""
     cfg = dq_config_for(q.shape[-1], causal)
     return (q.shape[1] % cfg["BLOCK_M"] == 0 and k.shape[1] % cfg["BLOCK_N"] == 0 and dq.shape == q.shape
-            and dq.stride(-1) == 1 and _head_offsets_fit(dq))
+            and dq.stride(-1) == 1 and _head_offsets_fit(dq) and q.shape[0] * q.shape[2] <= GRID_YZ_MAX)
 
 
 def _dq_launch(dout, q, k, v, lse, dq, causal, cfg):

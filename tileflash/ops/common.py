@@ -22,6 +22,42 @@ def next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
+# CUDA's grid: x up to 2**31 - 1 programs, y and z up to 65535
+GRID_YZ_MAX = 65535
+
+
+def block_grid(n_blocks: int, batch_heads: int) -> tuple:
+    """The launch grid of a (block, batch·head) kernel and its ``FLAT_GRID`` constexpr: (n_blocks,
+    batch_heads) with the blocks fastest, or, where batch·heads exceeds a grid's y limit (65535),
+    one flat axis of n_blocks·batch_heads programs in the same order (:func:`block_ids`)."""
+    if batch_heads <= GRID_YZ_MAX:
+        return (n_blocks, batch_heads), False
+    if n_blocks * batch_heads >= 2 ** 31:
+        raise ValueError(f"tileflash: {n_blocks} blocks x {batch_heads} batch*heads programs exceed CUDA's grid "
+                         f"limit of 2**31 - 1; split the batch into smaller calls")
+    return (n_blocks * batch_heads,), True
+
+
+@triton.jit
+def block_ids(seqlen, BLOCK: tl.constexpr, REVERSE: tl.constexpr, FLAT_GRID: tl.constexpr):
+    """(block index, batch·head index) of this program in the grid of :func:`block_grid`: the
+    blocks of ``seqlen`` rows by ``BLOCK`` are grid axis 0 and batch·heads axis 1, or (FLAT_GRID)
+    both are one axis with the blocks fastest. REVERSE: the last block first (causal calls start
+    their longest programs first)."""
+    if FLAT_GRID:
+        n_blocks = tl.cdiv(seqlen, BLOCK)
+        pid_n = tl.program_id(0) % n_blocks
+        if REVERSE:
+            pid_n = n_blocks - 1 - pid_n
+        pid_bh = tl.program_id(0) // n_blocks
+    else:
+        pid_n = tl.program_id(0)
+        if REVERSE:
+            pid_n = tl.num_programs(0) - 1 - pid_n
+        pid_bh = tl.program_id(1)
+    return pid_n, pid_bh
+
+
 @triton.jit
 def seq_bounds(CU_Q, CU_K, off_b, seqlen_q, seqlen_k, causal_shift, IS_VARLEN: tl.constexpr):
     """(q_start, k_start, seqlen_q, seqlen_k, shift) of batch entry ``off_b``.

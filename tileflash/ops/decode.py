@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from tileflash.ops.common import cdiv, next_pow2, score_mods, visible
+from tileflash.ops.common import GRID_YZ_MAX, cdiv, next_pow2, score_mods, visible
 from tileflash.ops.forward import LOG2E, block_d_for, feature_args, interpreting
 
 # GPU launch defaults of the split kernel, from the H200 sweeps of scripts/decode_sweep.py (bf16,
@@ -198,7 +198,7 @@ def _decode_split(
     SPLIT: tl.constexpr = True, BLOCK_S: tl.constexpr = 2, S_CHUNK: tl.constexpr = 2,
     HAS_LEFTPAD: tl.constexpr = False, TABLE_ASM: tl.constexpr = False, MERGE_ROWS: tl.constexpr = 1,
     PDL: tl.constexpr = 0, PAGES_PER_TILE: tl.constexpr = 1, TABLE_VEC: tl.constexpr = False,
-    SKEW: tl.constexpr = 0,
+    SKEW: tl.constexpr = 0, BH_AXIS0: tl.constexpr = False,
 ):
     """One (KV split, batch·kv head, row block) program: attention of the packed rows over keys
     [pid_s·split_len, (pid_s+1)·split_len) of the cache.
@@ -222,14 +222,21 @@ def _decode_split(
     exit (PDL=3, no explicit trigger).
     SKEW: the order of the split's tiles: in order (0), or rotated to start at a tile spread by
     batch entry (2) or by program (1), wrapping around, or from that start every 37th tile (3);
-    the sum then runs in that order."""
+    the sum then runs in that order.
+    The grid is (splits, batch·kv heads, row blocks), or, past 65535 batch·kv heads (a grid's y
+    limit), (batch·kv heads, splits, row blocks) (BH_AXIS0)."""
     if PDL > 0:
         gdc_wait()                # nothing global is read or written before this
     if PDL == 1:
         gdc_launch_dependents()
-    pid_s = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    n_bh = tl.num_programs(1)
+    if BH_AXIS0:
+        pid_s = tl.program_id(1)
+        pid_bh = tl.program_id(0)
+        n_bh = tl.num_programs(0)
+    else:
+        pid_s = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+        n_bh = tl.num_programs(1)
     pid_m = tl.program_id(2)
     off_b = (pid_bh // nheads_k).to(tl.int64)
     off_hk = (pid_bh % nheads_k).to(tl.int64)
@@ -642,7 +649,13 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         # no pages: every length clamps to capacity 0, but the pipeliner's prologue still reads
         # entry 0 of a row (see _decode_split), so hand it a one-entry table
         block_table = torch.zeros((batch, 1), dtype=block_table.dtype, device=block_table.device)
-    _decode_split[(num_splits, n_bh, m_blocks)](
+    # batch·kv heads on grid axis 1, or on axis 0 (up to 2**31 - 1) past axis 1's limit
+    bh_axis0 = n_bh > GRID_YZ_MAX
+    if max(num_splits if bh_axis0 else n_bh, m_blocks) > GRID_YZ_MAX or n_bh >= 2 ** 31:
+        raise ValueError(f"flash_attn_with_kvcache: {n_bh} batch*kv heads x {num_splits} splits x {m_blocks} row "
+                         f"blocks exceed CUDA's grid limits; split the batch or the new tokens into smaller calls")
+    grid = (n_bh, num_splits, m_blocks) if bh_axis0 else (num_splits, n_bh, m_blocks)
+    _decode_split[grid](
         q, k_cache, v_cache, out, lse, o_part, lse_part, counter, seqlens_k, cache_batch_idx, block_table,
         alibi_slopes, cache_leftpad,
         q.stride(0), q.stride(1), q.stride(2),
@@ -661,6 +674,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         TABLE_ASM=table_asm,
         PAGES_PER_TILE=ppt, TABLE_VEC=table_vec,
         PDL=pdl, SKEW=cfg.get("skew", SKEW if batch > 1 else 0), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0,
+        BH_AXIS0=bh_axis0,
     )
     return out, lse
 

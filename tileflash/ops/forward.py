@@ -30,8 +30,8 @@ import triton
 import triton.language as tl
 
 from tileflash.ops import forward_sm90
-from tileflash.ops.common import (cdiv, dropout_keep, head_scalars, kv_block_range, next_pow2, score_mods, seq_bounds,
-                                  visible)
+from tileflash.ops.common import (block_grid, block_ids, cdiv, dropout_keep, head_scalars, kv_block_range, next_pow2,
+                                  score_mods, seq_bounds, visible)
 
 LOG2E = 1.4426950408889634
 
@@ -123,8 +123,11 @@ def _attn_fwd(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr = False, RAW_MAX: tl.constexpr = False,
+    FLAT_GRID: tl.constexpr = False,
 ):
-    """One program per (Q block, batch*head): FA2's sequence parallelism.
+    """One program per (Q block, batch*head): FA2's sequence parallelism. The grid is (Q blocks,
+    batch*heads), or one flat axis of both where batch*heads exceeds 65535 (FLAT_GRID,
+    ``common.block_grid``).
 
     USE_TMA (sm90+; the default on Hopper): Q, K, V and O move through tensor descriptors (the TMA copy engine)
     built per program over this (sequence, head): out-of-range rows and padded columns are
@@ -134,11 +137,8 @@ def _attn_fwd(
     Varlen (IS_VARLEN): tensors are (total, nheads, headdim) with batch stride 0, sequence b
     is rows [cu[b], cu[b+1]); LSE is (nheads, total_q). seqlen_q/k are then the maxima.
     """
-    pid_m = tl.program_id(0)
-    if HAS_RIGHT:
-        # with a causal/right bound the last Q blocks see the most keys: launch them first
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_bh = tl.program_id(1)
+    # with a causal/right bound the last Q blocks see the most keys: launch them first
+    pid_m, pid_bh = block_ids(seqlen_q, BLOCK_M, HAS_RIGHT, FLAT_GRID)
     off_b = (pid_bh // nheads).to(tl.int64)
     off_h = (pid_bh % nheads).to(tl.int64)
     off_hk = off_h // kv_group                     # GQA: query head h reads kv head h // (H / H_k)
@@ -496,10 +496,11 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift
         config = INTERPRET_FWD_CONFIG
     if config is None and not autotune_enabled():
         config = default_config(head_dim, causal=flags["HAS_RIGHT"], tma=use_tma)
+    # batch*heads on grid axis 1, or one flat axis past its limit (65535)
+    meta["FLAT_GRID"] = block_grid(1, batch * nheads)[1]
     if config is None:
-        grid = lambda META: (cdiv(seqlen_q, META["BLOCK_M"]), batch * nheads)  # noqa: E731
+        grid = lambda META: block_grid(cdiv(seqlen_q, META["BLOCK_M"]), batch * nheads)[0]  # noqa: E731
         _attn_fwd_tuned[grid](*args, **meta)
     else:
-        grid = (cdiv(seqlen_q, config["BLOCK_M"]), batch * nheads)
-        _attn_fwd[grid](*args, **meta, **config)
+        _attn_fwd[block_grid(cdiv(seqlen_q, config["BLOCK_M"]), batch * nheads)[0]](*args, **meta, **config)
     return out, lse

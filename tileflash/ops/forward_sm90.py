@@ -53,6 +53,8 @@ import warnings
 import torch
 import triton
 
+from tileflash.ops.common import GRID_YZ_MAX
+
 try:  # Gluon ships with triton >= 3.5; without it (or on other GPUs) the Triton kernel runs
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -877,6 +879,9 @@ class _Plan(_Launch):
             kernel = _attn_fwd_sm90
             constexprs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
                               LOOKAHEAD=cfg.get("LOOKAHEAD", False), num_warps=cfg["num_warps"])
+        if grid[1] > GRID_YZ_MAX:
+            raise ValueError(f"the Gluon forward's grid takes at most {GRID_YZ_MAX} batch*heads outside its persistent "
+                             f"mode, got {grid[1]}; flash_attn_forward routes such calls to the Triton kernel")
         super().__init__(kernel, grid, (q_desc, k_desc, v_desc, o_desc), 1, ints, 1, constexprs)
 
 
@@ -925,6 +930,8 @@ def plan_for(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varl
     except KeyError:
         pass
     cfg = _layout_config(q, k, v, out, lse, causal)
+    if cfg is not None and not cfg.get("PERSISTENT", False) and q.shape[0] * q.shape[2] > GRID_YZ_MAX:
+        cfg = None  # batch*heads past grid axis 1's limit: the Triton kernel (flat grid) takes it
     plan = None if cfg is None else _Plan(q, k, v, out, lse, bool(causal), cfg)
     if len(_PLANS) >= _PLANS_MAX:
         _PLANS.clear()
