@@ -304,12 +304,13 @@ def test_delta_launch_matches_the_kernel_signature(monkeypatch):
     if params is None:  # the interpreter's kernel object has no parameter list
         params = triton.JITFunction(bwd_mod._bwd_preprocess.fn).params
     names = [p.name for p in params]
-    assert names[:3] == ["O", "DO", "DELTA"] and [p.is_constexpr for p in params] == [False] * 11 + [True] * 3
+    assert names[:3] == ["O", "DO", "DELTA"] and [p.is_constexpr for p in params] == [False] * 11 + [True] * 4
+    assert names[11:] == ["HEAD_DIM", "BLOCK_D", "BLOCK_M", "FLAT_GRID"]
     assert dict(zip(names[3:11], launch.ints)) == dict(
         stride_ob=out.stride(0), stride_om=out.stride(1), stride_oh=out.stride(2), stride_dob=dout.stride(0),
         stride_dom=dout.stride(1), stride_doh=dout.stride(2), nheads=3, seqlen_q=96)
     assert launch.constexprs["HEAD_DIM"] == 40 and launch.constexprs["BLOCK_D"] == 64
-    assert launch.grid == (-(-96 // launch.constexprs["BLOCK_M"]), 2 * 3, 1)
+    assert launch.grid == (-(-96 // launch.constexprs["BLOCK_M"]), 2 * 3, 1) and launch.constexprs["FLAT_GRID"] is False
 
 
 @pytest.mark.skipif(not gb._f90.HAVE_GLUON, reason="this triton has no Gluon")
