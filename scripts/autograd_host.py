@@ -1,0 +1,88 @@
+"""Host time per ``torch.autograd.grad`` call on CUDA tensors, through nodes of growing weight, to
+split the backward's host time between the autograd engine and tileflash (GPU only).
+
+Usage: PYTHONPATH=. python3 scripts/autograd_host.py
+"""
+
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import tileflash
+from tileflash.ops import attention as att
+
+
+def host_us(fn, n=300):
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dt = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    return dt
+
+
+def main():
+    b, n, h, d = 16, 1024, 16, 128
+    q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=torch.float16) for _ in range(4))
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    pre = tuple(torch.empty_like(t) for t in leaves)
+
+    class One(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            return q.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return pre
+
+    class Two(torch.autograd.Function):  # two outputs, as tileflash's (out, lse)
+        @staticmethod
+        def forward(ctx, q, k, v):
+            return q.clone(), torch.empty(b, h, n, device="cuda")
+
+        @staticmethod
+        def backward(ctx, g, g2):
+            return pre
+
+    class TwoNoMat(Two):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.set_materialize_grads(False)
+            return q.clone(), torch.empty(b, h, n, device="cuda")
+
+    rows = []
+
+    def row(what, fn):
+        rows.append(f"| {what} | {host_us(fn):.1f} |")
+        print(rows[-1], flush=True)
+
+    o = (leaves[0] * 2)
+    row("mul node (C++), autograd.grad", lambda: torch.autograd.grad(o, leaves[0], do, retain_graph=True))
+    o1 = One.apply(*leaves)
+    row("Python Function, 1 output, no work", lambda: torch.autograd.grad(o1, leaves, do, retain_graph=True))
+    o2 = Two.apply(*leaves)[0]
+    row("Python Function, 2 outputs, no work", lambda: torch.autograd.grad(o2, leaves, do, retain_graph=True))
+    o3 = TwoNoMat.apply(*leaves)[0]
+    row("same, set_materialize_grads(False)", lambda: torch.autograd.grad(o3, leaves, do, retain_graph=True))
+    out = tileflash.flash_attn_func(*leaves, causal=True)
+    real = att._backward_impl
+    att._backward_impl = lambda *a, **kw: pre
+    row("tileflash's Function, _backward_impl stubbed", lambda: torch.autograd.grad(out, leaves, do, retain_graph=True))
+    att._backward_impl = real
+    row("tileflash, full", lambda: torch.autograd.grad(out, leaves, do, retain_graph=True))
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        oc = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in leaves), is_causal=True).transpose(1, 2)
+    row("cuDNN SDPA, full", lambda: torch.autograd.grad(oc, leaves, do, retain_graph=True))
+    print(f"\n{torch.cuda.get_device_name()} torch {torch.__version__}; B={b} N={n} H={h} D={d} fp16 causal")
+    print("| autograd.grad through | host us per call |\n|---|---|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
