@@ -299,6 +299,8 @@ def test_eager_calls_skip_the_custom_op(backend, monkeypatch):
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     out_op, lse_op = A.attention_fwd(*leaves, 32 ** -0.5, True, 47 - 33, window_left=9, softcap=4.0)
     grads_op = torch.autograd.grad(out_op, leaves, do)
+    lse_grads_op = torch.autograd.grad(A.attention_fwd(*leaves, 32 ** -0.5, True, 47 - 33, window_left=9,
+                                                       softcap=4.0)[1].sum(), leaves)
 
     def no_op(*args, **kwargs):
         raise AssertionError("eager call went through the custom op")
@@ -314,6 +316,12 @@ def test_eager_calls_skip_the_custom_op(backend, monkeypatch):
         torch.testing.assert_close(g, g_op, rtol=0, atol=0)
     with torch.no_grad():  # no autograd node at all
         assert tileflash.flash_attn_func(*leaves, causal=True).grad_fn is None
+    # the LSE alone: no gradient flows, so zeros, as through the op (the eager Function does not
+    # materialize the LSE's zero gradient, so it sees dout = None there)
+    out, lse, _ = tileflash.flash_attn_func(*leaves, causal=True, window_size=(9, -1), softcap=4.0,
+                                            return_attn_probs=True)
+    for g, g_op in zip(torch.autograd.grad(lse.sum(), leaves), lse_grads_op):
+        assert torch.equal(g, torch.zeros_like(g)) and torch.equal(g_op, g)
 
 
 def test_attention_entry_rejects_unknown_features():

@@ -297,12 +297,17 @@ class _EagerAttention(torch.autograd.Function):
     def forward(ctx, *inputs):
         out, lse = _attention_fwd_body(*inputs)
         _setup_context(ctx, inputs, (out, lse))
+        # the LSE's gradient is ignored: let autograd pass None rather than build zeros for it (a
+        # fill kernel and an allocation per backward, perf-notes §28)
+        ctx.set_materialize_grads(False)
         return out, lse  # lse stays differentiable-looking with no gradient, as from the op
 
     @staticmethod
     def backward(ctx, dout, dlse):
         # _backward's work, calling the body of tileflash::bwd rather than the op (dlse is ignored)
         q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seed = ctx.saved_tensors
+        if dout is None:  # only the LSE was differentiated: zero gradients, as the op's backward gives
+            return tuple(torch.zeros_like(t) for t in (q, k, v)) + (None,) * (3 + len(_FEATURES))
         f = ctx.features
         kw = _kw(f["window_left"], f["window_right"], f["softcap"], alibi_slopes, cu_seqlens_q, cu_seqlens_k,
                  f["max_seqlen_q"], f["max_seqlen_k"], f["dropout_p"], seed)
