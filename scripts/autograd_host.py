@@ -4,7 +4,6 @@ split the backward's host time between the autograd engine and tileflash (GPU on
 Usage: PYTHONPATH=. python3 scripts/autograd_host.py
 """
 
-import time
 
 import torch
 import torch.nn.functional as F
@@ -13,17 +12,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import tileflash
 from tileflash.ops import attention as att
 
-
-def host_us(fn, n=300):
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    dt = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    return dt
+from host_profile import host_us  # scripts/ is on sys.path when a script runs
 
 
 def main():
@@ -59,7 +48,7 @@ def main():
     rows = []
 
     def row(what, fn):
-        rows.append(f"| {what} | {host_us(fn):.1f} |")
+        rows.append(f"| {what} | {host_us(fn, 300):.1f} |")
         print(rows[-1], flush=True)
 
     o = (leaves[0] * 2)

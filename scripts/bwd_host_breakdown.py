@@ -17,7 +17,6 @@ Usage: PYTHONPATH=. python3 scripts/bwd_host_breakdown.py [D:CAUSAL:N ...]   (de
 """
 
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -29,17 +28,7 @@ from tileflash.ops import attention as att
 from tileflash.ops import backward as bwd
 from tileflash.ops import backward_sm90 as b90
 
-
-def host_us(fn, n=300):
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    dt = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    return dt
+from host_profile import host_us  # scripts/ is on sys.path when a script runs
 
 
 def kernel_us(fn, n=20):
@@ -80,7 +69,7 @@ def main():
                 return torch.autograd.grad(out, leaves, do, retain_graph=True)
             eager = do_bench(full, warmup=25, rep=100, return_mode="median") * 1e3
             kern, per = kernel_us(full)
-            host = host_us(full)
+            host = host_us(full, 300)
             rows.append(f"| D={d} causal={causal} N={n} | {name} | {eager:.0f} ({fl / eager * 1e-6:.0f}) | "
                         f"{kern:.0f} ({fl / kern * 1e-6:.0f}) | {host:.0f} | {eager - kern:+.0f} |")
             print(rows[-1], "\n   kernels:", {k[:60]: round(v, 1) for k, v in per.items()}, flush=True)
@@ -106,7 +95,7 @@ def main():
             "torch.cuda.device(q.device) ctx": lambda: torch.cuda.device(q.device).__enter__(),
         }
         for what, fn in steps.items():
-            layers.append(f"| D={d} causal={causal} N={n} | {what} | {host_us(fn):.1f} |")
+            layers.append(f"| D={d} causal={causal} N={n} | {what} | {host_us(fn, 300):.1f} |")
             print(layers[-1], flush=True)
         del q, k, v, do, leaves, outs, out, lse, dq, dk, dv, delta
         torch.cuda.empty_cache()

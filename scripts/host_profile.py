@@ -28,9 +28,10 @@ def graph_time(fn):
     return do_bench(_graph_of([fn]), warmup=25, rep=100, return_mode="median")
 
 
-def host_us(fn, n=200):
-    """Host time per call in us (n calls, no sync inside)."""
-    fn()
+def host_us(fn, n=200, warmup=5):
+    """Host time per call in us (n calls after `warmup` calls, no sync inside)."""
+    for _ in range(warmup):
+        fn()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(n):
