@@ -65,6 +65,35 @@ def main():
     row("tileflash's Function, _backward_impl stubbed", lambda: torch.autograd.grad(out, leaves, do, retain_graph=True))
     att._backward_impl = real
     row("tileflash, full", lambda: torch.autograd.grad(out, leaves, do, retain_graph=True))
+    # the same backward body outside autograd: on this thread, with grad mode off, on another thread,
+    # and inside a trivial Function (so on the autograd engine's thread)
+    q0, k0, v0 = (t.detach() for t in leaves)
+    o0, lse0 = tileflash.flash_attn_func(q0, k0, v0, causal=True, return_attn_probs=True)[:2]
+    kw = att._kw(-1, -1, 0.0, None, None, None, 0, 0, 0.0, None)
+
+    def body():
+        return att._backward_impl(do, q0, k0, v0, o0, lse0, d ** -0.5, True, 0, kw)
+    row("_backward_impl alone, main thread", body)
+    with torch.no_grad():
+        row("_backward_impl alone, main thread, no_grad", body)
+    import threading
+    box = []
+    th = threading.Thread(target=lambda: box.append(host_us(body, 300)))
+    th.start()
+    th.join()
+    rows.append(f"| _backward_impl alone, another Python thread | {box[0]:.1f} |")
+    print(rows[-1], flush=True)
+
+    class Body(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            return q.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return body()
+    ob = Body.apply(*leaves)
+    row("_backward_impl inside a trivial Function", lambda: torch.autograd.grad(ob, leaves, do, retain_graph=True))
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         oc = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in leaves), is_causal=True).transpose(1, 2)
     row("cuDNN SDPA, full", lambda: torch.autograd.grad(oc, leaves, do, retain_graph=True))
