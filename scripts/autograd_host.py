@@ -94,6 +94,16 @@ def main():
             return body()
     ob = Body.apply(*leaves)
     row("_backward_impl inside a trivial Function", lambda: torch.autograd.grad(ob, leaves, do, retain_graph=True))
+
+    def body_leaves():  # the tensors autograd hands over: the leaves (requiring grad), the graph's out/lse
+        return att._backward_impl(do, *leaves, out, lse_graph, d ** -0.5, True, 0, kw)
+    lse_graph = tileflash.flash_attn_func(*leaves, causal=True, return_attn_probs=True)[1]
+    row("_backward_impl alone on the leaves and the graph's out", body_leaves)
+    att._backward_impl = lambda *a, **k: body()
+    row("tileflash's Function calling the body on detached tensors",
+        lambda: torch.autograd.grad(out, leaves, do, retain_graph=True))
+    att._backward_impl = real
+    row("tileflash, full (again)", lambda: torch.autograd.grad(out, leaves, do, retain_graph=True))
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         oc = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in leaves), is_causal=True).transpose(1, 2)
     row("cuDNN SDPA, full", lambda: torch.autograd.grad(oc, leaves, do, retain_graph=True))
