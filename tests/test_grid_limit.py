@@ -29,6 +29,23 @@ def test_block_grid_is_2d_up_to_the_limit_then_flat():
         block_grid(2 ** 16, 2 ** 16)
 
 
+def _flat_spy(monkeypatch):
+    """Lower the limit to 2 and record, per launch through block_grid, whether it went flat (so a
+    test can tell that the flat path really ran)."""
+    from tileflash.ops import forward as fwd_mod
+
+    went_flat = []
+
+    def spy(n_blocks, batch_heads):
+        grid, flat = block_grid(n_blocks, batch_heads)
+        went_flat.append(flat)
+        return grid, flat
+    monkeypatch.setattr(common, "GRID_YZ_MAX", 2)
+    monkeypatch.setattr(fwd_mod, "block_grid", spy)
+    monkeypatch.setattr(bwd_mod, "block_grid", spy)
+    return went_flat
+
+
 def _run(q, k, v, causal, do):
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     out = tileflash.flash_attn_func(*leaves, causal=causal)
@@ -47,9 +64,11 @@ def test_flat_grid_gives_the_2d_grids_bits(backend, monkeypatch, causal, hk):
     do = torch.randn(b, sq, h, d, generator=g)
     ref = _run(q, k, v, causal, do)
     bwd_mod._PRE_LAUNCHES.clear()  # the delta kernel's launch is kept per layout: rebuild it flat
-    monkeypatch.setattr(common, "GRID_YZ_MAX", 2)  # batch·heads 6 (3 kv) > 2: every kernel goes flat
+    went_flat = _flat_spy(monkeypatch)  # batch·heads 6 (kv: 6 or 2) > 2
     flat = _run(q, k, v, causal, do)
     bwd_mod._PRE_LAUNCHES.clear()
+    # the forward (its flag, then its grid), delta and dQ flat; dK/dV when its batch·kv heads exceed 2
+    assert went_flat == [True, True, True, hk > 1, True], went_flat
     for name, a, r in zip(("out", "dq", "dk", "dv"), flat, ref):
         assert not a.isnan().any(), name
         assert torch.equal(a, r), f"{name}: flat grid differs by {(a - r).abs().max().item():.3e}"
@@ -65,21 +84,31 @@ def test_flat_grid_varlen_gives_the_2d_grids_bits(backend, monkeypatch):
     q = torch.randn(sum(lens_q), h, d, generator=g)
     k, v = (torch.randn(sum(lens_k), h, d, generator=g) for _ in range(2))
 
+    do = torch.randn(sum(lens_q), h, d, generator=g)
+
     def run():
-        return tileflash.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True)
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        out = tileflash.flash_attn_varlen_func(*leaves, cu_q, cu_k, max(lens_q), max(lens_k), causal=True)
+        return (out, *torch.autograd.grad(out, leaves, do))
     ref = run()
-    monkeypatch.setattr(common, "GRID_YZ_MAX", 2)
-    assert torch.equal(run(), ref)
+    bwd_mod._PRE_LAUNCHES.clear()
+    went_flat = _flat_spy(monkeypatch)  # 3 sequences x 2 heads = 6 > 2
+    flat = run()
+    bwd_mod._PRE_LAUNCHES.clear()
+    # all but the delta kernel, which sees the packed rows as one batch entry (1 x 2 heads)
+    assert went_flat == [True, True, False, True, True], went_flat
+    for name, a, r in zip(("out", "dq", "dk", "dv"), flat, ref):
+        assert torch.equal(a, r), f"{name}: flat grid differs by {(a - r).abs().max().item():.3e}"
 
 
 def test_decode_with_batch_heads_on_axis_0_gives_the_same_bits(backend, monkeypatch):
     if backend != "interpret":
         pytest.skip("the CPU interpreter with the grid limit lowered")
     g = torch.Generator().manual_seed(5)
-    b, h, hk, d, cap = 3, 4, 2, 16, 40
+    b, h, hk, d, cap = 3, 4, 2, 16, 96
     q = torch.randn(b, 1, h, d, generator=g)
     kc, vc = (torch.randn(b, cap, hk, d, generator=g) for _ in range(2))
-    lens = torch.tensor([40, 7, 0], dtype=torch.int32)
+    lens = torch.tensor([96, 90, 0], dtype=torch.int32)  # several tiles per split: the rotation uses n_bh
     outs = []
     for limit in (65535, 5):  # 6 batch·kv heads > 5; 3 splits fit axis 1
         monkeypatch.setattr(decode, "GRID_YZ_MAX", limit)
