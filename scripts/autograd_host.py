@@ -84,11 +84,7 @@ def main():
     rows.append(f"| _backward_impl alone, another Python thread | {box[0]:.1f} |")
     print(rows[-1], flush=True)
 
-    class Body(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, q, k, v):
-            return q.clone()
-
+    class Body(One):  # One's forward; the backward runs the body
         @staticmethod
         def backward(ctx, g):
             return body()
