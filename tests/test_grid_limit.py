@@ -117,6 +117,43 @@ def test_decode_with_batch_heads_on_axis_0_gives_the_same_bits(backend, monkeypa
     assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[3])
 
 
+@pytest.mark.parametrize("limit", ["rows", "tickets"])
+def test_decode_grid_past_the_limits_raises_before_the_append(backend, monkeypatch, limit):
+    """A decode grid past CUDA's limits (row blocks past an axis' limit, or more ticket counters
+    than the kernel's int32 index holds) raises ValueError before k/v are appended: the cache is
+    left untouched. Both limits are lowered so that the check runs at a small shape."""
+    if backend != "interpret":
+        pytest.skip("the CPU interpreter with the grid limits lowered")
+    g = torch.Generator().manual_seed(6)
+    b, h, hk, d, cap, t = 2, 4, 1, 16, 64, 20     # 4 query heads x 20 new tokens = 80 rows: 2 blocks of 64
+    q = torch.randn(b, t, h, d, generator=g)
+    kc, vc = (torch.randn(b, cap, hk, d, generator=g) for _ in range(2))
+    kn, vn = (torch.randn(b, t, hk, d, generator=g) for _ in range(2))
+    lens = torch.tensor([5, 30], dtype=torch.int32)
+    before = (kc.clone(), vc.clone())
+    assert decode.row_blocks(h // hk, t) == (64, 2)
+    # within the limits the call appends and runs
+    k2, v2 = kc.clone(), vc.clone()
+    tileflash.flash_attn_with_kvcache(q, k2, v2, kn, vn, cache_seqlens=lens.clone())
+    assert not torch.equal(k2, kc)
+    if limit == "rows":
+        monkeypatch.setattr(decode, "GRID_YZ_MAX", 1)      # 2 row blocks > 1
+    else:
+        monkeypatch.setattr(decode, "TICKETS_MAX", b * hk * 2)  # 2 batch·kv heads x 2 row blocks = 4 counters
+    with pytest.raises(ValueError, match="exceed CUDA's grid limits"):
+        tileflash.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens.clone())
+    assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
+
+
+def test_check_grid_bounds():
+    decode.check_grid(65535, 65535 // 2 - 1)               # 2**31 - 1 counters would not fit: fewer do
+    decode.check_grid(65536, 1, num_splits=65535)           # batch·kv heads on axis 0
+    decode.check_grid(2 ** 31 - 1, 1)
+    for args in ((65536, 1, 65536), (2, 65536, 1), (2 ** 31, 1, 1), (2 ** 16, 2 ** 15, 1)):
+        with pytest.raises(ValueError, match="grid limits"):
+            decode.check_grid(*args)
+
+
 def test_cpu_path_takes_more_batch_heads_than_a_grid_axis(backend):
     """The public API no longer refuses batch·heads > 65535 (it did before the flat grid)."""
     if backend != "tiled":

@@ -542,6 +542,30 @@ def long_split_config(block_d: int, page_size: int, split_len: int):
     return None
 
 
+def row_blocks(group: int, seqlen_q: int):
+    """(BLOCK_M, row blocks): the G query heads of a kv head x the new tokens, packed as rows, in
+    tiles of 16 to 64 rows."""
+    block_m = min(64, max(16, next_pow2(group * seqlen_q)))
+    return block_m, cdiv(group * seqlen_q, block_m)
+
+
+# the split kernel indexes its ticket counters, one per (batch·kv head, row block), in int32
+TICKETS_MAX = 2 ** 31
+
+
+def check_grid(n_bh: int, m_blocks: int, num_splits: int = 1) -> None:
+    """Raise ValueError unless the split kernel's grid fits CUDA's limits: batch·kv heads up to
+    2**31 - 1 (on axis 0 past GRID_YZ_MAX, where the splits take axis 1), row blocks up to
+    GRID_YZ_MAX, and fewer than TICKETS_MAX (batch·kv heads x row blocks) ticket counters.
+    ``flash_attn_with_kvcache`` calls it before it appends (with one split: the split count is
+    only known here), and ``decode_forward`` before the launch."""
+    bh_axis0 = n_bh > GRID_YZ_MAX
+    if (max(num_splits if bh_axis0 else n_bh, m_blocks) > GRID_YZ_MAX or n_bh >= 2 ** 31
+            or n_bh * m_blocks >= TICKETS_MAX):
+        raise ValueError(f"flash_attn_with_kvcache: {n_bh} batch*kv heads x {num_splits} splits x {m_blocks} row "
+                         f"blocks exceed CUDA's grid limits; split the batch or the new tokens into smaller calls")
+
+
 def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, window=(-1, -1), softcap=0.0,
                    alibi_slopes=None, cache_batch_idx=None, block_table=None, num_splits=0, max_seqlen_k=-1,
                    cache_leftpad=None, config=None):
@@ -605,9 +629,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         block_n, page_tile = paged_tiling(k_cache.shape[1] if paged else 0, block_n)
     split_len = cdiv(cdiv(max_k, num_splits), block_n) * block_n
     num_splits = cdiv(max_k, split_len)
-    # the G query heads of a kv head x the new tokens, packed as rows; tiles of at most 64 rows
-    block_m = min(64, max(16, next_pow2(group * seqlen_q)))
-    m_blocks = cdiv(group * seqlen_q, block_m)
+    block_m, m_blocks = row_blocks(group, seqlen_q)
     rows_total = m_blocks * block_m
     block_d = block_d_for(head_dim)
     out = torch.empty_like(q)
@@ -651,9 +673,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         block_table = torch.zeros((batch, 1), dtype=block_table.dtype, device=block_table.device)
     # batch·kv heads on grid axis 1, or on axis 0 (up to 2**31 - 1) past axis 1's limit
     bh_axis0 = n_bh > GRID_YZ_MAX
-    if max(num_splits if bh_axis0 else n_bh, m_blocks) > GRID_YZ_MAX or n_bh >= 2 ** 31:
-        raise ValueError(f"flash_attn_with_kvcache: {n_bh} batch*kv heads x {num_splits} splits x {m_blocks} row "
-                         f"blocks exceed CUDA's grid limits; split the batch or the new tokens into smaller calls")
+    check_grid(n_bh, m_blocks, num_splits)
     grid = (n_bh, num_splits, m_blocks) if bh_axis0 else (num_splits, n_bh, m_blocks)
     _decode_split[grid](
         q, k_cache, v_cache, out, lse, o_part, lse_part, counter, seqlens_k, cache_batch_idx, block_table,
