@@ -8,6 +8,7 @@ routing change cannot turn them into tests of the Triton kernel. The routing tes
 
 import pytest
 import torch
+import triton
 
 import tileflash
 from tileflash.ops import forward as fwd_mod
@@ -352,6 +353,56 @@ def test_repeated_calls_take_the_cached_launcher(gluon_calls):
         for out, lse in results[1:]:
             assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1])
     assert len(gluon_calls) == 9
+
+
+@needs_sm90
+def test_descriptor_runner_encodes_each_address_once_and_stays_right():
+    """On triton 3.6 the cached launcher is a ``_DescRunner``: each TMA descriptor is encoded once
+    per base address. Calls of one layout on several tensors (fresh NaN-poisoned outputs, reused
+    addresses, then new ones) must each be right against the reference and bitwise equal to
+    triton's own runner (with a launch hook set, which makes the runner hand the launch to
+    triton's); the encoder must run once per new (slot, address), never for a known one."""
+    if not triton.__version__.startswith("3.6"):
+        pytest.skip(f"_DescRunner was written against triton 3.6's launcher (installed: {triton.__version__})")
+    d, causal, n = 128, True, 1024
+    sets = [make_qkv(2, n, n, 4, 2, d, torch.bfloat16, "cuda", seed=s) for s in range(3)]
+
+    def call(qkv):
+        q, k, v = qkv
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((2, 4, n), float("nan"), device="cuda")
+        fwd_mod.flash_attn_forward(q, k, v, d ** -0.5, causal, out=out, lse=lse)
+        return out, lse
+
+    call(sets[0])  # the JIT, which keeps the launcher
+    plan = g90.plan_for(*sets[0], torch.empty_like(sets[0][0]), torch.empty(2, 4, n, device="cuda"), d ** -0.5,
+                        causal, 0, _flags(HAS_RIGHT=causal), False, None)
+    runner = plan.runner[1]
+    assert isinstance(runner, g90._DescRunner), type(runner)
+    encodes = []
+    real = runner.encode
+    runner.encode = lambda desc, meta: (encodes.append(desc.base.data_ptr()), real(desc, meta))[1]
+    for m in runner.maps:
+        m.clear()
+    fast = []
+    for qkv in (sets[0], sets[1], sets[0], sets[2], sets[1]):
+        out, lse = call(qkv)
+        check_cuda_out(out, lse, *qkv, causal)
+        fast.append((out, lse))
+    # q, k, v and out: one encode per slot and address; the outputs are fresh each call
+    want_qkv = {t.data_ptr() for s_ in sets for t in s_}
+    assert want_qkv <= set(encodes), "every input address should have been encoded"
+    assert sum(1 for p_ in encodes if p_ in want_qkv) == 9, encodes  # 3 sets x (q, k, v), once each
+    hook_calls = []
+    hook = lambda *a: hook_calls.append(1)  # noqa: E731
+    triton.knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        slow = [call(qkv) for qkv in (sets[0], sets[1], sets[0], sets[2], sets[1])]
+    finally:
+        triton.knobs.runtime.launch_enter_hook.remove(hook)
+    assert len(hook_calls) == 5, "with a hook set, the launch should go through triton's runner"
+    for (o1, l1), (o2, l2) in zip(fast, slow):
+        assert torch.equal(o1, o2) and torch.equal(l1, l2)
 
 
 @needs_sm90

@@ -830,7 +830,80 @@ class _Launch:
         if hasattr(kernel, "result"):  # triton's asynchronous compile mode hands back a future
             kernel = kernel.result()
         if cacheable and hasattr(kernel, "__getitem__"):
-            self.runner = (torch.cuda.current_device(), kernel[self.grid])
+            runner = kernel[self.grid]
+            self.runner = (torch.cuda.current_device(), _DescRunner.make(kernel, self.grid, len(self.templates))
+                           or runner)
+
+
+class _DescRunner:
+    """A compiled kernel's launcher that converts each TMA descriptor once per base address.
+
+    triton's launcher turns every host-side ``TensorDescriptor`` argument into a ``CUtensorMap``
+    (``make_tensordesc_arg``: a ``cuTensorMapEncodeTiled`` call and Python around it) at every
+    launch (perf-notes §25, §28: most of the backward's per-launch host time). Within one
+    :class:`_Launch` a descriptor's shape, strides, block, dtype and swizzle are fixed by the
+    layout key, so the encoded map depends on the base address alone: this runner keeps the maps
+    per (descriptor slot, address), encodes a new address with triton's own code, and calls the C
+    launcher that triton's wrapper would call, with the same arguments. A map kept for an address
+    whose tensor was freed is only used again if a tensor of the same layout sits at that address,
+    for which it is the right map. At most ``MAX_PER_SLOT`` addresses per slot (then emptied).
+
+    Built by :meth:`make` only when this triton's CUDA launcher has the structure it was written
+    against (triton 3.6: ``CudaLauncher.launch`` wrapping the C launcher with the descriptors
+    first among the arguments, lowered to ``CUtensorMap``, and no scratch memory); else None,
+    and the caller keeps triton's runner. Launch hooks (triton's profiling knobs) make it hand
+    the launch to triton's runner."""
+
+    MAX_PER_SLOT = 64
+    # TILEFLASH_DESC_CACHE=0 hands every launch to triton's runner (a switch for comparisons, and a
+    # way out should a triton build differ in a way make() does not catch)
+    ENABLED = os.environ.get("TILEFLASH_DESC_CACHE", "1") != "0"
+    __slots__ = ("fallback", "raw", "metas", "encode", "maps", "grid", "function", "packed", "coop", "pdl",
+                 "n_desc", "device")
+
+    @classmethod
+    def make(cls, compiled, grid, n_desc):
+        if n_desc == 0:
+            return None
+        try:
+            from triton.backends.nvidia import driver as nv_driver
+
+            launcher = compiled.run
+            inner = launcher.launch
+            cells = dict(zip(inner.__code__.co_freevars, (c.cell_contents for c in inner.__closure__)))
+            metas, indices = cells["tensordesc_meta"], cells["tensordesc_indices"]
+            if (sorted(indices) != list(range(n_desc)) or len(metas) != n_desc or any(m is None for m in metas)
+                    or launcher.global_scratch_size or launcher.profile_scratch_size
+                    or getattr(launcher, "num_ctas", 1) != 1 or nv_driver._BASE_ARGS_FORMAT_LEN != 13):
+                return None
+            self = object.__new__(cls)
+            self.fallback = compiled[grid]
+            self.raw, self.metas, self.encode = cells["launcher"], tuple(metas), nv_driver.make_tensordesc_arg
+            self.maps = tuple({} for _ in range(n_desc))
+            self.grid, self.function, self.packed = grid, compiled.function, compiled.packed_metadata
+            self.coop, self.pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
+            self.n_desc, self.device = n_desc, torch.cuda.current_device()
+            return self
+        except Exception:  # noqa: BLE001 -- another triton: keep its own runner
+            return None
+
+    def __call__(self, *args):
+        knobs = triton.knobs.runtime  # hooks: None or a HookChain (triton 3.6), empty unless a profiler set one
+        enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook
+        if getattr(enter, "calls", enter) or getattr(leave, "calls", leave) or not _DescRunner.ENABLED:
+            return self.fallback(*args)
+        expanded = []
+        for desc, maps, meta in zip(args[:self.n_desc], self.maps, self.metas):
+            addr = desc.base.data_ptr()
+            m = maps.get(addr)
+            if m is None:
+                if len(maps) >= self.MAX_PER_SLOT:
+                    maps.clear()
+                m = maps[addr] = tuple(self.encode(desc, meta))
+            expanded += m
+        g = self.grid
+        self.raw(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(self.device), self.function, self.coop,
+                 self.pdl, None, None, self.packed, None, None, None, *expanded, *args[self.n_desc:])
 
 
 class _Plan(_Launch):
