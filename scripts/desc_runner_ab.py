@@ -65,6 +65,9 @@ def main():
                 res.setdefault((name, "cudnn", "bench"), []).append(do_bench(fn, warmup=10, rep=50,
                                                                              return_mode="median") * 1e3)
         g90._DescRunner.ENABLED = True
+        for key_, vals in res.items():  # every round, in order (rounds alternate which mode goes first)
+            print(f"# {spec} {key_[0]} {'on' if key_[1] is True else 'off' if key_[1] is False else key_[1]} "
+                  f"{key_[2]}: " + " ".join(f"{x:.0f}" for x in vals), flush=True)
         for name in ("fwd", "bwd"):
             med = {m: {x: statistics.median(res[(name, m, x)]) for x in ("host", "bench")} for m in (True, False, "cudnn")}
             spread = {m: (min(res[(name, m, "host")]), max(res[(name, m, "host")])) for m in (True, False)}
