@@ -16,6 +16,7 @@ flash, B=16 L=8k/64k 1.0x cuDNN. If the pure read of B=1 L=8k's 33.5 MB cannot t
 the 2x target's time, no attention kernel can meet it in this timing.
 
 Usage: PYTHONPATH=. python3 scripts/decode_floor.py [--shapes 1:8192 16:8192] [--out floor.json] [--quick]
+       python3 scripts/decode_floor.py --plot-from floor.json floor.png   (no GPU needed)
 """
 
 import argparse
@@ -64,7 +65,38 @@ def graph_ms(calls, sets, graph_calls, rep):
     return do_bench(_graph_of([calls[i % sets] for i in range(n)]), warmup=10, rep=rep, return_mode="median") / n
 
 
+def plot(json_path, png_path):
+    """Bars per shape (µs per call): the launch floor, the best pure read, tileflash, cuDNN, SDPA
+    flash, with the 2x-SDPA-flash time marked (CPU is enough: it reads the JSON of a GPU run)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.load(open(json_path))
+    shapes = data["summary"]
+    fig, axes = plt.subplots(1, len(shapes), figsize=(3.6 * len(shapes), 3.8))
+    for ax, s in zip(axes if len(shapes) > 1 else [axes], shapes):
+        names = ["touch", s["best_read"], "tileflash", "sdpa_cudnn", "sdpa_flash"]
+        labels = ["launch +\n1 load", "pure\nread", "tileflash", "cuDNN", "SDPA\nflash"]
+        vals = [s.get(n, float("nan")) for n in names]
+        ax.bar(labels, vals, color=["#bbbbbb", "#888888", "#1f77b4", "#2ca02c", "#d62728"])
+        if "sdpa_flash" in s and (s["batch"], s["seqlen_k"]) == (1, 8192):   # issue 7's target at that shape
+            ax.axhline(s["sdpa_flash"] / 2, color="k", ls="--", lw=1, label="target: 2x SDPA-flash")
+            ax.legend(fontsize=7, loc="upper left")
+        ax.set_title(f"B={s['batch']} L={s['seqlen_k'] // 1024}k ({s['kv_mb']:.0f} MB)", fontsize=9)
+        ax.set_ylabel("µs per call (CUDA graph)")
+        ax.tick_params(axis="x", labelsize=7)
+    fig.suptitle(f"decode step vs. a pure read of the same K/V bytes ({data['device']}, bf16, Hq 32, Hkv 8, D 128)",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+
+
 def main():
+    if "--plot-from" in sys.argv:   # decode_floor.py --plot-from floor.json out.png
+        i = sys.argv.index("--plot-from")
+        return plot(sys.argv[i + 1], sys.argv[i + 2])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", nargs="+", default=["1:8192", "16:8192", "1:32768"], help="B:L pairs")
     ap.add_argument("--out", default="decode_floor.json")
