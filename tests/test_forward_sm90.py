@@ -327,6 +327,87 @@ def test_launch_passes_scales_as_floats_and_keeps_the_launcher_per_device(monkey
     assert calls[-1][0] == "runner"
 
 
+def test_desc_runner_encodes_once_per_slot_and_address_and_passes_triton_args(monkeypatch):
+    """``_DescRunner`` against a stand-in for triton 3.6's launcher (the structure it reads: the
+    wrapper closing over ``launcher``, ``tensordesc_indices`` and ``tensordesc_meta``; the GPU
+    test checks the real one). It must hand the C launcher exactly triton's argument list (grid,
+    stream, function, the launch flags, no scratch, the packed metadata, no hooks, then each
+    descriptor expanded into its map, shape and strides, then the other arguments), encode a
+    descriptor once per (slot, address), empty a slot when full, hand launches to triton's
+    runner when a launch hook is set or it is switched off, and decline launchers of another
+    structure. No GPU needed."""
+    from triton.backends.nvidia import driver as nv
+
+    encodes = []
+
+    def encode(desc, meta):
+        encodes.append((desc.base.data_ptr(), meta))
+        return [("map", desc.base.data_ptr(), meta), 64, 128]
+
+    monkeypatch.setattr(nv, "make_tensordesc_arg", encode, raising=False)
+    monkeypatch.setattr(nv, "_BASE_ARGS_FORMAT_LEN", 13, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    raw = []
+
+    def wrapper(launcher, tensordesc_indices, tensordesc_meta):
+        def inner(*args):
+            return launcher, tensordesc_indices, tensordesc_meta
+        return inner
+
+    def compiled(indices=(0, 1), metas=("m0", "m1"), scratch=0):
+        launcher = type("Launcher", (), dict(global_scratch_size=scratch, profile_scratch_size=0, num_ctas=1,
+                                             launch_cooperative_grid=False, launch_pdl=True))()
+        launcher.launch = wrapper(lambda *a: raw.append(a), set(indices), list(metas))
+        return type("Compiled", (), dict(run=launcher, function=99, packed_metadata="pm"))()
+
+    slow = []
+    runner = g90._DescRunner.make(compiled(), lambda *a: slow.append(a), (3, 2, 1), 2)
+    assert isinstance(runner, g90._DescRunner)
+    t0, t1, t2 = (torch.empty(8) for _ in range(3))
+    desc = type("Desc", (), {})
+
+    def d(t):
+        x = desc()
+        x.base = t
+        return x
+
+    runner(d(t0), d(t1), "lse", 7, 0.5, "CONSTEXPR")
+    assert raw[-1] == (3, 2, 1, 1234, 99, False, True, None, None, "pm", None, None, None,
+                       ("map", t0.data_ptr(), "m0"), 64, 128, ("map", t1.data_ptr(), "m1"), 64, 128,
+                       "lse", 7, 0.5, "CONSTEXPR")
+    runner(d(t0), d(t1), "lse", 7, 0.5, "CONSTEXPR")
+    assert len(encodes) == 2 and len(raw) == 2                  # known addresses: no encode
+    runner(d(t2), d(t1), "lse", 7, 0.5, "CONSTEXPR")
+    assert encodes[-1] == (t2.data_ptr(), "m0") and len(encodes) == 3
+    assert raw[-1][13] == ("map", t2.data_ptr(), "m0")
+    runner(d(t1), d(t0), "lse", 7, 0.5, "CONSTEXPR")             # the slot is part of the key
+    assert encodes[-2:] == [(t1.data_ptr(), "m0"), (t0.data_ptr(), "m1")]
+    assert raw[-1][13] == ("map", t1.data_ptr(), "m0") and raw[-1][16] == ("map", t0.data_ptr(), "m1")
+    monkeypatch.setattr(g90._DescRunner, "MAX_PER_SLOT", 3)
+    runner(d(torch.empty(8)), d(t0), "lse", 7, 0.5, "CONSTEXPR")  # slot 0 held 3 addresses: emptied
+    assert len(runner.maps[0]) == 1 and len(runner.maps[1]) == 2
+    n_raw = len(raw)
+    hook = lambda *a: None  # noqa: E731
+    triton.knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        runner(d(t0), d(t1), "lse", 7, 0.5, "CONSTEXPR")
+    finally:
+        triton.knobs.runtime.launch_enter_hook.remove(hook)
+    assert len(raw) == n_raw and slow[-1][2:] == ("lse", 7, 0.5, "CONSTEXPR")
+    monkeypatch.setattr(g90._DescRunner, "ENABLED", False)
+    runner(d(t0), d(t1), "lse", 7, 0.5, "CONSTEXPR")
+    assert len(raw) == n_raw and len(slow) == 2
+    # launchers it was not written for: it declines, and the caller keeps triton's runner
+    assert g90._DescRunner.make(compiled(indices=(0, 2)), None, (1, 1, 1), 2) is None
+    assert g90._DescRunner.make(compiled(metas=("m0", None)), None, (1, 1, 1), 2) is None
+    assert g90._DescRunner.make(compiled(scratch=128), None, (1, 1, 1), 2) is None
+    assert g90._DescRunner.make(compiled(), None, (1, 1, 1), 0) is None
+    assert g90._DescRunner.make(object(), None, (1, 1, 1), 2) is None
+    monkeypatch.setattr(nv, "make_tensordesc_arg", lambda arg, metadata, extra: None)
+    assert g90._DescRunner.make(compiled(), None, (1, 1, 1), 2) is None
+
+
 @needs_sm90
 def test_repeated_calls_take_the_cached_launcher(gluon_calls):
     """The second call of a layout launches through the plan's cached launcher (no JIT binding);

@@ -47,6 +47,7 @@ covers the (B, S, H, D) and the SDPA (B, H, S, D) memory layouts without a copy.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import warnings
 
@@ -830,9 +831,9 @@ class _Launch:
         if hasattr(kernel, "result"):  # triton's asynchronous compile mode hands back a future
             kernel = kernel.result()
         if cacheable and hasattr(kernel, "__getitem__"):
-            runner = kernel[self.grid]
-            self.runner = (torch.cuda.current_device(), _DescRunner.make(kernel, self.grid, len(self.templates))
-                           or runner)
+            runner = kernel[self.grid]  # (this also loads the kernel's handles, which _DescRunner reads)
+            self.runner = (torch.cuda.current_device(),
+                           _DescRunner.make(kernel, runner, self.grid, len(self.templates)) or runner)
 
 
 class _DescRunner:
@@ -862,7 +863,10 @@ class _DescRunner:
                  "n_desc", "device")
 
     @classmethod
-    def make(cls, compiled, grid, n_desc):
+    def make(cls, compiled, fallback, grid, n_desc):
+        """The runner of `compiled` (a loaded ``CompiledKernel``) for a 3-D `grid` whose first
+        `n_desc` arguments are tensor descriptors, or None; `fallback` is triton's runner
+        (``compiled[grid]``), used whenever a launch hook is set."""
         if n_desc == 0:
             return None
         try:
@@ -874,10 +878,11 @@ class _DescRunner:
             metas, indices = cells["tensordesc_meta"], cells["tensordesc_indices"]
             if (sorted(indices) != list(range(n_desc)) or len(metas) != n_desc or any(m is None for m in metas)
                     or launcher.global_scratch_size or launcher.profile_scratch_size
-                    or getattr(launcher, "num_ctas", 1) != 1 or nv_driver._BASE_ARGS_FORMAT_LEN != 13):
+                    or getattr(launcher, "num_ctas", 1) != 1 or nv_driver._BASE_ARGS_FORMAT_LEN != 13
+                    or len(inspect.signature(nv_driver.make_tensordesc_arg).parameters) != 2):
                 return None
             self = object.__new__(cls)
-            self.fallback = compiled[grid]
+            self.fallback = fallback
             self.raw, self.metas, self.encode = cells["launcher"], tuple(metas), nv_driver.make_tensordesc_arg
             self.maps = tuple({} for _ in range(n_desc))
             self.grid, self.function, self.packed = grid, compiled.function, compiled.packed_metadata
