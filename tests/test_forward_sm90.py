@@ -345,7 +345,7 @@ def test_desc_runner_encodes_once_per_slot_and_address_and_passes_triton_args(mo
         return [("map", desc.base.data_ptr(), meta), 64, 128]
 
     monkeypatch.setattr(nv, "make_tensordesc_arg", encode, raising=False)
-    monkeypatch.setattr(nv, "_BASE_ARGS_FORMAT_LEN", 13, raising=False)
+    monkeypatch.setattr(nv, "_BASE_ARGS_FORMAT", "iiiKKppOOOOOO", raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     raw = []
@@ -355,10 +355,16 @@ def test_desc_runner_encodes_once_per_slot_and_address_and_passes_triton_args(mo
             return launcher, tensordesc_indices, tensordesc_meta
         return inner
 
-    def compiled(indices=(0, 1), metas=("m0", "m1"), scratch=0):
+    def wrapper_with_more(launcher, tensordesc_indices, tensordesc_meta, extra):
+        def inner(*args):
+            return launcher, tensordesc_indices, tensordesc_meta, extra
+        return inner
+
+    def compiled(indices=(0, 1), metas=("m0", "m1"), scratch=0, more=False):
         launcher = type("Launcher", (), dict(global_scratch_size=scratch, profile_scratch_size=0, num_ctas=1,
                                              launch_cooperative_grid=False, launch_pdl=True))()
-        launcher.launch = wrapper(lambda *a: raw.append(a), set(indices), list(metas))
+        launcher.launch = (wrapper_with_more(lambda *a: raw.append(a), set(indices), list(metas), 1) if more
+                           else wrapper(lambda *a: raw.append(a), set(indices), list(metas)))
         return type("Compiled", (), dict(run=launcher, function=99, packed_metadata="pm"))()
 
     slow = []
@@ -404,6 +410,11 @@ def test_desc_runner_encodes_once_per_slot_and_address_and_passes_triton_args(mo
     assert g90._DescRunner.make(compiled(scratch=128), None, (1, 1, 1), 2) is None
     assert g90._DescRunner.make(compiled(), None, (1, 1, 1), 0) is None
     assert g90._DescRunner.make(object(), None, (1, 1, 1), 2) is None
+    assert g90._DescRunner.make(compiled(more=True), None, (1, 1, 1), 2) is None   # a wrapper that does more
+    monkeypatch.setattr(nv, "_BASE_ARGS_FORMAT", "iiiKKppOOOOOOO")                   # another C launcher
+    assert g90._DescRunner.make(compiled(), None, (1, 1, 1), 2) is None
+    monkeypatch.setattr(nv, "_BASE_ARGS_FORMAT", "iiiKKppOOOOOO")
+    assert g90._DescRunner.make(compiled(), None, (1, 1, 1), 2) is not None
     monkeypatch.setattr(nv, "make_tensordesc_arg", lambda arg, metadata, extra: None)
     assert g90._DescRunner.make(compiled(), None, (1, 1, 1), 2) is None
 
@@ -445,6 +456,8 @@ def test_descriptor_runner_encodes_each_address_once_and_stays_right():
     triton's); the encoder must run once per new (slot, address), never for a known one."""
     if not triton.__version__.startswith("3.6"):
         pytest.skip(f"_DescRunner was written against triton 3.6's launcher (installed: {triton.__version__})")
+    if not g90._DescRunner.ENABLED:
+        pytest.skip("TILEFLASH_DESC_CACHE=0 turns the descriptor runner off")
     d, causal, n = 128, True, 1024
     sets = [make_qkv(2, n, n, 4, 2, d, torch.bfloat16, "cuda", seed=s) for s in range(3)]
 

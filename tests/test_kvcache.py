@@ -933,6 +933,29 @@ def test_compiled_append_is_checked(bad):
     assert torch.equal(kc, kc0) and torch.equal(vc, vc0)
 
 
+def test_compiled_call_does_not_recompile_per_new_token_count():
+    """Under torch.compile (dynamic shapes) the host-side checks must not guard on the exact
+    number of new tokens: once the shapes are dynamic, new seqlen_q values reuse the compiled
+    frames (a power of two of seqlen_q in the grid check guarded on each value, a recompile per
+    new length, until dynamo's limit sends the call to eager)."""
+    from torch._dynamo.testing import CompileCounter
+
+    kc, vc, _, g = _setup("cpu", 2, False, 16, seed=16)
+    seqlens = torch.tensor([3, 20, 40], dtype=torch.int32)
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    fn = torch.compile(lambda q: tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens),
+                       backend=counter, dynamic=True)
+    for t in (3, 5):
+        fn(torch.randn(B, t, H, D, generator=g))
+    frames = counter.frame_count
+    for t in (6, 7, 9, 11):
+        q = torch.randn(B, t, H, D, generator=g)
+        torch.testing.assert_close(fn(q), tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens),
+                                   rtol=0, atol=0)
+    assert counter.frame_count == frames, f"{counter.frame_count - frames} recompiles for new seqlen_q values"
+
+
 def test_kernel_clamps_contiguous(backend):
     """Contiguous cache, called below the interface: cache_batch_idx out of range both ways and a
     length past the capacity (50, not a multiple of any block size) are clamped: row 1 reads cache

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from tileflash.ops.attention import PackedAttention, attention, kvcache_forward, kvcache_fwd, use_triton
-from tileflash.ops.decode import apply_rotary, check_grid, row_blocks
+from tileflash.ops.decode import apply_rotary, check_grid, row_block_count
 
 MAX_HEADDIM = 256
 _GPU_DTYPES = (torch.float16, torch.bfloat16)
@@ -684,7 +684,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         _check_kvcache_lengths(sl, seqlen_new, capacity)  # host-known lengths: free to check, no sync
 
     if use_triton(q):  # a grid past CUDA's limits must raise before the append, not after it
-        check_grid(batch * nheads_k, row_blocks(nheads // nheads_k, seqlen_q)[1])
+        check_grid(batch * nheads_k, row_block_count(nheads // nheads_k, seqlen_q))
 
     # -- rotary and in-place append ----------------------------------------------------------------
     t_new = torch.arange(seqlen_new, device=dev) if k is not None else None

@@ -542,28 +542,39 @@ def long_split_config(block_d: int, page_size: int, split_len: int):
     return None
 
 
+ROWS_MAX = 64  # rows per row block of the split kernel
+
+
 def row_blocks(group: int, seqlen_q: int):
     """(BLOCK_M, row blocks): the G query heads of a kv head x the new tokens, packed as rows, in
-    tiles of 16 to 64 rows."""
-    block_m = min(64, max(16, next_pow2(group * seqlen_q)))
+    tiles of 16 to ROWS_MAX rows. One tile holds every row up to ROWS_MAX, so the count is
+    ``row_block_count``."""
+    block_m = min(ROWS_MAX, max(16, next_pow2(group * seqlen_q)))
     return block_m, cdiv(group * seqlen_q, block_m)
+
+
+def row_block_count(group: int, seqlen_q: int) -> int:
+    """``row_blocks(group, seqlen_q)[1]`` without the power of two, which under torch.compile
+    would guard on the exact length (a recompile per new seqlen_q)."""
+    return cdiv(group * seqlen_q, ROWS_MAX)
 
 
 # the split kernel indexes its ticket counters, one per (batch·kv head, row block), in int32
 TICKETS_MAX = 2 ** 31
 
 
-def check_grid(n_bh: int, m_blocks: int, num_splits: int = 1) -> None:
+def check_grid(n_bh: int, m_blocks: int, num_splits=None) -> None:
     """Raise ValueError unless the split kernel's grid fits CUDA's limits: batch·kv heads up to
     2**31 - 1 (on axis 0 past GRID_YZ_MAX, where the splits take axis 1), row blocks up to
     GRID_YZ_MAX, and fewer than TICKETS_MAX (batch·kv heads x row blocks) ticket counters.
-    ``flash_attn_with_kvcache`` calls it before it appends (with one split: the split count is
-    only known here), and ``decode_forward`` before the launch."""
+    ``flash_attn_with_kvcache`` calls it before it appends (num_splits None: the split count is
+    only known in ``decode_forward``), and ``decode_forward`` before the launch."""
     bh_axis0 = n_bh > GRID_YZ_MAX
-    if (max(num_splits if bh_axis0 else n_bh, m_blocks) > GRID_YZ_MAX or n_bh >= 2 ** 31
+    if (max((num_splits or 1) if bh_axis0 else n_bh, m_blocks) > GRID_YZ_MAX or n_bh >= 2 ** 31
             or n_bh * m_blocks >= TICKETS_MAX):
-        raise ValueError(f"flash_attn_with_kvcache: {n_bh} batch*kv heads x {num_splits} splits x {m_blocks} row "
-                         f"blocks exceed CUDA's grid limits; split the batch or the new tokens into smaller calls")
+        splits = "" if num_splits is None else f" x {num_splits} splits"
+        raise ValueError(f"flash_attn_with_kvcache: {n_bh} batch*kv heads{splits} x {m_blocks} row blocks exceed "
+                         f"CUDA's grid limits; split the batch or the new tokens into smaller calls")
 
 
 def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, window=(-1, -1), softcap=0.0,

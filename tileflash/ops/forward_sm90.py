@@ -874,11 +874,16 @@ class _DescRunner:
 
             launcher = compiled.run
             inner = launcher.launch
-            cells = dict(zip(inner.__code__.co_freevars, (c.cell_contents for c in inner.__closure__)))
+            names = inner.__code__.co_freevars
+            if set(names) != {"launcher", "tensordesc_indices", "tensordesc_meta"}:
+                return None
+            cells = dict(zip(names, (c.cell_contents for c in inner.__closure__)))
             metas, indices = cells["tensordesc_meta"], cells["tensordesc_indices"]
+            # triton 3.6's C launcher: grid x/y/z, stream, function, cooperative, pdl, two scratch
+            # buffers, packed metadata, launch metadata, enter and exit hooks, then the kernel's arguments
             if (sorted(indices) != list(range(n_desc)) or len(metas) != n_desc or any(m is None for m in metas)
                     or launcher.global_scratch_size or launcher.profile_scratch_size
-                    or getattr(launcher, "num_ctas", 1) != 1 or nv_driver._BASE_ARGS_FORMAT_LEN != 13
+                    or getattr(launcher, "num_ctas", 1) != 1 or nv_driver._BASE_ARGS_FORMAT != "iiiKKppOOOOOO"
                     or len(inspect.signature(nv_driver.make_tensordesc_arg).parameters) != 2):
                 return None
             self = object.__new__(cls)
