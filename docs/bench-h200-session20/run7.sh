@@ -1,6 +1,6 @@
 #!/bin/bash
-# Session 20, run 7: the Gluon GPU tests at the final launcher code (_DescRunner.make also checks the wrapper's closure and the C launcher's argument format; before, it took triton's
-# runner as its fallback and checks make_tensordesc_arg's signature).
+# Session 20, run 7: the Gluon GPU tests at the final launcher code (_DescRunner.make also checks the
+# wrapper's closure and the C launcher's argument format).
 set -u
 export PYTHONPATH=.
 mkdir -p $OUT/run7
