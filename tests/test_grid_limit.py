@@ -149,8 +149,8 @@ def test_check_grid_bounds():
     for g in range(1, 65):
         for t in range(0, 300):
             assert decode.row_block_count(g, t) == decode.row_blocks(g, t)[1]
-    decode.check_grid(65535, 65535 // 2 - 1)               # 2**31 - 1 counters would not fit: fewer do
-    decode.check_grid(65536, 1, num_splits=65535)           # batch·kv heads on axis 0
+    assert decode.check_grid(65535, 65535 // 2 - 1) is False             # 2**31 - 1 counters would not fit: fewer do
+    assert decode.check_grid(65536, 1, num_splits=65535)         # batch·kv heads on axis 0
     decode.check_grid(2 ** 31 - 1, 1)
     for args in ((65536, 1, 65536), (2, 65536, 1), (2 ** 31, 1, 1), (2 ** 16, 2 ** 15, 1)):
         with pytest.raises(ValueError, match="grid limits"):

@@ -563,8 +563,9 @@ def row_block_count(group: int, seqlen_q: int) -> int:
 TICKETS_MAX = 2 ** 31
 
 
-def check_grid(n_bh: int, m_blocks: int, num_splits=None) -> None:
-    """Raise ValueError unless the split kernel's grid fits CUDA's limits: batch·kv heads up to
+def check_grid(n_bh: int, m_blocks: int, num_splits=None) -> bool:
+    """Whether batch·kv heads go on grid axis 0 (BH_AXIS0: past GRID_YZ_MAX); raise ValueError
+    unless the split kernel's grid fits CUDA's limits: batch·kv heads up to
     2**31 - 1 (on axis 0 past GRID_YZ_MAX, where the splits take axis 1), row blocks up to
     GRID_YZ_MAX, and fewer than TICKETS_MAX (batch·kv heads x row blocks) ticket counters.
     ``flash_attn_with_kvcache`` calls it before it appends (num_splits None: the split count is
@@ -575,6 +576,7 @@ def check_grid(n_bh: int, m_blocks: int, num_splits=None) -> None:
         splits = "" if num_splits is None else f" x {num_splits} splits"
         raise ValueError(f"flash_attn_with_kvcache: {n_bh} batch*kv heads{splits} x {m_blocks} row blocks exceed "
                          f"CUDA's grid limits; split the batch or the new tokens into smaller calls")
+    return bh_axis0
 
 
 def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, window=(-1, -1), softcap=0.0,
@@ -683,8 +685,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         # entry 0 of a row (see _decode_split), so hand it a one-entry table
         block_table = torch.zeros((batch, 1), dtype=block_table.dtype, device=block_table.device)
     # batch·kv heads on grid axis 1, or on axis 0 (up to 2**31 - 1) past axis 1's limit
-    bh_axis0 = n_bh > GRID_YZ_MAX
-    check_grid(n_bh, m_blocks, num_splits)
+    bh_axis0 = check_grid(n_bh, m_blocks, num_splits)
     grid = (n_bh, num_splits, m_blocks) if bh_axis0 else (num_splits, n_bh, m_blocks)
     _decode_split[grid](
         q, k_cache, v_cache, out, lse, o_part, lse_part, counter, seqlens_k, cache_batch_idx, block_table,
