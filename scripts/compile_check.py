@@ -161,7 +161,8 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
                      CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True),
                      PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=cfg.get("WITH_DQ", False),
                      DETERMINISTIC=deterministic, DQ_MODE=cfg.get("DQ_MODE", 0), PER_HEAD=cfg.get("PER_HEAD", False),
-                     PDL_TRIGGER=cfg.get("PDL_TRIGGER", False))
+                     PDL_TRIGGER=cfg.get("PDL_TRIGGER", False), DQ_BUFS=cfg.get("DQ_BUFS", 2),
+                     DQ_FIRST=cfg.get("DQ_FIRST", False), DQ_OWN_FIRST=cfg.get("DQ_OWN_FIRST", False))
         if not const["WITH_DQ"]:
             const.update(dq_desc=None, SEM=None)  # the launcher passes None for the unused dQ buffers
     else:
@@ -173,7 +174,7 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
     kv_rows = bn // 2 if ws else bn
     return _compile_gluon_sm90(GB._attn_bwd_sm90_ws if ws else GB._attn_bwd_sm90, const, dtype, d,
                                dict(q_desc=bm, do_desc=bm, k_desc=kv_rows, v_desc=kv_rows,
-                                    dq_desc=(bm, d // cfg.get("DQ_SPLIT", 1))),
+                                    dq_desc=(bm, d // 2)),
                                dict(LSE="*fp32", DELTA="*fp32", DQ="*fp32", SEM="*i32", DK="*DTYPE", DV="*DTYPE"),
                                fp32_descs=("dq_desc",))
 

@@ -31,7 +31,7 @@ def main():
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--variants", nargs="*", default=[], help="fused configurations timed beside the default, "
-                    "e.g. DQ_SPLIT=1 or DQ_SPLIT=1,det=0 (keys of fused_config_for; det: ordered sums)")
+                    "e.g. DQ_OWN_FIRST=1 or DQ_FIRST=0,det=0 (keys of fused_config_for; det: ordered sums)")
     ap.add_argument("--modes", action="store_true", help="also time the kernels alone: the default dK/dV and dQ "
                     "kernels, and the fused kernel with a TMA store instead of the add, and with no dQ write")
     args = ap.parse_args()

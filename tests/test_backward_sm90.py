@@ -187,8 +187,9 @@ print(json.dumps(rows))
 @pytest.mark.skipif(not gb._f90.HAVE_GLUON, reason="this triton has no Gluon")
 def test_fused_mode_compiles_for_sm90():
     """No GPU needed: the fused mode compiles for sm_90 with the installed triton, adds dQ with TMA
-    bulk reductions (one per consumer and column slice), and orders them (an acquire load before
-    and a release after) only when deterministic; DQ_MODE 1/2, the timing variants, add nothing."""
+    bulk reductions issued by its writer warp (one per column half of the head; triton splits a
+    128-byte-swizzled fp32 tile wider than 32 columns in two), and orders them (one acquire load
+    before, one release after) only when deterministic; DQ_MODE 1/2, the timing variants, add nothing."""
     rows = _compile_rows("""
 import json, re, sys
 sys.path.insert(0, "scripts")
@@ -203,10 +204,10 @@ for d, causal, det, mode in ((128, False, True, 0), (128, True, False, 0), (64, 
         ptx.count("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group")]
 print(json.dumps(rows))
 """)
-    # [reductions, releases, acquires, plain TMA stores]: D=128 splits dQ into two 64-column slices
-    # two releases per consumer: the lazy one inside the loop (the previous block's adds) and the last
-    assert rows["128 0 1 0"][:3] == [4, 4, 2] and rows["128 1 0 0"][:3] == [4, 0, 0]
-    assert rows["64 0 1 0"][:3] == [2, 4, 2] and rows["64 1 1 0"][:3] == [2, 4, 2]
+    # [reductions, releases, acquires, plain TMA stores]: D = 128 halves are 64 fp32 columns (two
+    # TMA boxes of 32 each), D = 64 halves 32; the order lives in the writer warp alone
+    assert rows["128 0 1 0"][:3] == [4, 1, 1] and rows["128 1 0 0"][:3] == [4, 0, 0]
+    assert rows["64 0 1 0"][:3] == [2, 1, 1] and rows["64 1 1 0"][:3] == [2, 1, 1]
     assert rows["128 0 0 1"][0] == 0 and rows["128 0 0 1"][3] == 4
     assert rows["128 0 0 2"][0] == 0 and rows["128 0 0 2"][3] == 0
 

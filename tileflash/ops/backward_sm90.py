@@ -383,29 +383,28 @@ if _f90.HAVE_GLUON:
                     kv_group, q_rb, q_rh, q_ch, BLOCK_M)
 
     @gluon.jit
-    def _bwd_ws_consumer(shared, dq_desc, SEM, C: gl.constexpr, HALF_N: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, CARRY_DK: gl.constexpr, PINGPONG: gl.constexpr,
-                         WITH_DQ: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_MODE: gl.constexpr):
+    def _bwd_ws_consumer(shared, writer_bars, C: gl.constexpr, HALF_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                         BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, CARRY_DK: gl.constexpr,
+                         PINGPONG: gl.constexpr, WITH_DQ: gl.constexpr, DQ_BUFS: gl.constexpr, DQ_FIRST: gl.constexpr,
+                         DQ_OWN_FIRST: gl.constexpr):
         """Keys [start_n + C·HALF_N, +HALF_N): the dK/dV schedule of _attn_bwd_sm90 (WITH_DQ=False)
         on one warpgroup, releasing each ring slot when its dK matmul retires. ``shared`` holds
         what both consumers get alike (buffers, barriers, pointers, coordinates and strides; see
-        _attn_bwd_sm90_ws), as the forward's _ws_consumer does; dq_desc and SEM stay apart, since
-        they are None (constexprs, which a tuple does not keep) without WITH_DQ. CARRY_DK as there:
+        _attn_bwd_sm90_ws), as the forward's _ws_consumer does. CARRY_DK as there:
         True leaves dK in flight into the next block, which makes ptxas serialize every wgmma
         (C7515); False waits for dK at the end of each block. PINGPONG: each of the block's two
         matmul issues (Sᵀ and dPᵀ; dV and dK) is a turn taken alternately with the other consumer
         (the forward's _ws_turn / _ws_pass, two turns per block), so one consumer's elementwise
         work runs while the other's matmuls do; False: the consumers run free.
-        WITH_DQ (PINGPONG off): the fused schedule. dSᵀ goes to this consumer's shared buffer,
-        dQ_part = dS·K over its HALF_N keys runs as a fifth matmul, in DQ_SPLIT column slices of DQ_D
-        (dq_desc's block width: two of 64 at D = 128, so that dK and dV stay resident; one slice
-        after dV retires when DQ_SPLIT = 1), and each [BLOCK_M, DQ_D] slice goes through shared
-        memory (dq_smem) into the fp32 (B·Sq, H·D) view of dq_desc by one TMA bulk reduction (add),
-        which runs while the next block is computed. DQ_MODE 1 (a plain
-        TMA store) and 2 (no global write) are wrong on purpose, to time the reduction's cost
-        (scripts/fused_bwd_check.py --modes). DETERMINISTIC: the adds to a Q block
-        happen in the order (K block 0, consumer 0), (0, 1), (1, 0), ... (a counter per
-        (b, h, Q block) at SEM), so the fp32 sums are the same bits on every run."""
+
+        WITH_DQ (PINGPONG and CARRY_DK off): the fused schedule, with FA3's layout of the dQ step.
+        Each consumer writes its HALF_N keys of dSᵀ into the block's shared dSᵀ (double-buffered)
+        and arrives on ds_full; once both halves are there it computes one column half of the Q
+        block's dQ part over all BLOCK_N keys, dQ[:, C·D/2 : +D/2] = dS·K[:, C·D/2 : +D/2] (two
+        wgmmas, one per key half: DQ_OWN_FIRST issues its own half before waiting for the other
+        consumer's), and stages the fp32 [BLOCK_M, D/2] result in a slot of dq_smem (DQ_BUFS blocks
+        deep) for the writer partition (_bwd_ws_dq_writer), which adds it to global memory.
+        DQ_FIRST: dQ is issued before dK, so dK runs on while dQ is staged; else after it."""
         (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_full, q_empty, pp_bar, LSE, DELTA, DK, DV,
          off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale, sm_scale,
          stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
@@ -429,14 +428,11 @@ if _f90.HAVE_GLUON:
         zero_st = gl.zeros([HALF_N, BLOCK_M], gl.float32, st_layout)
         if WITH_DQ:
             gl.static_assert(not CARRY_DK, "WITH_DQ waits for dK within each block (CARRY_DK=False)")
-            ds_c = ds_smem.index(C)                                                       # [HALF_N, BLOCK_M]
-            DQ_D: gl.constexpr = dq_desc.block_type.shape[1]
-            DQ_SPLIT: gl.constexpr = HEAD_DIM // DQ_D
+            ds_full, dq_full, dq_empty = writer_bars
+            DQ_D: gl.constexpr = HEAD_DIM // 2                                            # this consumer's dQ columns
             dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                                 instr_shape=[16, DQ_D, 16])
-            # this consumer's place in every Q block's sum: after both consumers of the K blocks before
-            order = 2 * gl.program_id(1) + C
-            prev_sem = SEM
+            OTHER: gl.constexpr = 1 - C
         mbarrier.wait(kv_bar, 0)
         for it in range(total):
             stage = it % STAGES
@@ -468,45 +464,58 @@ if _f90.HAVE_GLUON:
                 dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                         # [HALF_N, HEAD_DIM]
                 dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
                 _f90._ws_pass(pp_bar, C, PINGPONG)
+            elif WITH_DQ:
+                dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                         # [HALF_N, HEAD_DIM]
+                dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)                   # [HALF_N, BLOCK_M]
+                # this consumer's keys of dSᵀ into the block's double-buffered dSᵀ. The buffer of block
+                # it - 2 is free: the other consumer read it before it wrote block it - 1's dSᵀ, which
+                # this consumer waited for
+                ds_buf = it % 2
+                ds_smem.index(2 * ds_buf + C).store(dst)
+                fence_async_shared()
+                _cta_barrier()   # every row of this warpgroup is written before the arrival
+                mbarrier.arrive(ds_full.index(ds_buf), count=1)
+                b_dst = gl.convert_layout(dst, op_layout)                                 # [HALF_N, BLOCK_M]
+                if not DQ_FIRST:
+                    dk = warpgroup_mma(b_dst, q_s, dk, is_async=True)                    # [HALF_N, HEAD_DIM]
+                # dQ[:, C·DQ_D : +DQ_D] of this Q block over all BLOCK_N keys: dS·K, one wgmma per key half
+                dq_tok = gl.zeros([BLOCK_M, DQ_D], gl.float32, dq_layout)                 # [BLOCK_M, DQ_D]
+                if DQ_OWN_FIRST:
+                    dq_tok = warpgroup_mma(ds_smem.index(2 * ds_buf + C).permute((1, 0)),
+                                           k_smem.index(C).slice(C * DQ_D, DQ_D, dim=1), dq_tok, use_acc=False,
+                                           is_async=True)
+                    mbarrier.wait(ds_full.index(ds_buf), (it // 2) & 1)                  # the other half is in
+                    dq_tok = warpgroup_mma(ds_smem.index(2 * ds_buf + OTHER).permute((1, 0)),
+                                           k_smem.index(OTHER).slice(C * DQ_D, DQ_D, dim=1), dq_tok, is_async=True)
+                else:
+                    mbarrier.wait(ds_full.index(ds_buf), (it // 2) & 1)                  # both halves are in
+                    dq_tok = warpgroup_mma(ds_smem.index(2 * ds_buf).permute((1, 0)),
+                                           k_smem.index(0).slice(C * DQ_D, DQ_D, dim=1), dq_tok, use_acc=False,
+                                           is_async=True)
+                    dq_tok = warpgroup_mma(ds_smem.index(2 * ds_buf + 1).permute((1, 0)),
+                                           k_smem.index(1).slice(C * DQ_D, DQ_D, dim=1), dq_tok, is_async=True)
+                if DQ_FIRST:  # dK runs on while dQ is staged
+                    dk = warpgroup_mma(b_dst, q_s, dk, is_async=True)                    # [HALF_N, HEAD_DIM]
+                    dq_part, dv = warpgroup_mma_wait(num_outstanding=1, deps=(dq_tok, dv))   # [BLOCK_M, DQ_D]
+                else:
+                    dq_part, dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, dv, dk))
+                    mbarrier.arrive(q_empty.index(stage), count=1)                        # Q/dO slot done
+                # to the writer partition's staging slot, once its reduction of block it - DQ_BUFS read it
+                slot = (it % DQ_BUFS) * 2 + C
+                mbarrier.wait(dq_empty.index(slot), ((it // DQ_BUFS) & 1) ^ 1, pred=it >= DQ_BUFS)
+                dq_smem.index(slot).store(dq_part)
+                fence_async_shared()
+                _cta_barrier()
+                mbarrier.arrive(dq_full.index(slot), count=1)
+                if DQ_FIRST:
+                    dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
+                    mbarrier.arrive(q_empty.index(stage), count=1)                        # Q/dO slot done
             else:  # dV runs while dSᵀ is computed
                 dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                         # [HALF_N, HEAD_DIM]
                 dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)                   # [HALF_N, BLOCK_M]
-                if WITH_DQ:  # dSᵀ to shared memory: the A operand of dQ_part = dS·K
-                    ds_c.store(dst)
-                    fence_async_shared()
                 dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)  # [HALF_N, HEAD_DIM]
             if WITH_DQ:
-                # dQ_part = dS·K over this consumer's keys, DQ_SPLIT column slices of DQ_D (fewer live
-                # registers: dK and dV stay resident), each added by a TMA reduction
-                sem = SEM + (off_b * nheads + h) * n_m + start_m // BLOCK_M                # (b, h, Q block)
-                dq_row = off_b * seqlen_q + start_m
-                if DQ_SPLIT == 1:  # dV retires first (its P operand's registers free), then one dQ matmul
-                    dv = warpgroup_mma_wait(num_outstanding=1, deps=(dv,))
-                for hc in gl.static_range(DQ_SPLIT):
-                    dq_tok = warpgroup_mma(ds_c.permute((1, 0)), k_c.slice(hc * DQ_D, DQ_D, dim=1),
-                                           gl.zeros([BLOCK_M, DQ_D], gl.float32, dq_layout),
-                                           use_acc=False, is_async=True)                # [BLOCK_M, DQ_D]
-                    if hc == 0:
-                        dq_part, dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, dv, dk))
-                        mbarrier.arrive(q_empty.index(stage), count=1)                    # Q/dO slot done
-                    else:
-                        dq_part = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok,))
-                    dq_s = dq_smem.index(C * DQ_SPLIT + hc)                                # [BLOCK_M, DQ_D] fp32
-                    if DETERMINISTIC and hc == 0:
-                        # the previous block's reductions had a block's time to complete: count them
-                        # (lazily, so this consumer never waits for its own adds), then wait for this turn
-                        if it > 0:
-                            _dq_turn_done(prev_sem)
-                        _dq_turn(sem, order)
-                    else:
-                        _f90.tma.store_wait(DQ_SPLIT - 1)   # the previous block's reduction from dq_s has read it
-                    dq_s.store(dq_part)
-                    fence_async_shared()
-                    if DQ_MODE == 0:
-                        _f90._tma_add(dq_desc, [dq_row, h * HEAD_DIM + hc * DQ_D], dq_s)
-                    elif DQ_MODE == 1:  # timing only (wrong dQ): a plain TMA store, no reduction
-                        _f90._tma_store(dq_desc, [dq_row, h * HEAD_DIM + hc * DQ_D], dq_s)
-                prev_sem = sem
+                pass                                                                      # waited above
             elif CARRY_DK:
                 dv = warpgroup_mma_wait(num_outstanding=1, deps=(dv,))                    # dK runs on
             else:
@@ -514,14 +523,44 @@ if _f90.HAVE_GLUON:
                 mbarrier.arrive(q_empty.index(stage), count=1)                            # block it is done
         if CARRY_DK:
             dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
-
-        if WITH_DQ and DETERMINISTIC:
-            if total > 0:
-                _dq_turn_done(prev_sem)   # also waits for the last reductions: dq_smem is free at exit
-        elif WITH_DQ:
-            _f90.tma.store_wait(0)        # the last reductions have read dq_smem before the program exits
         _store_dkdv(DK, DV, dk, dv, start_c, off_b, off_hk, sm_scale, stride_dkb, stride_dkn, stride_dkh,
                     stride_dvb, stride_dvn, stride_dvh, HALF_N, HEAD_DIM, dkv_layout)
+
+    @gluon.jit
+    def _bwd_ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, off_b, off_hk, kv_group, lo, per_head, total,
+                          seqlen_q, nheads, n_m, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                          DQ_BUFS: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_MODE: gl.constexpr):
+        """The fused mode's dQ writer (one warp). Per Q block the two consumers stage the two column
+        halves of dS·K over the whole K block (_bwd_ws_consumer); this warp adds both with TMA bulk
+        reductions into the fp32 (B·Sq, H·D) view behind dq_desc and frees the slots once the
+        reductions have read them. DETERMINISTIC: first waits until the K blocks before this one have
+        added theirs to the Q block (a counter per (b, h, Q block) at SEM), and counts this one once
+        its reductions have completed, so the fp32 sums are the same bits on every run; the consumers
+        never wait on the order, only on a free staging slot (FA3's deterministic mode). DQ_MODE 1 (a
+        plain TMA store) and 2 (no global write) are wrong on purpose, to time the reductions' cost
+        (scripts/fused_bwd_check.py --modes)."""
+        DQ_D: gl.constexpr = HEAD_DIM // 2
+        for it in range(total):
+            base = (it % DQ_BUFS) * 2
+            phase = (it // DQ_BUFS) & 1
+            h = off_hk * kv_group + it // per_head
+            start_m = lo + (it % per_head) * BLOCK_M
+            mbarrier.wait(dq_full.index(base), phase)
+            mbarrier.wait(dq_full.index(base + 1), phase)
+            if DETERMINISTIC:
+                sem = SEM + (off_b * nheads + h) * n_m + start_m // BLOCK_M                # (b, h, Q block)
+                _dq_turn(sem, gl.program_id(1))   # K blocks 0 .. n-1 have added theirs
+            for c in gl.static_range(2):
+                if DQ_MODE == 0:
+                    _f90._tma_add(dq_desc, [off_b * seqlen_q + start_m, h * HEAD_DIM + c * DQ_D], dq_smem.index(base + c))
+                elif DQ_MODE == 1:  # timing only (wrong dQ): a plain TMA store, no reduction
+                    _f90._tma_store(dq_desc, [off_b * seqlen_q + start_m, h * HEAD_DIM + c * DQ_D], dq_smem.index(base + c))
+            if DETERMINISTIC:
+                _dq_turn_done(sem)          # completed (in global memory), then counted
+            else:
+                _f90.tma.store_wait(0)      # read: the slots can be refilled
+            mbarrier.arrive(dq_empty.index(base), count=1)
+            mbarrier.arrive(dq_empty.index(base + 1), count=1)
 
     @gluon.jit
     def _attn_bwd_sm90_ws(
@@ -534,6 +573,7 @@ if _f90.HAVE_GLUON:
         CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, CARRY_DK: gl.constexpr = True,
         PINGPONG: gl.constexpr = False, WITH_DQ: gl.constexpr = False, DETERMINISTIC: gl.constexpr = True,
         DQ_MODE: gl.constexpr = 0, PER_HEAD: gl.constexpr = False, PDL_TRIGGER: gl.constexpr = False,
+        DQ_BUFS: gl.constexpr = 2, DQ_FIRST: gl.constexpr = False, DQ_OWN_FIRST: gl.constexpr = False,
     ):
         """One program per (batch·kv head, K/V block) as _attn_bwd_sm90; k_desc/v_desc blocks are
         the BLOCK_N // 2-key halves. WITH_DQ: also dQ, summed into the fp32 buffer behind dq_desc
@@ -565,29 +605,55 @@ if _f90.HAVE_GLUON:
         for i in gl.static_range(2):
             mbarrier.init(pp_bar.index(i), count=1)
         gl.static_assert(not (WITH_DQ and PINGPONG), "WITH_DQ runs without PINGPONG turns")
-        if WITH_DQ:  # each consumer's dSᵀ (the A operand of its dQ matmul) and fp32 dQ part (the TMA source)
+        if WITH_DQ:
+            # dSᵀ of both consumers, double-buffered ([2 blocks · 2 key halves, HALF_N, BLOCK_M]); the
+            # staged dQ column halves ([DQ_BUFS blocks · 2 halves, BLOCK_M, HEAD_DIM // 2] fp32)
             ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF_N, BLOCK_M], dtype)
-            ds_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, BLOCK_M], ds_layout)
-            dq_smem = gl.allocate_shared_memory(gl.float32, [2 * (HEAD_DIM // dq_desc.block_type.shape[1]), BLOCK_M,
-                                                             dq_desc.block_type.shape[1]], dq_desc.layout)
+            ds_smem = gl.allocate_shared_memory(dtype, [4, HALF_N, BLOCK_M], ds_layout)
+            gl.static_assert(dq_desc.block_type.shape[1] == HEAD_DIM // 2, "dq_desc's blocks are half a head wide")
+            dq_smem = gl.allocate_shared_memory(gl.float32, [2 * DQ_BUFS, BLOCK_M, HEAD_DIM // 2], dq_desc.layout)
+            ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            dq_full = gl.allocate_shared_memory(gl.int64, [2 * DQ_BUFS, 1], mbarrier.MBarrierLayout())
+            dq_empty = gl.allocate_shared_memory(gl.int64, [2 * DQ_BUFS, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(2):
+                mbarrier.init(ds_full.index(i), count=2)   # one arrival per consumer
+            for i in gl.static_range(2 * DQ_BUFS):
+                mbarrier.init(dq_full.index(i), count=1)
+                mbarrier.init(dq_empty.index(i), count=1)
+            writer_bars = (ds_full, dq_full, dq_empty)
         else:
             ds_smem = k_smem   # unused
             dq_smem = k_smem
+            writer_bars = (kv_bar, kv_bar, kv_bar)
 
         # runtime values only: a tuple does not keep constexprs constant
         shared = (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_full, q_empty, pp_bar, LSE, DELTA, DK,
                   DV, off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale, sm_scale,
                   stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
                   seqlen_q, nheads_k * kv_group, n_m)
-        gl.warp_specialize([
-            (_bwd_ws_consumer, (shared, dq_desc, SEM, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK,
-                                PINGPONG, WITH_DQ, DETERMINISTIC, DQ_MODE)),
-            (_bwd_ws_consumer, (shared, dq_desc, SEM, 1, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK,
-                                PINGPONG, WITH_DQ, DETERMINISTIC, DQ_MODE)),
-            (_bwd_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
-                                q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh,
-                                q_ch, HALF_N, BLOCK_M, STAGES)),
-        ], [4, 1], [CONSUMER_REGS, 24])
+        if WITH_DQ:
+            gl.warp_specialize([
+                (_bwd_ws_consumer, (shared, writer_bars, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK, PINGPONG,
+                                    WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST)),
+                (_bwd_ws_consumer, (shared, writer_bars, 1, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK, PINGPONG,
+                                    WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST)),
+                (_bwd_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
+                                    q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh,
+                                    q_ch, HALF_N, BLOCK_M, STAGES)),
+                (_bwd_ws_dq_writer, (dq_desc, dq_smem, writer_bars[1], writer_bars[2], SEM, off_b, off_hk, kv_group,
+                                     lo, per_head, total, seqlen_q, nheads_k * kv_group, n_m, HEAD_DIM, BLOCK_M,
+                                     DQ_BUFS, DETERMINISTIC, DQ_MODE)),
+            ], [4, 1, 1], [CONSUMER_REGS, 24, 24])
+        else:
+            gl.warp_specialize([
+                (_bwd_ws_consumer, (shared, writer_bars, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK, PINGPONG,
+                                    WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST)),
+                (_bwd_ws_consumer, (shared, writer_bars, 1, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK, PINGPONG,
+                                    WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST)),
+                (_bwd_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
+                                    q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh,
+                                    q_ch, HALF_N, BLOCK_M, STAGES)),
+            ], [4, 1], [CONSUMER_REGS, 24])
 
 
     # ------------------------------------------------------------------------------------------
@@ -772,11 +838,12 @@ def fused_config_for(head_dim: int, causal: bool) -> dict:
     """Tiles of the fused warp-specialized backward (``WS=True, WITH_DQ=True``): dK, dV and dQ in one
     kernel, dQ summed over K blocks by TMA reductions into an fp32 buffer (ordered by default, so
     bitwise deterministic). The dK/dV tiles of :func:`config_for` with dK waited within each block
-    and a 2-slot Q/dO ring (the fp32 dQ staging takes the third slot's shared memory at D = 128).
-    ``DQ_SPLIT``: dQ parts in column slices of head_dim / DQ_SPLIT, two of 64 at D = 128 (with one
-    128-column slice ptxas serialized the wgmmas for want of registers, advisory C7512)."""
-    return dict(config_for(head_dim, causal, 4096), STAGES=2, CARRY_DK=False, WITH_DQ=True,
-                DQ_SPLIT=2 if head_dim > 64 else 1, PER_HEAD=False, PDL_TRIGGER=False)  # ordered adds: the 2-D grid
+    and a 2-slot Q/dO ring; ``DQ_BUFS`` blocks of staged dQ halves for the writer warp (shared
+    memory: 225 KB at D = 128). ``DQ_FIRST`` (D = 128): dQ's matmul issued before dK's, so dK runs
+    on while dQ is staged (twenty-first session, run 1: 459 against 436 TFLOP/s-equivalent ordered at
+    D = 128 non-causal 16k; at D = 64 it was slower)."""
+    return dict(config_for(head_dim, causal, 4096), STAGES=2, CARRY_DK=False, WITH_DQ=True, DQ_BUFS=2,
+                DQ_FIRST=head_dim > 64, PER_HEAD=False, PDL_TRIGGER=False)  # ordered adds: the 2-D grid
 
 
 def fused_enabled() -> bool:
@@ -961,7 +1028,7 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
         dq_acc = torch.zeros((batch, seqlen_q, nheads, d), dtype=torch.float32, device=q.device)
         sem = torch.zeros((batch * nheads * (seqlen_q // bm),), dtype=torch.int32, device=q.device)
         dq_view = dq_acc.view(batch * seqlen_q, nheads * d)
-        dq_d = d // cfg.get("DQ_SPLIT", 1)  # the kernel's DQ_D (it reads it off dq_desc's block)
+        dq_d = d // 2  # each consumer's column half of dQ
         dq_desc = _f90.TensorDescriptor(dq_view, list(dq_view.shape), [nheads * d, 1], [bm, dq_d],
                                         gl.NVMMASharedLayout.get_default_for([bm, dq_d], gl.float32))
     elif with_dq:
@@ -981,7 +1048,8 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
             HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
             CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True),
             PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=with_dq, DETERMINISTIC=deterministic,
-            DQ_MODE=cfg.get("DQ_MODE", 0),
+            DQ_MODE=cfg.get("DQ_MODE", 0), DQ_BUFS=cfg.get("DQ_BUFS", 2), DQ_FIRST=cfg.get("DQ_FIRST", False),
+            DQ_OWN_FIRST=cfg.get("DQ_OWN_FIRST", False),
         )
         if with_dq:  # dq = scale · dq_acc, cast to q's dtype in one pass
             torch.mul(dq_acc, softmax_scale, out=dq)
