@@ -162,7 +162,8 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
                      PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=cfg.get("WITH_DQ", False),
                      DETERMINISTIC=deterministic, DQ_MODE=cfg.get("DQ_MODE", 0), PER_HEAD=cfg.get("PER_HEAD", False),
                      PDL_TRIGGER=cfg.get("PDL_TRIGGER", False), DQ_BUFS=cfg.get("DQ_BUFS", 2),
-                     DQ_FIRST=cfg.get("DQ_FIRST", False), DQ_OWN_FIRST=cfg.get("DQ_OWN_FIRST", False))
+                     DQ_FIRST=cfg.get("DQ_FIRST", False), DQ_OWN_FIRST=cfg.get("DQ_OWN_FIRST", False),
+                     LSE_EARLY=cfg.get("LSE_EARLY", 0))
         if not const["WITH_DQ"]:
             const.update(dq_desc=None, SEM=None)  # the launcher passes None for the unused dQ buffers
     else:

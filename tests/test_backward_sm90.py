@@ -542,6 +542,43 @@ def _direct(q, k, v, do, causal, cfg, deterministic=True, poison=True):
 
 
 @needs_sm90
+@pytest.mark.parametrize("d,causal", [(64, True), (128, False), (128, True)])
+@pytest.mark.parametrize("case", CASES[:3], ids=lambda c: "x".join(map(str, c)))
+def test_lse_early_moves_loads_not_bits(case, d, causal):
+    """LSE_EARLY (config_for: where the consumers load a Q block's LSE and delta rows; 2 loads them a
+    block ahead, clamped on the last block) changes when the loads run, not what is computed: dK and
+    dV are the same bits for 0, 1 and 2 (NaN-poisoned buffers), and meet the reference rule."""
+    b, sq, sk, h, hk = case
+    if causal and sq > sk:
+        pytest.skip("causal with Sq > Sk runs the Triton backward (rows without keys)")
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.float16, "cuda", seed=sq + 3 * d)
+    do = torch.randn_like(q)
+    runs = []
+    for early in (0, 1, 2):
+        cfg = dict(gb.config_for(d, causal, sq), LSE_EARLY=early)
+        res, bufs = _direct(q, k, v, do, causal, cfg)
+        assert res is not None and res[1] is bufs[1] and res[2] is bufs[2]
+        runs.append([t.clone() for t in res[1:]])
+    for other in runs[1:]:
+        for a, b_ in zip(runs[0], other):
+            assert torch.equal(a, b_)
+    scale, lse, delta = _scale_lse_delta(q, k, v, do, causal)
+    dq = torch.full_like(q, float("nan"))
+    gb.backward_dq(do, q, k, v, lse, delta, dq, scale, causal)
+    check_cuda_grads((dq, *runs[2]), q, k, v, do, causal)
+
+
+def test_lse_early_rule():
+    """config_for's LSE_EARLY: one block ahead (2) for causal calls and D = 128 non-causal up to 4k,
+    before the Q/dO wait (1) for longer D = 128 non-causal calls, and never for D = 64 non-causal,
+    whose dK carry spills with it (twenty-first session, run 4); the fused mode keeps 0."""
+    assert gb.config_for(128, True, 16384)["LSE_EARLY"] == 2 and gb.config_for(64, True, 1024)["LSE_EARLY"] == 2
+    assert gb.config_for(128, False, 4096)["LSE_EARLY"] == 2 and gb.config_for(128, False, 8192)["LSE_EARLY"] == 1
+    assert gb.config_for(64, False, 1024)["LSE_EARLY"] == 0 and gb.config_for(64, False, 16384)["LSE_EARLY"] == 0
+    assert all(gb.fused_config_for(d, c)["LSE_EARLY"] == 0 for d in (64, 128) for c in (False, True))
+
+
+@needs_sm90
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("case", CASES[:3], ids=lambda c: "x".join(map(str, c)))

@@ -386,7 +386,7 @@ if _f90.HAVE_GLUON:
     def _bwd_ws_consumer(shared, writer_bars, C: gl.constexpr, HALF_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                          BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, CARRY_DK: gl.constexpr,
                          PINGPONG: gl.constexpr, WITH_DQ: gl.constexpr, DQ_BUFS: gl.constexpr, DQ_FIRST: gl.constexpr,
-                         DQ_OWN_FIRST: gl.constexpr):
+                         DQ_OWN_FIRST: gl.constexpr, LSE_EARLY: gl.constexpr = 0):
         """Keys [start_n + C·HALF_N, +HALF_N): the dK/dV schedule of _attn_bwd_sm90 (WITH_DQ=False)
         on one warpgroup, releasing each ring slot when its dK matmul retires. ``shared`` holds
         what both consumers get alike (buffers, barriers, pointers, coordinates and strides; see
@@ -404,7 +404,10 @@ if _f90.HAVE_GLUON:
         wgmmas, one per key half: DQ_OWN_FIRST issues its own half before waiting for the other
         consumer's), and stages the fp32 [BLOCK_M, D/2] result in a slot of dq_smem (DQ_BUFS blocks
         deep) for the writer partition (_bwd_ws_dq_writer), which adds it to global memory.
-        DQ_FIRST: dQ is issued before dK, so dK runs on while dQ is staged; else after it."""
+        DQ_FIRST: dQ is issued before dK, so dK runs on while dQ is staged; else after it.
+        LSE_EARLY (where a Q block's LSE and delta rows are loaded from global memory): 0 after the
+        block's Sᵀ/dPᵀ issue; 1 before its Q/dO wait; 2 one block ahead, once the previous block's
+        dSᵀ is computed (its registers are then free), so the load runs under dV's and dK's matmuls."""
         (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_full, q_empty, pp_bar, LSE, DELTA, DK, DV,
          off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale, sm_scale,
          stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
@@ -433,21 +436,29 @@ if _f90.HAVE_GLUON:
             dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                                 instr_shape=[16, DQ_D, 16])
             OTHER: gl.constexpr = 1 - C
+        if LSE_EARLY == 2:  # the first block's rows (lo < seqlen_q: a valid row even when total == 0)
+            lse_n, delta_n = _lse_delta(LSE, DELTA, off_b * stride_lb + off_hk * kv_group * stride_lh, lo + offs_mb)
         mbarrier.wait(kv_bar, 0)
         for it in range(total):
             stage = it % STAGES
             h = off_hk * kv_group + it // per_head
             start_m = lo + (it % per_head) * BLOCK_M
             row_lse = off_b * stride_lb + h * stride_lh
+            offs_m = start_m + offs_mb                                                    # [BLOCK_M]
             q_s = q_smem.index(stage)                                                     # [BLOCK_M, HEAD_DIM]
             do_s = do_smem.index(stage)                                                   # [BLOCK_M, HEAD_DIM]
+            if LSE_EARLY == 1:
+                lse, delta = _lse_delta(LSE, DELTA, row_lse, offs_m)                      # [BLOCK_M] each
+            elif LSE_EARLY == 2:
+                lse = lse_n
+                delta = delta_n
             mbarrier.wait(q_full.index(stage), (it // STAGES) & 1)
             _f90._ws_turn(pp_bar, 2 * it, C, PINGPONG)
             st_tok = warpgroup_mma(k_c, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
             dpt_tok = warpgroup_mma(v_c, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
             _f90._ws_pass(pp_bar, C, PINGPONG)
-            offs_m = start_m + offs_mb                                                    # [BLOCK_M]
-            lse, delta = _lse_delta(LSE, DELTA, row_lse, offs_m)                          # [BLOCK_M] each
+            if LSE_EARLY == 0:
+                lse, delta = _lse_delta(LSE, DELTA, row_lse, offs_m)                      # [BLOCK_M] each
             if CARRY_DK:
                 # dK of the previous block, then Sᵀ, retire (in order); dPᵀ runs on
                 st, dk = warpgroup_mma_wait(num_outstanding=1, deps=(st_tok, dk))        # [HALF_N, BLOCK_M]
@@ -514,6 +525,10 @@ if _f90.HAVE_GLUON:
                 dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                         # [HALF_N, HEAD_DIM]
                 dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)                   # [HALF_N, BLOCK_M]
                 dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)  # [HALF_N, HEAD_DIM]
+            if LSE_EARLY == 2:  # the next block's rows (clamped to this one's on the last block)
+                nxt = gl.minimum(it + 1, total - 1)
+                lse_n, delta_n = _lse_delta(LSE, DELTA, off_b * stride_lb + (off_hk * kv_group + nxt // per_head) * stride_lh,
+                                            lo + (nxt % per_head) * BLOCK_M + offs_mb)
             if WITH_DQ:
                 pass                                                                      # waited above
             elif CARRY_DK:
@@ -574,6 +589,7 @@ if _f90.HAVE_GLUON:
         PINGPONG: gl.constexpr = False, WITH_DQ: gl.constexpr = False, DETERMINISTIC: gl.constexpr = True,
         DQ_MODE: gl.constexpr = 0, PER_HEAD: gl.constexpr = False, PDL_TRIGGER: gl.constexpr = False,
         DQ_BUFS: gl.constexpr = 2, DQ_FIRST: gl.constexpr = False, DQ_OWN_FIRST: gl.constexpr = False,
+        LSE_EARLY: gl.constexpr = 0,
     ):
         """One program per (batch·kv head, K/V block) as _attn_bwd_sm90; k_desc/v_desc blocks are
         the BLOCK_N // 2-key halves. WITH_DQ: also dQ, summed into the fp32 buffer behind dq_desc
@@ -634,9 +650,9 @@ if _f90.HAVE_GLUON:
         if WITH_DQ:
             gl.warp_specialize([
                 (_bwd_ws_consumer, (shared, writer_bars, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK, PINGPONG,
-                                    WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST)),
+                                    WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY)),
                 (_bwd_ws_consumer, (shared, writer_bars, 1, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK, PINGPONG,
-                                    WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST)),
+                                    WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY)),
                 (_bwd_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
                                     q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh,
                                     q_ch, HALF_N, BLOCK_M, STAGES)),
@@ -647,9 +663,9 @@ if _f90.HAVE_GLUON:
         else:
             gl.warp_specialize([
                 (_bwd_ws_consumer, (shared, writer_bars, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK, PINGPONG,
-                                    WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST)),
+                                    WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY)),
                 (_bwd_ws_consumer, (shared, writer_bars, 1, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK, PINGPONG,
-                                    WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST)),
+                                    WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY)),
                 (_bwd_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
                                     q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh,
                                     q_ch, HALF_N, BLOCK_M, STAGES)),
@@ -827,11 +843,21 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
       slower), but single rounds moved by up to 14%, and the best rounds of each arm differ by
       +1.7% (causal) and +0.15% (non-causal): within the spread. The dQ kernel runs no
       ``griddepcontrol.wait``, so that a kernel after it waits for the dK/dV kernel too is
-      assumed, not established. Not the default."""
+      assumed, not established. Not the default.
+    * ``LSE_EARLY`` (where the consumers load a Q block's LSE and delta rows; the same bits):
+      twenty-first session, run 4 (``scripts/bwd_variant_check.py``, fp16, the kernel alone,
+      TFLOP/s-equivalent, N = 1k / 4k / 16k, against 0, the load after the block's Sᵀ/dPᵀ issue):
+      one block ahead (2) D = 128 causal 497 / 688 / 808 against 470 / 653 / 755, D = 64 causal
+      400 / 581 / 657 against 369 / 544 / 623, D = 128 non-causal 658 / 758 / 714 against
+      595 / 713 / 749; before the Q/dO wait (1) D = 128 non-causal 601 / 739 / 757. At D = 64
+      non-causal (dK carried) both lost 10–50% (with 2, ptxas spills and serializes the wgmmas,
+      C7512), so it keeps 0. Taken: 2 for causal calls and D = 128 non-causal up to 4k, 1 for longer
+      D = 128 non-causal calls."""
     wide = head_dim <= 64 and not causal  # 128-row Q blocks with dK carried: D = 64 non-causal only
     stages = 3 if head_dim > 64 and not causal else 2
+    lse_early = 0 if wide else (2 if causal or seqlen_q <= 4096 else 1)
     return dict(BLOCK_M=128 if wide else 64, BLOCK_N=128, STAGES=stages, num_warps=8, VEC=2, WITH_DQ=False, WS=True,
-                CARRY_DK=wide, PER_HEAD=True, PDL_TRIGGER=False)
+                CARRY_DK=wide, PER_HEAD=True, PDL_TRIGGER=False, LSE_EARLY=lse_early)
 
 
 def fused_config_for(head_dim: int, causal: bool) -> dict:
@@ -842,7 +868,7 @@ def fused_config_for(head_dim: int, causal: bool) -> dict:
     memory: 225 KB at D = 128). ``DQ_FIRST`` (D = 128): dQ's matmul issued before dK's, so dK runs
     on while dQ is staged (twenty-first session, run 1: 459 against 436 TFLOP/s-equivalent ordered at
     D = 128 non-causal 16k; at D = 64 it was slower)."""
-    return dict(config_for(head_dim, causal, 4096), STAGES=2, CARRY_DK=False, WITH_DQ=True, DQ_BUFS=2,
+    return dict(config_for(head_dim, causal, 4096), STAGES=2, CARRY_DK=False, WITH_DQ=True, DQ_BUFS=2, LSE_EARLY=0,
                 DQ_FIRST=head_dim > 64, PER_HEAD=False, PDL_TRIGGER=False)  # ordered adds: the 2-D grid
 
 
@@ -996,7 +1022,7 @@ def _dkdv_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic):
                       CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True),
                       PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=False, DETERMINISTIC=deterministic,
                       DQ_MODE=cfg.get("DQ_MODE", 0), PER_HEAD=cfg.get("PER_HEAD", False),
-                      PDL_TRIGGER=cfg.get("PDL_TRIGGER", False))
+                      PDL_TRIGGER=cfg.get("PDL_TRIGGER", False), LSE_EARLY=cfg.get("LSE_EARLY", 0))
     grid = (batch * nheads_k * (seqlen_k // bn),) if cfg.get("PER_HEAD", False) else (batch * nheads_k, seqlen_k // bn)
     return _f90._Launch(_attn_bwd_sm90_ws, grid, (q_desc, k_desc, v_desc, do_desc), 6, ints, 2, constexprs)
 
@@ -1049,7 +1075,7 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
             CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True),
             PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=with_dq, DETERMINISTIC=deterministic,
             DQ_MODE=cfg.get("DQ_MODE", 0), DQ_BUFS=cfg.get("DQ_BUFS", 2), DQ_FIRST=cfg.get("DQ_FIRST", False),
-            DQ_OWN_FIRST=cfg.get("DQ_OWN_FIRST", False),
+            DQ_OWN_FIRST=cfg.get("DQ_OWN_FIRST", False), LSE_EARLY=cfg.get("LSE_EARLY", 0),
         )
         if with_dq:  # dq = scale · dq_acc, cast to q's dtype in one pass
             torch.mul(dq_acc, softmax_scale, out=dq)
