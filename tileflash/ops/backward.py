@@ -17,7 +17,7 @@ On Hopper, dense fp16/bf16 calls at head dim 64/128 replace steps 2 and 3 with t
 and dQ kernels of ``tileflash.ops.backward_sm90`` (same math, their own tiles, asynchronous
 wgmma; ``TILEFLASH_GLUON_DQ=0`` keeps step 3 in Triton); step 1 stays. ``TILEFLASH_GLUON_FUSED=1``
 instead runs one fused Gluon kernel for steps 2 and 3, whose dQ sums are ordered TMA reductions
-(still bitwise deterministic; slower than the split kernels on the H200, docs/perf-notes.md §22).
+(still bitwise deterministic; on the H200 0.72–1.02× the split kernels' speed, docs/perf-notes.md §30).
 
 Numerics follow ``tileflash.ops.forward``: scores in base 2 (``qk_scale = scale·log2 e``), the
 natural-log LSE is converted on load. A row that saw no key (lse = -inf) and rows past seqlen_q

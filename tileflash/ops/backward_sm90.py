@@ -60,11 +60,13 @@ Two modes (``WITH_DQ``, a constexpr):
   ``deterministic=False`` drops the ordering. Two kernels have it:
 
   - the warp-specialized one (``WS=True``, :func:`fused_config_for`; routed to only with
-    ``TILEFLASH_GLUON_FUSED=1``): each consumer stages its dSᵀ and its fp32 dQ part in shared
-    memory and adds the part with one TMA bulk reduction per 64- or 128-column slice; its two
-    consumers add in a fixed order too (K block n's consumer 0, then 1). On the H200 it measured
-    0.58–0.76× the split default ordered and 0.59–0.98× unordered (session 13, docs/perf-notes.md
-    §22, which has where the time goes), so it is off by default;
+    ``TILEFLASH_GLUON_FUSED=1``), with FA3's layout of the dQ step: both consumers write their
+    keys of dSᵀ to one shared buffer, each computes one column half of the Q block's dQ part over
+    all the block's keys and stages it in shared memory, and a writer warp adds the halves with
+    TMA bulk reductions and keeps the order, so no consumer waits on it. On the H200 (twenty-first
+    session, docs/perf-notes.md §30) the whole backward measured 0.72–1.02× the split default
+    ordered at D = 128 (1.02× only at non-causal 16k; session 13's per-consumer layout, which it
+    replaces: 0.58–0.76×), so it is off by default;
   - the 8-warp one (``WS=False``): per-thread vector atomics; slower still (session 6), reachable
     through ``backward(..., cfg=dict(..., WITH_DQ=True, WS=False))`` only.
 
