@@ -54,7 +54,7 @@ def main():
                     bufs = [torch.full_like(x, float("nan")) for x in (q, k, v)]
                     try:
                         res = GB.backward(do, q, k, v, lse, delta, *bufs, scale, causal, cfg)
-                        if res is None or GB._BROKEN:
+                        if res is None:  # backward() warned and fell back: this config did not compile
                             raise RuntimeError(f"did not compile: {GB._BROKEN}")
                         got = [x.clone() for x in bufs]
                         if ref is None:

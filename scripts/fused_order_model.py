@@ -1,13 +1,15 @@
-"""A protocol model of the fused warp-specialized backward's ordered dQ adds (no GPU, no triton).
+"""A protocol model of the thirteenth session's fused warp-specialized backward's ordered dQ adds
+(no GPU, no triton). Historical: since the twenty-first session the kernel keeps the order in a
+writer warp (perf-notes §30), whose single wait per block this model does not describe.
 
-What it models (tileflash/ops/backward_sm90.py, WITH_DQ and DETERMINISTIC): per program (one K
+What it modelled (tileflash/ops/backward_sm90.py, WITH_DQ and DETERMINISTIC, session 13): per program (one K
 block n) a producer that loads step i of the Q/dO ring once both consumers released the slot of
 step i - STAGES, and two consumers that, per step t, wait for the load, release the slot, count
 the adds of step t - LAG as done (the lazy release), wait for their turn (the Q block's counter
 reaching 2n + C) and add; the adds still pending are counted at the end. At most R programs are
 resident, started in K-block order (the grid order the kernel relies on). One head, every K block
 visiting every Q block (non-causal; causal visitors are a prefix of the K blocks, the same case).
-Random schedules; prints how many deadlocked. Perf-notes §22: lag 1 (the kernel) and 2 never
+Random schedules; prints how many deadlocked. Perf-notes §22: lag 1 (that kernel) and 2 never
 deadlock, lag 3 does with a 2-slot ring.
 Usage: python scripts/fused_order_model.py"""
 import random

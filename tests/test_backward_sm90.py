@@ -542,7 +542,7 @@ def _direct(q, k, v, do, causal, cfg, deterministic=True, poison=True):
 
 
 @needs_sm90
-@pytest.mark.parametrize("d,causal", [(64, True), (128, False), (128, True)])
+@pytest.mark.parametrize("d,causal", [(64, False), (64, True), (128, False), (128, True)])
 @pytest.mark.parametrize("case", CASES[:3], ids=lambda c: "x".join(map(str, c)))
 def test_lse_early_moves_loads_not_bits(case, d, causal):
     """LSE_EARLY (config_for: where the consumers load a Q block's LSE and delta rows; 2 loads them a
@@ -566,6 +566,32 @@ def test_lse_early_moves_loads_not_bits(case, d, causal):
     dq = torch.full_like(q, float("nan"))
     gb.backward_dq(do, q, k, v, lse, delta, dq, scale, causal)
     check_cuda_grads((dq, *runs[2]), q, k, v, do, causal)
+
+
+@needs_sm90
+@pytest.mark.parametrize("variant", [dict(DQ_OWN_FIRST=True), dict(DQ_BUFS=1), dict(DQ_FIRST="flip"), dict(LSE_EARLY=2)],
+                         ids=["own-first", "one-slot", "dq-first-flipped", "lse-early"])
+@pytest.mark.parametrize("d,causal", [(64, False), (128, True)])
+def test_fused_schedule_variants(variant, d, causal):
+    """The fused mode's schedule switches (fused_config_for's DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, and
+    LSE_EARLY) reorder work, not arithmetic: dK and dV are the same bits as the default config's,
+    and so is dQ except with DQ_OWN_FIRST (consumer 1 then adds its two key halves in the other
+    order), which meets the reference rule instead. NaN-poisoned buffers; GQA, Sq != Sk."""
+    q, k, v = make_qkv(2, 256, 384, 4, 2, d, torch.float16, "cuda", seed=11 + d)
+    do = torch.randn_like(q)
+    base = gb.fused_config_for(d, causal)
+    cfg = dict(base, **variant)
+    if variant.get("DQ_FIRST") == "flip":
+        cfg["DQ_FIRST"] = not base["DQ_FIRST"]
+    ref, _ = _direct(q, k, v, do, causal, base)
+    ref = [t.clone() for t in ref]
+    res, bufs = _direct(q, k, v, do, causal, cfg)
+    assert res is not None and res[0] is bufs[0]
+    assert torch.equal(res[1], ref[1]) and torch.equal(res[2], ref[2])
+    if "DQ_OWN_FIRST" in variant:
+        check_cuda_grads(res, q, k, v, do, causal)
+    else:
+        assert torch.equal(res[0], ref[0])
 
 
 def test_lse_early_rule():

@@ -15,11 +15,13 @@ rows = keys), on each warpgroup's 64 keys:
     issue dK += dSᵀ·Q                                            (async)
     CARRY_DK: wait dK in the next block's first wait; else wait dV and dK now
     WITH_DQ only: dSᵀ to shared memory, dQ_part = dS·K, add dQ_part into an fp32 dQ buffer
+    LSE_EARLY (WS only): the LSE/delta rows loaded before the Q/dO wait (1) or a block ahead (2)
 
 Two kernels run this loop. ``_attn_bwd_sm90_ws`` (``WS=True``, the default): a 1-warp producer
 partition streams K/V and the Q/dO ring with TMA, two 4-warp consumer partitions own the two
-64-key halves and release a ring slot through an mbarrier once their last matmul on it retired.
-``_attn_bwd_sm90`` (``WS=False``): 8 warps in one partition, whose two warpgroups meet at a CTA
+64-key halves and release a ring slot through an mbarrier once their last matmul on it retired;
+in the fused mode a fourth partition (one warp, ``_bwd_ws_dq_writer``) adds the dQ parts the
+consumers stage. ``_attn_bwd_sm90`` (``WS=False``): 8 warps in one partition, whose two warpgroups meet at a CTA
 barrier before each refill; it also has the fused mode. Both do the same arithmetic per element
 in the same order, so their dK and dV are the same bits (GPU-tested).
 
@@ -366,6 +368,7 @@ if _f90.HAVE_GLUON:
     # slot through an mbarrier when its last matmul on it retires, instead of a CTA-wide barrier
     # per Q block, so the two warpgroups drift apart and one's softmax overlaps the other's matmuls
     # (the barrier was the largest stall of _attn_bwd_sm90 under Nsight Compute, docs/perf-notes.md §16).
+    # The fused mode (WITH_DQ) adds a 1-warp writer partition for the dQ reductions (perf-notes §30).
     # ------------------------------------------------------------------------------------------
     @gluon.jit
     def _bwd_ws_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
@@ -409,7 +412,9 @@ if _f90.HAVE_GLUON:
         DQ_FIRST: dQ is issued before dK, so dK runs on while dQ is staged; else after it.
         LSE_EARLY (where a Q block's LSE and delta rows are loaded from global memory): 0 after the
         block's Sᵀ/dPᵀ issue; 1 before its Q/dO wait; 2 one block ahead, once the previous block's
-        dSᵀ is computed (its registers are then free), so the load runs under dV's and dK's matmuls."""
+        dSᵀ is computed (its registers are then free), so the load runs under dV's and dK's matmuls
+        (with WITH_DQ it comes after the block's matmuls have retired, so nothing overlaps it there;
+        the fused config keeps 0)."""
         (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_full, q_empty, pp_bar, LSE, DELTA, DK, DV,
          off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale, sm_scale,
          stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
@@ -438,7 +443,7 @@ if _f90.HAVE_GLUON:
             dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                                 instr_shape=[16, DQ_D, 16])
             OTHER: gl.constexpr = 1 - C
-        if LSE_EARLY == 2:  # the first block's rows (lo < seqlen_q: a valid row even when total == 0)
+        if LSE_EARLY == 2:  # the first block's rows (total >= 1, since lo < seqlen_q)
             lse_n, delta_n = _lse_delta(LSE, DELTA, off_b * stride_lb + off_hk * kv_group * stride_lh, lo + offs_mb)
         mbarrier.wait(kv_bar, 0)
         for it in range(total):
@@ -595,7 +600,9 @@ if _f90.HAVE_GLUON:
     ):
         """One program per (batch·kv head, K/V block) as _attn_bwd_sm90; k_desc/v_desc blocks are
         the BLOCK_N // 2-key halves. WITH_DQ: also dQ, summed into the fp32 buffer behind dq_desc
-        (see _bwd_ws_consumer); otherwise dq_desc and SEM are unused. PER_HEAD: the launch order of
+        by a fourth, 1-warp partition (_bwd_ws_dq_writer; DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST and
+        DQ_MODE: see _bwd_ws_consumer and the writer); otherwise dq_desc and SEM are unused.
+        LSE_EARLY: where the consumers load the LSE/delta rows (_bwd_ws_consumer). PER_HEAD: the launch order of
         _kv_block_coords with a head's K/V blocks together (not with WITH_DQ, whose ordered adds
         take their turn from program_id(1)). PDL_TRIGGER: let the next kernel (the dQ kernel, if
         launched with PDL) be scheduled from the start (_let_dependents_launch)."""
@@ -868,8 +875,9 @@ def fused_config_for(head_dim: int, causal: bool) -> dict:
     bitwise deterministic). The dK/dV tiles of :func:`config_for` with dK waited within each block
     and a 2-slot Q/dO ring; ``DQ_BUFS`` blocks of staged dQ halves for the writer warp (shared
     memory: 225 KB at D = 128). ``DQ_FIRST`` (D = 128): dQ's matmul issued before dK's, so dK runs
-    on while dQ is staged (twenty-first session, run 1: 459 against 436 TFLOP/s-equivalent ordered at
-    D = 128 non-causal 16k; at D = 64 it was slower)."""
+    on while dQ is staged (twenty-first session, run 1, ordered, TFLOP/s-equivalent: 459 against 436
+    at D = 128 non-causal 16k, level at 4k; causal 382 against 390 at 16k and level at 4k, but 439
+    against 416 unordered; at D = 64 it was slower)."""
     return dict(config_for(head_dim, causal, 4096), STAGES=2, CARRY_DK=False, WITH_DQ=True, DQ_BUFS=2, LSE_EARLY=0,
                 DQ_FIRST=head_dim > 64, PER_HEAD=False, PDL_TRIGGER=False)  # ordered adds: the 2-D grid
 
@@ -1052,7 +1060,8 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
     v_desc, _ = _f90._desc(v, seqlen_k, nheads_k, bn // 2 if ws else bn)
     if with_dq and ws:
         # fp32 dQ in q's (B, Sq, H, D) order, summed over K blocks by TMA reductions of
-        # [bm, d / DQ_SPLIT] tiles of its (B·Sq, H·D) view; one counter per (b, h, Q block) orders the sums
+        # [bm, d / 2] tiles (one column half per consumer) of its (B·Sq, H·D) view; one counter
+        # per (b, h, Q block) orders the sums
         dq_acc = torch.zeros((batch, seqlen_q, nheads, d), dtype=torch.float32, device=q.device)
         sem = torch.zeros((batch * nheads * (seqlen_q // bm),), dtype=torch.int32, device=q.device)
         dq_view = dq_acc.view(batch * seqlen_q, nheads * d)
