@@ -1,6 +1,6 @@
 """A protocol model of the thirteenth session's fused warp-specialized backward's ordered dQ adds
 (no GPU, no triton). Historical: since the twenty-first session the kernel keeps the order in a
-writer warp (perf-notes §30), whose single wait per block this model does not describe.
+writer warp (perf-notes §30), which scripts/fused_writer_model.py models.
 
 What it modelled (tileflash/ops/backward_sm90.py, WITH_DQ and DETERMINISTIC, session 13): per program (one K
 block n) a producer that loads step i of the Q/dO ring once both consumers released the slot of

@@ -594,6 +594,30 @@ def test_fused_schedule_variants(variant, d, causal):
         assert torch.equal(res[0], ref[0])
 
 
+def test_fused_writer_protocol_model():
+    """scripts/fused_writer_model.py replays the fused mode's barrier protocol (producer, two
+    consumers sharing dSᵀ, the writer warp with its staging slots and the ordered adds; several
+    resident K-block programs, causal suffixes) under random schedules with PTX's mbarrier parity
+    rule: no schedule deadlocks, no read sees the wrong block, and every Q block's adds come in
+    K-block order. Negative controls, each caught: one dSᵀ buffer, a writer that skips its turn,
+    consumers that stage without waiting for a free slot. It models the source by hand, so a
+    miscompile would not show (perf-notes §22); the GPU tests cover the compiled kernel."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import fused_writer_model as model
+
+    for causal in (False, True):
+        for stages, dq_bufs in ((2, 2), (3, 1)):
+            for n_k, n_q, resident in ((4, 8, 2), (6, 5, 3), (8, 8, 8)):
+                got = model.explore(n_k, n_q, resident, stages, dq_bufs, causal, schedules=40)
+                assert got == {"ok": 40}, (causal, stages, dq_bufs, n_k, n_q, resident, got)
+    assert model.explore(6, 8, 3, 2, 2, True, schedules=40, bug="one_ds").get("data", 0) > 0
+    assert model.explore(6, 8, 3, 2, 2, True, schedules=40, bug="no_turn").get("order", 0) > 0
+    assert model.explore(6, 8, 3, 2, 2, True, schedules=40, bug="no_empty").get("data", 0) > 0
+
+
 def test_lse_early_rule():
     """config_for's LSE_EARLY: one block ahead (2) for causal calls and D = 128 non-causal up to 4k,
     before the Q/dO wait (1) for longer D = 128 non-causal calls, and never for D = 64 non-causal,
