@@ -27,21 +27,12 @@ Negative controls (``bug``): "one_ds" (a single dSᵀ buffer), "no_turn" (the wr
 waiting for its turn), "no_empty" (consumers stage without waiting for a free slot). The test
 suite checks that each is caught. Usage: python scripts/fused_writer_model.py
 """
+import os
 import random
+import sys
 
-
-class Barrier:
-    def __init__(self, count):
-        self.count, self.pending, self.completed = count, 0, 0
-
-    def arrive(self):
-        self.pending += 1
-        if self.pending == self.count:
-            self.pending, self.completed = 0, self.completed + 1
-
-    def ready(self, parity):
-        """wait(bar, parity) returns: the current phase's parity differs from `parity`."""
-        return (self.completed & 1) != parity
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ws_turn_model import Barrier  # noqa: E402  (PTX's mbarrier: arrivals, phases, the parity wait)
 
 
 class Failure(Exception):
