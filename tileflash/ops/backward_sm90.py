@@ -536,11 +536,9 @@ if _f90.HAVE_GLUON:
                 nxt = gl.minimum(it + 1, total - 1)
                 lse_n, delta_n = _lse_delta(LSE, DELTA, off_b * stride_lb + (off_hk * kv_group + nxt // per_head) * stride_lh,
                                             lo + (nxt % per_head) * BLOCK_M + offs_mb)
-            if WITH_DQ:
-                pass                                                                      # waited above
-            elif CARRY_DK:
+            if CARRY_DK:  # (never with WITH_DQ, whose branch above waited already)
                 dv = warpgroup_mma_wait(num_outstanding=1, deps=(dv,))                    # dK runs on
-            else:
+            elif not WITH_DQ:
                 dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
                 mbarrier.arrive(q_empty.index(stage), count=1)                            # block it is done
         if CARRY_DK:
@@ -656,6 +654,7 @@ if _f90.HAVE_GLUON:
                   DV, off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale, sm_scale,
                   stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
                   seqlen_q, nheads_k * kv_group, n_m)
+        # two literal lists: Gluon does not take a (function, args) partition held in a variable
         if WITH_DQ:
             gl.warp_specialize([
                 (_bwd_ws_consumer, (shared, writer_bars, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK, PINGPONG,
