@@ -382,7 +382,9 @@ def test_bwd_routing_rules_on_gpu(monkeypatch):
     assert ok() and ok(d=64) and ok(d=64, causal=True) and ok(causal=True, sk=384) and ok(dtype=torch.bfloat16)
     assert ok(h=6, hk=2)
     assert not ok(sq=192) and not ok(sk=192)     # lengths must be multiples of 128
-    assert not ok(d=96) and not ok(d=256) and not ok(dtype=torch.float32)
+    assert ok(d=96) and ok(d=72, causal=True) and ok(d=120, h=6, hk=2)  # padded to 128 (padded_head_dim)
+    assert not ok(d=96, sq=192) and not ok(d=96, flags=_flags(HAS_SOFTCAP=True))  # ...under the same rules
+    assert not ok(d=48) and not ok(d=256) and not ok(dtype=torch.float32)
     assert not ok(causal=True, sq=384, sk=256)   # rows that see no key
     assert not ok(causal=True, shift=0, sk=384)  # top-left causal alignment
     assert not ok(scale=-0.1) and not ok(scale=float("nan"))
@@ -616,6 +618,41 @@ def test_fused_writer_protocol_model():
     assert model.explore(6, 8, 3, 2, 2, True, schedules=40, bug="one_ds").get("data", 0) > 0
     assert model.explore(6, 8, 3, 2, 2, True, schedules=40, bug="no_turn").get("order", 0) > 0
     assert model.explore(6, 8, 3, 2, 2, True, schedules=40, bug="no_empty").get("data", 0) > 0
+
+
+def test_padded_head_dim_rule():
+    """Head dims strictly between 64 and 128 run the Gluon backward at 128; the two native ones as
+    they are; everything else (smaller, larger) is not taken."""
+    assert gb.padded_head_dim(64) == 64 and gb.padded_head_dim(128) == 128
+    assert all(gb.padded_head_dim(d) == 128 for d in (65, 72, 80, 96, 112, 120, 127))
+    assert all(gb.padded_head_dim(d) is None for d in (8, 32, 40, 48, 63, 129, 160, 192, 256))
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [72, 96, 120])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c)))
+def test_gluon_backward_padded_head_dims(case, d, causal, gluon_bwd_calls):
+    """64 < D < 128 through the public API: the Gluon kernels at D = 128 on zero-padded copies.
+    The gradients keep D columns and meet flash-attn's rule; with NaN-poisoned buffers every
+    element is written; they equal the pinned Triton backward on the same inputs up to the
+    summation order."""
+    b, sq, sk, h, hk = case
+    if causal and sq > sk:
+        pytest.skip("causal with Sq > Sk runs the Triton backward (rows without keys)")
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=sq + sk + d)
+    do = torch.randn_like(q)
+    grads = _grads(q, k, v, do, causal)
+    assert [c[1].shape[-1] for c in gluon_bwd_calls] == [128], "the call did not take the padded Gluon backward"
+    check_cuda_grads(grads, q, k, v, do, causal)
+    scale = d ** -0.5
+    out, lse = fwd_mod.flash_attn_forward(q, k, v, scale, causal)
+    bufs = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    got = bwd_mod.flash_attn_backward(do, q, k, v, out, lse, scale, causal, dq=bufs[0], dk=bufs[1], dv=bufs[2])
+    assert all(g is buf for g, buf in zip(got, bufs)) and not any(torch.isnan(g).any() for g in got)
+    ref = bwd_mod.flash_attn_backward(do, q, k, v, out, lse, scale, causal, config=bwd_mod.default_bwd_config(d, causal))
+    for g, r in zip(got, ref):
+        assert (g.float() - r.float()).abs().max().item() <= 0.02 * r.float().abs().max().item()
 
 
 def test_lse_early_rule():

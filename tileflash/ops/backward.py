@@ -15,7 +15,8 @@ Three launches, no atomics, so the result is bitwise deterministic:
 
 On Hopper, dense fp16/bf16 calls at head dim 64/128 replace steps 2 and 3 with the Gluon dK/dV
 and dQ kernels of ``tileflash.ops.backward_sm90`` (same math, their own tiles, asynchronous
-wgmma; ``TILEFLASH_GLUON_DQ=0`` keeps step 3 in Triton); step 1 stays. ``TILEFLASH_GLUON_FUSED=1``
+wgmma; ``TILEFLASH_GLUON_DQ=0`` keeps step 3 in Triton); step 1 stays. Head dims between 64 and
+128 (e.g. 96) take them too, on copies zero-padded to 128 (``backward_sm90.padded_head_dim``). ``TILEFLASH_GLUON_FUSED=1``
 instead runs one fused Gluon kernel for steps 2 and 3, whose dQ sums are ordered TMA reductions
 (still bitwise deterministic; on the H200 0.72–1.02× the split kernels' speed, docs/perf-notes.md §30).
 
@@ -443,6 +444,15 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
     seed = seed if dropout_p > 0 else None
     gluon = backward_sm90.supported(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen,
                                     config, dk=dk, dv=dv)
+    if gluon and backward_sm90.padded_head_dim(head_dim) != head_dim:
+        # Hopper, 64 < D < 128: the Gluon kernels at D = 128 on zero-padded copies; the padded
+        # columns of the gradients are 0 and dropped (backward_sm90.padded_head_dim says why)
+        pad = backward_sm90.padded_head_dim(head_dim) - head_dim
+        padded = [torch.nn.functional.pad(t, (0, pad)) for t in (dout, q, k, v, out)]
+        grads = flash_attn_backward(*padded, lse, softmax_scale, causal, causal_shift, window=window)
+        for buf, g in zip((dq, dk, dv), grads):
+            buf.copy_(g[..., :head_dim])
+        return dq, dk, dv
     delta = _delta(out, dout, lse, varlen, nheads, head_dim)
     if gluon and backward_sm90.fused_enabled() and dq.stride(-1) == 1 and backward_sm90.backward(
             dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal,

@@ -74,7 +74,8 @@ Two modes (``WITH_DQ``, a constexpr):
 
   Both are correct and bitwise reproducible when ordered (GPU-tested).
 
-Scope, decided by :func:`supported`: dense fp16/bf16 on sm90, head dim 64 or 128, no
+Scope, decided by :func:`supported`: dense fp16/bf16 on sm90, head dim 64 or 128 (or between
+them, run at 128 on zero-padded copies: :func:`padded_head_dim`), no
 window/softcap/ALiBi/dropout, causal only bottom-right with Sq <= Sk, Sq and Sk multiples of 128,
 16-byte aligned memory in the (B, S, H, D) or (B, H, S, D) layouts. Everything else runs the
 Triton backward, which stays the reference (and the CPU-interpreter path). Numerics follow
@@ -894,6 +895,20 @@ def enabled() -> bool:
     return _f90.enabled() and os.environ.get("TILEFLASH_GLUON_BWD", "1") != "0"
 
 
+def padded_head_dim(d: int) -> int | None:
+    """The head dim at which the Gluon backward runs a call of head dim ``d``, or None if it does
+    not take it. 64 and 128 run as they are. 64 < d < 128 (e.g. 96) runs at 128 on copies of dO, q,
+    k, v and O zero-padded to 128 columns (:func:`tileflash.ops.backward.flash_attn_backward`),
+    whose dQ, dK, dV lose the padded columns again. The zero columns change nothing: they add 0 to
+    every sum over the head dim (S = Q·Kᵀ, dP = dO·Vᵀ, delta = rowsum(dO∘O)), and the padded
+    columns of dV = Pᵀ·dO, dK = dSᵀ·Q and dQ = dS·K are 0. The Triton kernels pad such a head
+    dim to a 128-wide tile too (``forward.block_d_for``), so the padding adds no arithmetic over
+    them; the copies add O(N·D) traffic to O(N²·D) work."""
+    if d in (64, 128):
+        return d
+    return 128 if 64 < d < 128 else None
+
+
 def _head_offsets_fit(t) -> bool:
     """Whether the kernel's int32 head offset (kv head · head stride) of a dK/dV buffer fits."""
     return t is None or (t.shape[2] - 1) * abs(t.stride(2)) < 2 ** 31
@@ -914,8 +929,9 @@ def supported(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, flag
         return False
     if causal and causal_shift != k.shape[1] - q.shape[1]:
         return False
-    if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16 or dout.data_ptr() % 16:
-        return False
+    if q.shape[-1] in (64, 128) and (q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16
+                                     or dout.data_ptr() % 16):
+        return False  # (a padded head dim runs on fresh copies: padded_head_dim)
     key = (_layout(dout, q, k, v, out, lse, dk, dv), bool(causal))
     try:
         cfg_key = _LAYOUTS[key]
@@ -950,7 +966,8 @@ def _layout_cfg_key(dout, q, k, v, out, lse, causal, dk, dv):
     if dt not in (torch.float16, torch.bfloat16) or any(t.dtype != dt for t in (k, v, out, dout)):
         return None
     d = q.shape[-1]
-    if d not in (64, 128):
+    dp = padded_head_dim(d)
+    if dp is None:
         return None
     if k.shape[-1] != d or v.shape != k.shape or q.shape[2] % k.shape[2] or out.shape != q.shape \
             or dout.shape != q.shape:
@@ -958,9 +975,11 @@ def _layout_cfg_key(dout, q, k, v, out, lse, causal, dk, dv):
     sq, sk = q.shape[1], k.shape[1]
     if causal and sq > sk:
         return None
-    cfg = config_for(d, causal, sq)
+    cfg = config_for(dp, causal, sq)
     if sq % 128 or sk % cfg["BLOCK_N"] or lse.dtype != torch.float32 or lse.stride(-1) != 1:
         return None
+    if dp != d:  # the kernels run on contiguous padded copies, whose strides and views always fit
+        return _f90._key(dp, causal, dt, cfg)
     for t in (q, k, v, dout):
         if any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
             return None
