@@ -628,6 +628,21 @@ def test_padded_head_dim_rule():
     assert all(gb.padded_head_dim(d) is None for d in (8, 32, 40, 48, 63, 129, 160, 192, 256))
 
 
+def test_pad_head_dim_and_unpad():
+    """The padded copies the Gluon backward runs a 64 < D < 128 call on: the input's values in the
+    first D columns whatever its strides ((B, H, S, D) memory here), exact zeros after them (the
+    buffer starts as NaN garbage would), contiguous (B, S, H, 128); and the copy back of the first
+    D columns into the caller's gradient buffers."""
+    t = torch.randn(2, 3, 5, 96).transpose(1, 2)  # (B, S, H, D) view of (B, H, S, D) memory
+    p = gb.pad_head_dim(t, 128)
+    assert p.shape == (2, 5, 3, 128) and p.is_contiguous() and p.dtype == t.dtype
+    assert torch.equal(p[..., :96], t) and torch.equal(p[..., 96:], torch.zeros(2, 5, 3, 32))
+    bufs = tuple(torch.full((2, 5, 3, 96), float("nan")) for _ in range(2))
+    parts = (torch.randn(2, 5, 3, 128), bufs[1])
+    assert bwd_mod._unpad(parts, bufs) is bufs
+    assert torch.equal(bufs[0], parts[0][..., :96]) and torch.isnan(bufs[1]).all()  # a part that is its buffer
+
+
 @needs_sm90
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [72, 96, 120])

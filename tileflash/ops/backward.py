@@ -413,6 +413,15 @@ def _delta(out, dout, lse, varlen: bool, nheads: int, head_dim: int):
     return delta
 
 
+def _unpad(parts, bufs):
+    """Copy the first D columns of each padded gradient into its buffer of head dim D (a no-op for
+    a part that is the buffer itself); returns the buffers."""
+    for part, buf in zip(parts, bufs):
+        if part is not buf:
+            buf.copy_(part[..., :buf.shape[-1]])
+    return bufs
+
+
 def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool,
                         causal_shift: int | None = None, *, window=(-1, -1), softcap: float = 0.0,
                         alibi_slopes=None, dropout_p: float = 0.0, seed=None, cu_seqlens_q=None, cu_seqlens_k=None,
@@ -444,28 +453,30 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
     seed = seed if dropout_p > 0 else None
     gluon = backward_sm90.supported(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen,
                                     config, dk=dk, dv=dv)
-    if gluon and backward_sm90.padded_head_dim(head_dim) != head_dim:
-        # Hopper, 64 < D < 128: the Gluon kernels at D = 128 on zero-padded copies; the padded
-        # columns of the gradients are 0 and dropped (backward_sm90.padded_head_dim says why)
-        pad = backward_sm90.padded_head_dim(head_dim) - head_dim
-        padded = [torch.nn.functional.pad(t, (0, pad)) for t in (dout, q, k, v, out)]
-        grads = flash_attn_backward(*padded, lse, softmax_scale, causal, causal_shift, window=window)
-        for buf, g in zip((dq, dk, dv), grads):
-            buf.copy_(g[..., :head_dim])
-        return dq, dk, dv
     delta = _delta(out, dout, lse, varlen, nheads, head_dim)
-    if gluon and backward_sm90.fused_enabled() and dq.stride(-1) == 1 and backward_sm90.backward(
-            dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal,
-            backward_sm90.fused_config_for(head_dim, causal)) is not None:
-        return dq, dk, dv  # Hopper, fused: one Gluon kernel wrote dQ, dK and dV
-    # Hopper: the Gluon kernel writes dK and dV (None: it did not compile, the Triton kernel runs)
-    gluon_done = gluon and backward_sm90.backward(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale,
-                                                  causal) is not None
-    if gluon_done and backward_sm90.dq_enabled() and backward_sm90.dq_supported(q, k, dq, causal):
-        # dQ by the Gluon dQ kernel too (TILEFLASH_GLUON_DQ=0 turns it off; None: it did not
-        # compile, the Triton dQ kernel runs)
-        if backward_sm90.backward_dq(dout, q, k, v, lse, delta, dq, softmax_scale, causal) is not None:
-            return dq, dk, dv
+    gluon_done = False
+    if gluon:
+        # Hopper. 64 < D < 128 runs the Gluon kernels at D = 128 on zero-padded copies of dO, q, k,
+        # v and gradient buffers of 128 columns, whose first D columns are the gradients
+        # (backward_sm90.padded_head_dim says why that is exact); delta is the same either way.
+        width = backward_sm90.padded_head_dim(head_dim)
+        g_in, g_out = (dout, q, k, v), (dq, dk, dv)
+        if width != head_dim:
+            g_in = tuple(backward_sm90.pad_head_dim(t, width) for t in g_in)
+            g_out = tuple(t.new_empty(t.shape[:-1] + (width,)) for t in (q, k, v))
+        if backward_sm90.fused_enabled() and g_out[0].stride(-1) == 1 and backward_sm90.backward(
+                *g_in, lse, delta, *g_out, softmax_scale, causal,
+                backward_sm90.fused_config_for(width, causal)) is not None:
+            return _unpad(g_out, (dq, dk, dv))  # fused: one Gluon kernel wrote dQ, dK and dV
+        # the Gluon kernel writes dK and dV (None: it did not compile, the Triton kernel runs)
+        gluon_done = backward_sm90.backward(*g_in, lse, delta, *g_out, softmax_scale, causal) is not None
+        if gluon_done:
+            _unpad(g_out[1:], (dk, dv))
+        if gluon_done and backward_sm90.dq_enabled() and backward_sm90.dq_supported(g_in[1], g_in[2], g_out[0], causal):
+            # dQ by the Gluon dQ kernel too (TILEFLASH_GLUON_DQ=0 turns it off; None: it did not
+            # compile, the Triton dQ kernel runs)
+            if backward_sm90.backward_dq(*g_in, lse, delta, g_out[0], softmax_scale, causal) is not None:
+                return _unpad(g_out, (dq, dk, dv))
     # the Triton kernels
     use_tma = bwd_tma_requested(config, q.device, head_dim) and tma_supported(q, k, v, dout)
     if use_tma and q.is_cuda:
