@@ -196,7 +196,8 @@ def _bwd(q, k, v, do, out, lse, causal, use_tma, **kw):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("sq,sk,d,hk", [(17, 63, 40, 1), (65, 113, 64, 4), (113, 65, 32, 2), (203, 203, 128, 4)],
+@pytest.mark.parametrize("sq,sk,d,hk", [(17, 63, 40, 1), (65, 113, 64, 4), (113, 65, 32, 2), (203, 203, 128, 4),
+                                         (129, 203, 256, 2)],
                          ids=lambda x: str(x))
 def test_tma_backward_matches_pointer_path_and_reference(gpu_or_interpreter, sq, sk, d, hk, causal):
     """The backward's descriptor loads (Q/dO in dK/dV, K/V in dQ) against its pointer loads, on
@@ -249,7 +250,7 @@ def test_tma_backward_varlen_features(gpu_or_interpreter):
 
 def test_bwd_tma_request_policy(monkeypatch):
     """The backward takes descriptors when its config or TILEFLASH_TMA asks; by default only for
-    BWD_TMA_HEAD_DIMS (D = 128, measured faster) and where the forward would use them."""
+    BWD_TMA_HEAD_DIMS (D = 128 and 256, measured faster) and where the forward would use them."""
     from tileflash.ops import backward as B
 
     monkeypatch.delenv("TILEFLASH_TMA", raising=False)
@@ -260,7 +261,7 @@ def test_bwd_tma_request_policy(monkeypatch):
     assert not B.bwd_tma_requested(None, torch.device("cpu"))
     monkeypatch.delenv("TILEFLASH_TMA")
     assert not B.bwd_tma_requested(None, torch.device("cpu"))  # CPU: the forward's rule says no
-    assert 128 in B.BWD_TMA_HEAD_DIMS  # the one head dim measured faster
-    assert 64 not in B.BWD_TMA_HEAD_DIMS and 96 not in B.BWD_TMA_HEAD_DIMS and 256 not in B.BWD_TMA_HEAD_DIMS
+    assert 128 in B.BWD_TMA_HEAD_DIMS and 256 in B.BWD_TMA_HEAD_DIMS  # the head dims measured faster
+    assert 64 not in B.BWD_TMA_HEAD_DIMS and 96 not in B.BWD_TMA_HEAD_DIMS and 192 not in B.BWD_TMA_HEAD_DIMS
     monkeypatch.setattr(B, "tma_requested", lambda config, device: True)  # as on Hopper
     assert B.bwd_tma_requested(None, None, 128) and not B.bwd_tma_requested(None, None, 64)

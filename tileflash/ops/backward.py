@@ -36,8 +36,8 @@ import triton
 import triton.language as tl
 
 from tileflash.ops import backward_sm90, forward_sm90
-from tileflash.ops.common import (block_grid, block_ids, cdiv, dropout_keep, head_scalars, kv_block_range, q_block_range,
-                                   score_mods, seq_bounds, visible)
+from tileflash.ops.common import (block_grid, block_ids, cdiv, dropout_keep, head_scalars, kv_block_range, next_pow2,
+                                   q_block_range, score_mods, seq_bounds, visible)
 from tileflash.ops.forward import (LOG2E, _ensure_tma_allocator, block_d_for, feature_args, interpreting, problem_dims,
                                    rng_strides, strides3, tma_requested, tma_supported)
 
@@ -72,6 +72,57 @@ def _load_lse2(LSE, DELTA, row_base, o_m, seqlen_q):
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
     delta = tl.load(DELTA + row_base + o_m, mask=m_m, other=0.0)                      # [BLOCK]
     return lse2, delta
+
+
+@triton.jit
+def _copy_head_cols(
+    SRC, DST,
+    stride_sb, stride_ss, stride_sh,
+    stride_db, stride_ds, stride_dh,
+    nheads, seqlen,
+    SRC_COLS: tl.constexpr, DST_COLS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
+    FLAT_GRID: tl.constexpr = False,
+):
+    """DST[b, s, h, :DST_COLS] = SRC[b, s, h, :DST_COLS], zeros past SRC_COLS: the zero-padded
+    copies of the padded-head-dim backward and the copy of the gradients' first columns back
+    (:func:`_copy_cols`). Grid: (S blocks, batch*heads), ``common.block_grid``."""
+    pid_s, pid_bh = block_ids(seqlen, BLOCK_S, False, FLAT_GRID)
+    off_b = (pid_bh // nheads).to(tl.int64)
+    off_h = (pid_bh % nheads).to(tl.int64)
+    o_s = (pid_s * BLOCK_S + tl.arange(0, BLOCK_S)).to(tl.int64)                     # [BLOCK_S]
+    o_c = tl.arange(0, BLOCK_C)                                                       # [BLOCK_C]
+    m_s = (o_s < seqlen)[:, None]                                                     # [BLOCK_S, 1]
+    p_src = SRC + off_b * stride_sb + off_h * stride_sh + o_s[:, None] * stride_ss + o_c[None, :]
+    p_dst = DST + off_b * stride_db + off_h * stride_dh + o_s[:, None] * stride_ds + o_c[None, :]
+    x = tl.load(p_src, mask=m_s & (o_c < SRC_COLS)[None, :], other=0.0)               # [BLOCK_S, BLOCK_C]
+    tl.store(p_dst, x, mask=m_s & (o_c < DST_COLS)[None, :])
+
+
+def _copy_cols(src, dst):
+    """dst (B, S, H, Dd) = the first Dd columns of src (B, S, H, Ds), zeros where Dd > Ds, in one
+    launch (torch's copies into and out of column slices ran at ~1 TB/s on the H200, a fifth of
+    the padded D = 96 backward at N = 4k; session 22, run 2)."""
+    if src.stride(-1) != 1:
+        src = src.contiguous()
+    if dst.stride(-1) != 1:
+        tmp = torch.empty(dst.shape, dtype=dst.dtype, device=dst.device)
+        _copy_cols(src, tmp)
+        dst.copy_(tmp)
+        return
+    batch, seqlen, nheads, cols = dst.shape
+    block_s = 64 if not interpreting() else 16
+    grid, flat = block_grid(cdiv(seqlen, block_s), batch * nheads)
+    _copy_head_cols[grid](src, dst, src.stride(0), src.stride(1), src.stride(2), dst.stride(0), dst.stride(1),
+                          dst.stride(2), nheads, seqlen, SRC_COLS=src.shape[-1], DST_COLS=cols,
+                          BLOCK_C=next_pow2(max(cols, src.shape[-1])), BLOCK_S=block_s, FLAT_GRID=flat)
+
+
+def _pad_head_dim(t, width: int):
+    """A (B, S, H, width) contiguous copy of t (B, S, H, D), D <= width, whose columns past D are 0
+    (``backward_sm90.padded_head_dim``)."""
+    padded = torch.empty(t.shape[:-1] + (width,), dtype=t.dtype, device=t.device)
+    _copy_cols(t, padded)
+    return padded
 
 
 @triton.jit
@@ -370,8 +421,10 @@ def default_bwd_config(head_dim: int, causal: bool = False) -> dict:
 # Head dims whose backward takes tensor descriptors by default where the forward does (Hopper).
 # H200, fp16, N 4k / 16k, default tiles (scripts/bwd_pair_sweep.py --tma both): D=128 non-causal
 # 347/352 -> 352/362 TFLOP/s, causal 267/313 -> 282/333; D=64 causal 244/273 -> 231/260 (slower,
-# so off); other head dims (96, D > 128) not measured (off).
-BWD_TMA_HEAD_DIMS = frozenset({128})
+# so off). D=256 (session 22, runs 1-2, default tiles): non-causal 4k 191 -> 238; 4k / 16k with
+# descriptors 237/239 non-causal, 175/197 causal, against 193/194 and 172/194 without (run 1's
+# bench). Other head dims (96, which takes the Gluon kernels on Hopper; 160, 192) not measured (off).
+BWD_TMA_HEAD_DIMS = frozenset({128, 256})
 
 
 def bwd_tma_requested(config=None, device=None, head_dim: int = 128) -> bool:
@@ -418,7 +471,7 @@ def _unpad(parts, bufs):
     a part that is the buffer itself); returns the buffers."""
     for part, buf in zip(parts, bufs):
         if part is not buf:
-            buf.copy_(part[..., :buf.shape[-1]])
+            _copy_cols(part, buf)
     return bufs
 
 
@@ -462,7 +515,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
         width = backward_sm90.padded_head_dim(head_dim)
         g_in, g_out = (dout, q, k, v), (dq, dk, dv)
         if width != head_dim:
-            g_in = tuple(backward_sm90.pad_head_dim(t, width) for t in g_in)
+            g_in = tuple(_pad_head_dim(t, width) for t in g_in)
             g_out = tuple(t.new_empty(t.shape[:-1] + (width,)) for t in (q, k, v))
         if backward_sm90.fused_enabled() and g_out[0].stride(-1) == 1 and backward_sm90.backward(
                 *g_in, lse, delta, *g_out, softmax_scale, causal,

@@ -898,7 +898,7 @@ def enabled() -> bool:
 def padded_head_dim(d: int) -> int | None:
     """The head dim at which the Gluon backward runs a call of head dim ``d``, or None if it does
     not take it. 64 and 128 run as they are. 64 < d < 128 (e.g. 96) runs at 128 on copies of dO, q,
-    k and v zero-padded to 128 columns (:func:`pad_head_dim`), into gradient buffers of 128
+    k and v zero-padded to 128 columns (``backward._pad_head_dim``), into gradient buffers of 128
     columns whose first d are copied out (:func:`tileflash.ops.backward.flash_attn_backward`). The zero columns change nothing: they add 0 to
     every sum over the head dim (S = Q·Kᵀ, dP = dO·Vᵀ, delta = rowsum(dO∘O)), and the padded
     columns of dV = Pᵀ·dO, dK = dSᵀ·Q and dQ = dS·K are 0. The Triton kernels pad such a head
@@ -907,16 +907,6 @@ def padded_head_dim(d: int) -> int | None:
     if d in (64, 128):
         return d
     return 128 if 64 < d < 128 else None
-
-
-def pad_head_dim(t: torch.Tensor, width: int) -> torch.Tensor:
-    """A (B, S, H, width) contiguous copy of t (B, S, H, D), D <= width, whose columns past D are 0
-    (:func:`padded_head_dim`)."""
-    d = t.shape[-1]
-    padded = t.new_empty(t.shape[:-1] + (width,))
-    padded[..., :d].copy_(t)
-    padded[..., d:].zero_()
-    return padded
 
 
 def _head_offsets_fit(t) -> bool:
