@@ -17,7 +17,7 @@ from tileflash.ops import backward_sm90 as gb
 from tileflash.ops import forward as fwd_mod
 from tileflash.reference import attention_ref
 
-from conftest import HAS_CUDA, count_calls
+from conftest import HAS_CUDA, backend_device, count_calls
 from test_forward import make_qkv, rounding_atol
 from test_forward_sm90 import _flags
 
@@ -629,21 +629,24 @@ def test_padded_head_dim_rule():
 
 
 @pytest.mark.parametrize("seqlen", [1, 17, 65])
-def test_pad_head_dim_and_unpad(seqlen):
+def test_pad_head_dim_and_unpad(seqlen, backend):
     """The padded copies the Gluon backward runs a 64 < D < 128 call on (the Triton copy kernel,
     here in the interpreter): the input's values in the first D columns whatever its strides
     ((B, H, S, D) memory here), exact zeros after them (the buffer starts as garbage), contiguous
     (B, S, H, 128); and the copy back of the first D columns into the caller's gradient buffers,
     NaN-poisoned, one of them with a non-unit column stride, without touching a neighbour."""
-    t = torch.randn(2, 3, seqlen, 96).transpose(1, 2)  # (B, S, H, D) view of (B, H, S, D) memory
+    if backend == "tiled":
+        pytest.skip("a Triton kernel: the interpreter or the GPU")
+    dev = backend_device(backend)
+    t = torch.randn(2, 3, seqlen, 96, device=dev).transpose(1, 2)  # (B, S, H, D) view of (B, H, S, D) memory
     p = bwd_mod._pad_head_dim(t, 128)
     assert p.shape == (2, seqlen, 3, 128) and p.is_contiguous() and p.dtype == t.dtype
-    assert torch.equal(p[..., :96], t) and torch.equal(p[..., 96:], torch.zeros(2, seqlen, 3, 32))
-    wide = torch.full((2, seqlen, 3, 2, 96), float("nan"))  # buffer 0: every other element of its rows
-    strided = torch.full((2, seqlen, 96, 3), float("nan")).transpose(-1, -2)  # buffer 1: column stride 3
-    bufs = (wide[..., 0, :], strided, torch.full((2, seqlen, 3, 96), float("nan")))
+    assert torch.equal(p[..., :96], t) and torch.equal(p[..., 96:], torch.zeros(2, seqlen, 3, 32, device=dev))
+    wide = torch.full((2, seqlen, 3, 2, 96), float("nan"), device=dev)  # buffer 0: every other element of its rows
+    strided = torch.full((2, seqlen, 96, 3), float("nan"), device=dev).transpose(-1, -2)  # buffer 1: column stride 3
+    bufs = (wide[..., 0, :], strided, torch.full((2, seqlen, 3, 96), float("nan"), device=dev))
     assert bufs[1].stride(-1) == 3
-    parts = (torch.randn(2, seqlen, 3, 128), torch.randn(2, seqlen, 3, 128), bufs[2])
+    parts = (torch.randn(2, seqlen, 3, 128, device=dev), torch.randn(2, seqlen, 3, 128, device=dev), bufs[2])
     assert bwd_mod._unpad(parts, bufs) is bufs
     assert torch.equal(bufs[0], parts[0][..., :96]) and torch.isnan(wide[..., 1, :]).all()
     assert torch.equal(bufs[1], parts[1][..., :96])
