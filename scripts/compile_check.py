@@ -163,13 +163,13 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
                      DETERMINISTIC=deterministic, DQ_MODE=cfg.get("DQ_MODE", 0), PER_HEAD=cfg.get("PER_HEAD", False),
                      PDL_TRIGGER=cfg.get("PDL_TRIGGER", False), DQ_BUFS=cfg.get("DQ_BUFS", 2),
                      DQ_FIRST=cfg.get("DQ_FIRST", False), DQ_OWN_FIRST=cfg.get("DQ_OWN_FIRST", False),
-                     LSE_EARLY=cfg.get("LSE_EARLY", 0))
+                     LSE_EARLY=cfg.get("LSE_EARLY", 0), D_OUT=cfg.get("D_OUT", 0))
         if not const["WITH_DQ"]:
             const.update(dq_desc=None, SEM=None)  # the launcher passes None for the unused dQ buffers
     else:
         const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
                      DETERMINISTIC=deterministic, VEC=cfg.get("VEC", 2), WITH_DQ=cfg.get("WITH_DQ", False),
-                     CARRY_DK=cfg.get("CARRY_DK", True), num_warps=cfg["num_warps"])
+                     CARRY_DK=cfg.get("CARRY_DK", True), num_warps=cfg["num_warps"], D_OUT=cfg.get("D_OUT", 0))
         if not const["WITH_DQ"]:
             const.update(DQ=None, SEM=None)  # the launcher passes None for the unused dQ buffers
     kv_rows = bn // 2 if ws else bn
@@ -186,7 +186,7 @@ def compile_gluon_bwd_dq(d, causal, cfg, dtype="fp16"):
 
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-                 CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4)
+                 CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, D_OUT=cfg.get("D_OUT", 0))
     return _compile_gluon_sm90(GB._attn_bwd_dq_sm90_ws, const, dtype, d,
                                dict(q_desc=bm // 2, do_desc=bm // 2, k_desc=bn, v_desc=bn),
                                dict(LSE="*fp32", DELTA="*fp32", DQ="*DTYPE"))
@@ -292,6 +292,11 @@ def main():
                 for cfg in (base, lock, dict(lock, WITH_DQ=True), dict(lock, CARRY_DK=False)):
                     cases.append((f"gluon-bwd D={d} causal={causal!s:<5}", cfg, compile_gluon_bwd))
                 cases.append((f"gluon-dq D={d} causal={causal!s:<5}", GB.dq_config_for(d, causal), compile_gluon_bwd_dq))
+                if d == 128:  # a padded head dim (padded_head_dim): the gradients' first 96 columns stored
+                    for cfg in (base, dict(lock, WITH_DQ=True), GB.fused_config_for(d, causal)):
+                        cases.append((f"gluon-bwd D={d} causal={causal!s:<5}", dict(cfg, D_OUT=96), compile_gluon_bwd))
+                    cases.append((f"gluon-dq D={d} causal={causal!s:<5}", dict(GB.dq_config_for(d, causal), D_OUT=96),
+                                  compile_gluon_bwd_dq))
         for dtype in [a for a in sys.argv[1:] if a in ("fp16", "bf16")] or ["fp16", "bf16"]:
             for tag, cfg, build in cases:
                 d, causal = int(tag.split("D=")[1].split()[0]), "True" in tag

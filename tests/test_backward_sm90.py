@@ -629,12 +629,12 @@ def test_padded_head_dim_rule():
 
 
 @pytest.mark.parametrize("seqlen", [1, 17, 65])
-def test_pad_head_dim_and_unpad(seqlen, backend):
+def test_pad_head_dim(seqlen, backend):
     """The padded copies the Gluon backward runs a 64 < D < 128 call on (the Triton copy kernel,
-    here in the interpreter): the input's values in the first D columns whatever its strides
-    ((B, H, S, D) memory here), exact zeros after them (the buffer starts as garbage), contiguous
-    (B, S, H, 128); and the copy back of the first D columns into the caller's gradient buffers,
-    NaN-poisoned, one of them with a non-unit column stride, without touching a neighbour."""
+    in the interpreter or on the GPU): the input's values in the first D columns whatever its
+    strides ((B, H, S, D) memory here), exact zeros after them, contiguous (B, S, H, 128). The
+    kernel writes every element of a NaN-poisoned destination and nothing past it (the
+    destination is every other row slice of a larger buffer)."""
     if backend == "tiled":
         pytest.skip("a Triton kernel: the interpreter or the GPU")
     dev = backend_device(backend)
@@ -642,15 +642,10 @@ def test_pad_head_dim_and_unpad(seqlen, backend):
     p = bwd_mod._pad_head_dim(t, 128)
     assert p.shape == (2, seqlen, 3, 128) and p.is_contiguous() and p.dtype == t.dtype
     assert torch.equal(p[..., :96], t) and torch.equal(p[..., 96:], torch.zeros(2, seqlen, 3, 32, device=dev))
-    wide = torch.full((2, seqlen, 3, 2, 96), float("nan"), device=dev)  # buffer 0: every other element of its rows
-    strided = torch.full((2, seqlen, 96, 3), float("nan"), device=dev).transpose(-1, -2)  # buffer 1: column stride 3
-    bufs = (wide[..., 0, :], strided, torch.full((2, seqlen, 3, 96), float("nan"), device=dev))
-    assert bufs[1].stride(-1) == 3
-    parts = (torch.randn(2, seqlen, 3, 128, device=dev), torch.randn(2, seqlen, 3, 128, device=dev), bufs[2])
-    assert bwd_mod._unpad(parts, bufs) is bufs
-    assert torch.equal(bufs[0], parts[0][..., :96]) and torch.isnan(wide[..., 1, :]).all()
-    assert torch.equal(bufs[1], parts[1][..., :96])
-    assert torch.isnan(bufs[2]).all()  # a part that is its buffer is left alone
+    wide = torch.full((2, seqlen, 3, 2, 128), float("nan"), device=dev)
+    bwd_mod._copy_cols(t, wide[..., 0, :])
+    assert torch.equal(wide[..., 0, :96], t) and not wide[..., 0, 96:].any()
+    assert torch.isnan(wide[..., 1, :]).all()  # the neighbouring slices are untouched
 
 
 @needs_sm90
@@ -658,10 +653,10 @@ def test_pad_head_dim_and_unpad(seqlen, backend):
 @pytest.mark.parametrize("d", [72, 96, 120])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c)))
 def test_gluon_backward_padded_head_dims(case, d, causal, gluon_bwd_calls):
-    """64 < D < 128 through the public API: the Gluon kernels at D = 128 on zero-padded copies.
-    The gradients keep D columns and meet flash-attn's rule; with NaN-poisoned buffers every
-    element is written; they equal the pinned Triton backward on the same inputs up to the
-    summation order."""
+    """64 < D < 128 through the public API: the Gluon kernels at D = 128 on zero-padded copies,
+    storing the gradients' own D columns (D_OUT). The gradients meet flash-attn's rule; into
+    NaN-poisoned buffers that are the first D columns of wider ones, every element is written and
+    nothing past column D; they equal the pinned Triton backward up to the summation order."""
     b, sq, sk, h, hk = case
     if causal and sq > sk:
         pytest.skip("causal with Sq > Sk runs the Triton backward (rows without keys)")
@@ -672,12 +667,37 @@ def test_gluon_backward_padded_head_dims(case, d, causal, gluon_bwd_calls):
     check_cuda_grads(grads, q, k, v, do, causal)
     scale = d ** -0.5
     out, lse = fwd_mod.flash_attn_forward(q, k, v, scale, causal)
-    bufs = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    _check_padded_into_wider_buffers(q, k, v, do, causal)
+
+
+def _check_padded_into_wider_buffers(q, k, v, do, causal):
+    d = q.shape[-1]
+    scale = d ** -0.5
+    out, lse = fwd_mod.flash_attn_forward(q, k, v, scale, causal)
+    wide = [torch.full(t.shape[:-1] + (d + 32,), float("nan"), dtype=t.dtype, device=t.device) for t in (q, k, v)]
+    bufs = [w[..., :d] for w in wide]
     got = bwd_mod.flash_attn_backward(do, q, k, v, out, lse, scale, causal, dq=bufs[0], dk=bufs[1], dv=bufs[2])
     assert all(g is buf for g, buf in zip(got, bufs)) and not any(torch.isnan(g).any() for g in got)
+    assert all(torch.isnan(w[..., d:]).all() for w in wide), "a store past the gradients' head dim"
     ref = bwd_mod.flash_attn_backward(do, q, k, v, out, lse, scale, causal, config=bwd_mod.default_bwd_config(d, causal))
     for g, r in zip(got, ref):
         assert (g.float() - r.float()).abs().max().item() <= 0.02 * r.float().abs().max().item()
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", CASES[:2], ids=lambda c: "x".join(map(str, c)))
+def test_gluon_fused_backward_padded_head_dim(case, causal, monkeypatch, gluon_bwd_calls):
+    """D = 96 through the opt-in fused kernel (TILEFLASH_GLUON_FUSED=1): its dQ sums run over 128
+    columns, of which the first 96 are cast into dq; dK and dV as in the split kernels."""
+    monkeypatch.setenv("TILEFLASH_GLUON_FUSED", "1")
+    b, sq, sk, h, hk = case
+    q, k, v = make_qkv(b, sq, sk, h, hk, 96, torch.float16, "cuda", seed=sq + sk)
+    do = torch.randn_like(q)
+    grads = _grads(q, k, v, do, causal)
+    assert [c[1].shape[-1] for c in gluon_bwd_calls] == [128] and gluon_bwd_calls[0][-1].get("WITH_DQ")
+    check_cuda_grads(grads, q, k, v, do, causal)
+    _check_padded_into_wider_buffers(q, k, v, do, causal)
 
 
 def test_lse_early_rule():

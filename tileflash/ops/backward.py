@@ -84,8 +84,8 @@ def _copy_head_cols(
     FLAT_GRID: tl.constexpr = False,
 ):
     """DST[b, s, h, :DST_COLS] = SRC[b, s, h, :DST_COLS], zeros past SRC_COLS: the zero-padded
-    copies of the padded-head-dim backward and the copy of the gradients' first columns back
-    (:func:`_copy_cols`). Grid: (S blocks, batch*heads), ``common.block_grid``."""
+    copies of the padded-head-dim backward (:func:`_copy_cols`). Grid: (S blocks, batch*heads),
+    ``common.block_grid``."""
     pid_s, pid_bh = block_ids(seqlen, BLOCK_S, False, FLAT_GRID)
     off_b = (pid_bh // nheads).to(tl.int64)
     off_h = (pid_bh % nheads).to(tl.int64)
@@ -100,15 +100,10 @@ def _copy_head_cols(
 
 def _copy_cols(src, dst):
     """dst (B, S, H, Dd) = the first Dd columns of src (B, S, H, Ds), zeros where Dd > Ds, in one
-    launch (torch's copies into and out of column slices ran at ~1 TB/s on the H200, a fifth of
-    the padded D = 96 backward at N = 4k; session 22, run 2)."""
+    launch (torch's copies into column slices ran at 1.4 TB/s on the H200, this kernel at 3.5;
+    session 22, runs 2-3). dst's columns must be contiguous."""
     if src.stride(-1) != 1:
         src = src.contiguous()
-    if dst.stride(-1) != 1:
-        tmp = torch.empty(dst.shape, dtype=dst.dtype, device=dst.device)
-        _copy_cols(src, tmp)
-        dst.copy_(tmp)
-        return
     batch, seqlen, nheads, cols = dst.shape
     block_s = 64 if not interpreting() else 16
     grid, flat = block_grid(cdiv(seqlen, block_s), batch * nheads)
@@ -466,15 +461,6 @@ def _delta(out, dout, lse, varlen: bool, nheads: int, head_dim: int):
     return delta
 
 
-def _unpad(parts, bufs):
-    """Copy the first D columns of each padded gradient into its buffer of head dim D (a no-op for
-    a part that is the buffer itself); returns the buffers."""
-    for part, buf in zip(parts, bufs):
-        if part is not buf:
-            _copy_cols(part, buf)
-    return bufs
-
-
 def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool,
                         causal_shift: int | None = None, *, window=(-1, -1), softcap: float = 0.0,
                         alibi_slopes=None, dropout_p: float = 0.0, seed=None, cu_seqlens_q=None, cu_seqlens_k=None,
@@ -509,27 +495,22 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
     delta = _delta(out, dout, lse, varlen, nheads, head_dim)
     gluon_done = False
     if gluon:
-        # Hopper. 64 < D < 128 runs the Gluon kernels at D = 128 on zero-padded copies of dO, q, k,
-        # v and gradient buffers of 128 columns, whose first D columns are the gradients
-        # (backward_sm90.padded_head_dim says why that is exact); delta is the same either way.
+        # Hopper. 64 < D < 128 runs the Gluon kernels at D = 128 on copies of dO, q, k and v
+        # zero-padded to 128 columns; they store the gradients' own D columns (D_OUT), and delta is
+        # the same either way (backward_sm90.padded_head_dim says why that is exact).
         width = backward_sm90.padded_head_dim(head_dim)
-        g_in, g_out = (dout, q, k, v), (dq, dk, dv)
-        if width != head_dim:
-            g_in = tuple(_pad_head_dim(t, width) for t in g_in)
-            g_out = tuple(t.new_empty(t.shape[:-1] + (width,)) for t in (q, k, v))
-        if backward_sm90.fused_enabled() and g_out[0].stride(-1) == 1 and backward_sm90.backward(
-                *g_in, lse, delta, *g_out, softmax_scale, causal,
+        g_in = (dout, q, k, v) if width == head_dim else tuple(_pad_head_dim(t, width) for t in (dout, q, k, v))
+        if backward_sm90.fused_enabled() and dq.stride(-1) == 1 and backward_sm90.backward(
+                *g_in, lse, delta, dq, dk, dv, softmax_scale, causal,
                 backward_sm90.fused_config_for(width, causal)) is not None:
-            return _unpad(g_out, (dq, dk, dv))  # fused: one Gluon kernel wrote dQ, dK and dV
+            return dq, dk, dv  # fused: one Gluon kernel wrote dQ, dK and dV
         # the Gluon kernel writes dK and dV (None: it did not compile, the Triton kernel runs)
-        gluon_done = backward_sm90.backward(*g_in, lse, delta, *g_out, softmax_scale, causal) is not None
-        if gluon_done:
-            _unpad(g_out[1:], (dk, dv))
-        if gluon_done and backward_sm90.dq_enabled() and backward_sm90.dq_supported(g_in[1], g_in[2], g_out[0], causal):
+        gluon_done = backward_sm90.backward(*g_in, lse, delta, dq, dk, dv, softmax_scale, causal) is not None
+        if gluon_done and backward_sm90.dq_enabled() and backward_sm90.dq_supported(g_in[1], g_in[2], dq, causal):
             # dQ by the Gluon dQ kernel too (TILEFLASH_GLUON_DQ=0 turns it off; None: it did not
             # compile, the Triton dQ kernel runs)
-            if backward_sm90.backward_dq(*g_in, lse, delta, g_out[0], softmax_scale, causal) is not None:
-                return _unpad(g_out, (dq, dk, dv))
+            if backward_sm90.backward_dq(*g_in, lse, delta, dq, softmax_scale, causal) is not None:
+                return dq, dk, dv
     # the Triton kernels
     use_tma = bwd_tma_requested(config, q.device, head_dim) and tma_supported(q, k, v, dout)
     if use_tma and q.is_cuda:

@@ -233,16 +233,26 @@ if _f90.HAVE_GLUON:
     @gluon.jit
     def _store_dkdv(DK, DV, dk, dv, start_k, off_b, off_hk, sm_scale,
                     stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
-                    ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, LAYOUT: gl.constexpr):
-        """dK = scale · Σ dSᵀ·Q and dV as accumulated, for keys [start_k, +ROWS): plain stores."""
+                    ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, LAYOUT: gl.constexpr, D_OUT: gl.constexpr = 0):
+        """dK = scale · Σ dSᵀ·Q and dV as accumulated, for keys [start_k, +ROWS): plain stores.
+        D_OUT (0: HEAD_DIM): the gradients' own head dim, when the kernel runs on copies padded to
+        HEAD_DIM columns (padded_head_dim): only the first D_OUT columns are stored."""
         offs_kn = gl.arange(0, ROWS, layout=gl.SliceLayout(1, LAYOUT))
         offs_kd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, LAYOUT))
         rows = gl.expand_dims(start_k + offs_kn, 1).to(gl.int64)
         cols = gl.expand_dims(offs_kd, 0)
         dtype: gl.constexpr = DK.dtype.element_ty
-        gl.store(DK + off_b.to(gl.int64) * stride_dkb + off_hk * stride_dkh + rows * stride_dkn + cols,
-                 (dk * sm_scale).to(dtype))
-        gl.store(DV + off_b.to(gl.int64) * stride_dvb + off_hk * stride_dvh + rows * stride_dvn + cols, dv.to(dtype))
+        if D_OUT == 0:
+            gl.store(DK + off_b.to(gl.int64) * stride_dkb + off_hk * stride_dkh + rows * stride_dkn + cols,
+                     (dk * sm_scale).to(dtype))
+            gl.store(DV + off_b.to(gl.int64) * stride_dvb + off_hk * stride_dvh + rows * stride_dvn + cols,
+                     dv.to(dtype))
+        else:
+            mask = (rows >= 0) & (cols < D_OUT)                                           # [ROWS, HEAD_DIM]
+            gl.store(DK + off_b.to(gl.int64) * stride_dkb + off_hk * stride_dkh + rows * stride_dkn + cols,
+                     (dk * sm_scale).to(dtype), mask=mask)
+            gl.store(DV + off_b.to(gl.int64) * stride_dvb + off_hk * stride_dvh + rows * stride_dvn + cols,
+                     dv.to(dtype), mask=mask)
 
     @gluon.jit
     def _attn_bwd_sm90(
@@ -253,7 +263,7 @@ if _f90.HAVE_GLUON:
         nheads, nheads_k, kv_group, seqlen_q, seqlen_k, qk_scale, sm_scale,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr, VEC: gl.constexpr, WITH_DQ: gl.constexpr,
-        CARRY_DK: gl.constexpr, num_warps: gl.constexpr,
+        CARRY_DK: gl.constexpr, num_warps: gl.constexpr, D_OUT: gl.constexpr = 0,
     ):
         """One program per (batch·kv head, K/V block): grid axis 0 is batch·kv head, so the
         programs of K block n of every head are launched before those of block n + 1 (the
@@ -360,7 +370,7 @@ if _f90.HAVE_GLUON:
             mbarrier.invalidate(q_bar.index(i))
 
         _store_dkdv(DK, DV, dk, dv, start_n, off_b, off_hk, sm_scale, stride_dkb, stride_dkn, stride_dkh,
-                    stride_dvb, stride_dvn, stride_dvh, BLOCK_N, HEAD_DIM, dkv_layout)
+                    stride_dvb, stride_dvn, stride_dvh, BLOCK_N, HEAD_DIM, dkv_layout, D_OUT)
 
 
     # ------------------------------------------------------------------------------------------
@@ -392,7 +402,7 @@ if _f90.HAVE_GLUON:
     def _bwd_ws_consumer(shared, writer_bars, C: gl.constexpr, HALF_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                          BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, CARRY_DK: gl.constexpr,
                          PINGPONG: gl.constexpr, WITH_DQ: gl.constexpr, DQ_BUFS: gl.constexpr, DQ_FIRST: gl.constexpr,
-                         DQ_OWN_FIRST: gl.constexpr, LSE_EARLY: gl.constexpr = 0):
+                         DQ_OWN_FIRST: gl.constexpr, LSE_EARLY: gl.constexpr = 0, D_OUT: gl.constexpr = 0):
         """Keys [start_n + C·HALF_N, +HALF_N): the dK/dV schedule of _attn_bwd_sm90 (WITH_DQ=False)
         on one warpgroup, releasing each ring slot when its dK matmul retires. ``shared`` holds
         what both consumers get alike (buffers, barriers, pointers, coordinates and strides; see
@@ -545,7 +555,7 @@ if _f90.HAVE_GLUON:
         if CARRY_DK:
             dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
         _store_dkdv(DK, DV, dk, dv, start_c, off_b, off_hk, sm_scale, stride_dkb, stride_dkn, stride_dkh,
-                    stride_dvb, stride_dvn, stride_dvh, HALF_N, HEAD_DIM, dkv_layout)
+                    stride_dvb, stride_dvn, stride_dvh, HALF_N, HEAD_DIM, dkv_layout, D_OUT)
 
     @gluon.jit
     def _bwd_ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, off_b, off_hk, kv_group, lo, per_head, total,
@@ -595,7 +605,7 @@ if _f90.HAVE_GLUON:
         PINGPONG: gl.constexpr = False, WITH_DQ: gl.constexpr = False, DETERMINISTIC: gl.constexpr = True,
         DQ_MODE: gl.constexpr = 0, PER_HEAD: gl.constexpr = False, PDL_TRIGGER: gl.constexpr = False,
         DQ_BUFS: gl.constexpr = 2, DQ_FIRST: gl.constexpr = False, DQ_OWN_FIRST: gl.constexpr = False,
-        LSE_EARLY: gl.constexpr = 0,
+        LSE_EARLY: gl.constexpr = 0, D_OUT: gl.constexpr = 0,
     ):
         """One program per (batch·kv head, K/V block) as _attn_bwd_sm90; k_desc/v_desc blocks are
         the BLOCK_N // 2-key halves. WITH_DQ: also dQ, summed into the fp32 buffer behind dq_desc
@@ -659,9 +669,9 @@ if _f90.HAVE_GLUON:
         if WITH_DQ:
             gl.warp_specialize([
                 (_bwd_ws_consumer, (shared, writer_bars, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK, PINGPONG,
-                                    WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY)),
+                                    WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY, D_OUT)),
                 (_bwd_ws_consumer, (shared, writer_bars, 1, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK, PINGPONG,
-                                    WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY)),
+                                    WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY, D_OUT)),
                 (_bwd_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
                                     q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh,
                                     q_ch, HALF_N, BLOCK_M, STAGES)),
@@ -672,9 +682,9 @@ if _f90.HAVE_GLUON:
         else:
             gl.warp_specialize([
                 (_bwd_ws_consumer, (shared, writer_bars, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK, PINGPONG,
-                                    WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY)),
+                                    WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY, D_OUT)),
                 (_bwd_ws_consumer, (shared, writer_bars, 1, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK, PINGPONG,
-                                    WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY)),
+                                    WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY, D_OUT)),
                 (_bwd_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
                                     q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh,
                                     q_ch, HALF_N, BLOCK_M, STAGES)),
@@ -704,8 +714,8 @@ if _f90.HAVE_GLUON:
                         LSE, DELTA, DQ, row_lse, start_m, n_blocks, n_full, shift, qk_scale, sm_scale,
                         off_b, off_h, stride_dqb, stride_dqm, stride_dqh,
                         C: gl.constexpr, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                        STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-        """dQ of rows [start_m + C·HALF_M, +HALF_M) of one (batch, head)."""
+                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, D_OUT: gl.constexpr = 0):
+        """dQ of rows [start_m + C·HALF_M, +HALF_M) of one (batch, head); D_OUT as in _store_dkdv."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -745,7 +755,11 @@ if _f90.HAVE_GLUON:
         offs_qd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
         ptrs = DQ + off_b.to(gl.int64) * stride_dqb + off_h * stride_dqh \
             + gl.expand_dims(offs_qm, 1).to(gl.int64) * stride_dqm + gl.expand_dims(offs_qd, 0)
-        gl.store(ptrs, (dq * sm_scale).to(DQ.dtype.element_ty))
+        if D_OUT == 0:
+            gl.store(ptrs, (dq * sm_scale).to(DQ.dtype.element_ty))
+        else:
+            mask = gl.expand_dims(offs_qm >= 0, 1) & gl.expand_dims(offs_qd < D_OUT, 0)  # [HALF_M, HEAD_DIM]
+            gl.store(ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=mask)
 
     @gluon.jit
     def _attn_bwd_dq_sm90_ws(
@@ -754,7 +768,7 @@ if _f90.HAVE_GLUON:
         stride_lb, stride_lh, stride_dqb, stride_dqm, stride_dqh,
         nheads, kv_group, seqlen_q, seqlen_k, qk_scale, sm_scale,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+        CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, D_OUT: gl.constexpr = 0,
     ):
         """dQ only; one program per (BLOCK_M-row Q block, batch·head); q_desc/do_desc blocks are
         the BLOCK_M // 2-row halves."""
@@ -781,11 +795,11 @@ if _f90.HAVE_GLUON:
             (_dq_ws_consumer, (q_smem, k_smem, v_smem, do_smem, q_bar, do_bar, k_full, v_full, k_empty, v_empty,
                                LSE, DELTA, DQ, row_lse, start_m, n_blocks, n_full, shift, qk_scale, sm_scale,
                                off_b, off_h, stride_dqb, stride_dqm, stride_dqh,
-                               0, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+                               0, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, D_OUT)),
             (_dq_ws_consumer, (q_smem, k_smem, v_smem, do_smem, q_bar, do_bar, k_full, v_full, k_empty, v_empty,
                                LSE, DELTA, DQ, row_lse, start_m, n_blocks, n_full, shift, qk_scale, sm_scale,
                                off_b, off_h, stride_dqb, stride_dqm, stride_dqh,
-                               1, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+                               1, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, D_OUT)),
             (_dq_ws_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, q_bar, do_bar,
                                k_full, v_full, k_empty, v_empty, q_row, q_col, kv_row, kv_col, n_blocks,
                                HALF_M, BLOCK_N, STAGES)),
@@ -898,12 +912,13 @@ def enabled() -> bool:
 def padded_head_dim(d: int) -> int | None:
     """The head dim at which the Gluon backward runs a call of head dim ``d``, or None if it does
     not take it. 64 and 128 run as they are. 64 < d < 128 (e.g. 96) runs at 128 on copies of dO, q,
-    k and v zero-padded to 128 columns (``backward._pad_head_dim``), into gradient buffers of 128
-    columns whose first d are copied out (:func:`tileflash.ops.backward.flash_attn_backward`). The zero columns change nothing: they add 0 to
-    every sum over the head dim (S = Q·Kᵀ, dP = dO·Vᵀ, delta = rowsum(dO∘O)), and the padded
-    columns of dV = Pᵀ·dO, dK = dSᵀ·Q and dQ = dS·K are 0. The Triton kernels pad such a head
-    dim to a 128-wide tile too (``forward.block_d_for``), so the padding adds no arithmetic over
-    them; the copies add O(N·D) traffic to O(N²·D) work."""
+    k and v zero-padded to 128 columns (``backward._pad_head_dim``); the kernels store only the
+    first d columns of dQ, dK and dV (their ``D_OUT`` constexpr) straight into the caller's
+    buffers (:func:`tileflash.ops.backward.flash_attn_backward`). The zero columns change
+    nothing: they add 0 to every sum over the head dim (S = Q·Kᵀ, dP = dO·Vᵀ), and the columns of
+    dV = Pᵀ·dO, dK = dSᵀ·Q and dQ = dS·K past d are 0 and not stored. The Triton kernels pad such
+    a head dim to a 128-wide tile too (``forward.block_d_for``), so the padding adds no
+    arithmetic over them; the copies add O(N·D) traffic to O(N²·D) work."""
     if d in (64, 128):
         return d
     return 128 if 64 < d < 128 else None
@@ -1025,6 +1040,12 @@ def _cached_launch(kind, build, tensors, modes: tuple, cfg):
         return launch
 
 
+def _d_out(grad, d: int) -> int:
+    """The kernels' ``D_OUT``: 0 when the gradient buffer has the kernel's head dim d, else its own
+    (a padded call, :func:`padded_head_dim`: only its first columns are stored)."""
+    return 0 if grad.shape[-1] == d else grad.shape[-1]
+
+
 def _aligned(*tensors) -> bool:
     """Whether every pointer is 16-byte aligned, as triton specializes raw pointers on that: a cached
     launcher (:class:`_f90._Launch`) is used only then (and made only then)."""
@@ -1050,7 +1071,8 @@ def _dkdv_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic):
                       CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True),
                       PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=False, DETERMINISTIC=deterministic,
                       DQ_MODE=cfg.get("DQ_MODE", 0), PER_HEAD=cfg.get("PER_HEAD", False),
-                      PDL_TRIGGER=cfg.get("PDL_TRIGGER", False), LSE_EARLY=cfg.get("LSE_EARLY", 0))
+                      PDL_TRIGGER=cfg.get("PDL_TRIGGER", False), LSE_EARLY=cfg.get("LSE_EARLY", 0),
+                      D_OUT=_d_out(dk, d))
     grid = (batch * nheads_k * (seqlen_k // bn),) if cfg.get("PER_HEAD", False) else (batch * nheads_k, seqlen_k // bn)
     return _f90._Launch(_attn_bwd_sm90_ws, grid, (q_desc, k_desc, v_desc, do_desc), 6, ints, 2, constexprs)
 
@@ -1104,10 +1126,10 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
             CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True),
             PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=with_dq, DETERMINISTIC=deterministic,
             DQ_MODE=cfg.get("DQ_MODE", 0), DQ_BUFS=cfg.get("DQ_BUFS", 2), DQ_FIRST=cfg.get("DQ_FIRST", False),
-            DQ_OWN_FIRST=cfg.get("DQ_OWN_FIRST", False), LSE_EARLY=cfg.get("LSE_EARLY", 0),
+            DQ_OWN_FIRST=cfg.get("DQ_OWN_FIRST", False), LSE_EARLY=cfg.get("LSE_EARLY", 0), D_OUT=_d_out(dk, d),
         )
-        if with_dq:  # dq = scale · dq_acc, cast to q's dtype in one pass
-            torch.mul(dq_acc, softmax_scale, out=dq)
+        if with_dq:  # dq = scale · dq_acc (its first dq.shape[-1] columns), cast to q's dtype in one pass
+            torch.mul(dq_acc[..., :dq.shape[-1]], softmax_scale, out=dq)
         return
     _attn_bwd_sm90[grid](
         q_desc, k_desc, v_desc, do_desc, lse, delta, dq_acc, sem, dk, dv,
@@ -1117,10 +1139,10 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
         nheads, nheads_k, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E, softmax_scale,
         HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
         DETERMINISTIC=deterministic, VEC=cfg.get("VEC", 2), WITH_DQ=with_dq,
-        CARRY_DK=cfg.get("CARRY_DK", True), num_warps=cfg["num_warps"],
+        CARRY_DK=cfg.get("CARRY_DK", True), num_warps=cfg["num_warps"], D_OUT=_d_out(dk, d),
     )
     if with_dq:  # dq = scale · dq_acc, in q's layout and dtype
-        dq.copy_(dq_acc.view(batch, nheads, seqlen_q, d).transpose(1, 2).mul_(softmax_scale))
+        dq.copy_(dq_acc.view(batch, nheads, seqlen_q, d).transpose(1, 2)[..., :dq.shape[-1]].mul_(softmax_scale))
 
 
 def dq_config_for(head_dim: int, causal: bool) -> dict:
@@ -1145,10 +1167,13 @@ def dq_enabled() -> bool:
 
 def dq_supported(q, k, dq, causal: bool) -> bool:
     """Whether a call that took the Gluon dK/dV kernel can also take the Gluon dQ kernel: lengths
-    that are multiples of its tiles, a dq buffer with contiguous rows and int32 head offsets, and at
-    most 65535 batch*heads (its grid's axis 1; past that the Triton dQ kernel's flat grid runs)."""
+    that are multiples of its tiles, a dq buffer of q's shape (or, for q padded to the kernel's
+    head dim, :func:`padded_head_dim`, of its own head dim) with contiguous rows and int32 head
+    offsets, and at most 65535 batch*heads (its grid's axis 1; past that the Triton dQ kernel's
+    flat grid runs)."""
     cfg = dq_config_for(q.shape[-1], causal)
-    return (q.shape[1] % cfg["BLOCK_M"] == 0 and k.shape[1] % cfg["BLOCK_N"] == 0 and dq.shape == q.shape
+    return (q.shape[1] % cfg["BLOCK_M"] == 0 and k.shape[1] % cfg["BLOCK_N"] == 0
+            and dq.shape[:-1] == q.shape[:-1] and padded_head_dim(dq.shape[-1]) == q.shape[-1]
             and dq.stride(-1) == 1 and _head_offsets_fit(dq) and q.shape[0] * q.shape[2] <= GRID_YZ_MAX)
 
 
@@ -1165,7 +1190,7 @@ def _dq_launch(dout, q, k, v, lse, dq, causal, cfg):
     ints = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, lse.stride(0), lse.stride(1),
             dq.stride(0), dq.stride(1), dq.stride(2), nheads, nheads // nheads_k, seqlen_q, seqlen_k)
     constexprs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-                      CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4)
+                      CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, D_OUT=_d_out(dq, d))
     if cfg.get("PDL", False):  # a launch option, not a parameter: it is in the compiled kernel's metadata
         constexprs["launch_pdl"] = True
     return _f90._Launch(_attn_bwd_dq_sm90_ws, (seqlen_q // bm, batch * nheads), (q_desc, k_desc, v_desc, do_desc),
