@@ -163,7 +163,8 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
                      DETERMINISTIC=deterministic, DQ_MODE=cfg.get("DQ_MODE", 0), PER_HEAD=cfg.get("PER_HEAD", False),
                      PDL_TRIGGER=cfg.get("PDL_TRIGGER", False), DQ_BUFS=cfg.get("DQ_BUFS", 2),
                      DQ_FIRST=cfg.get("DQ_FIRST", False), DQ_OWN_FIRST=cfg.get("DQ_OWN_FIRST", False),
-                     LSE_EARLY=cfg.get("LSE_EARLY", 0), D_OUT=cfg.get("D_OUT", 0))
+                     LSE_EARLY=cfg.get("LSE_EARLY", 0), D_OUT=cfg.get("D_OUT", 0),
+                     SPLIT_D=cfg.get("SPLIT_D", False))
         if not const["WITH_DQ"]:
             const.update(dq_desc=None, SEM=None)  # the launcher passes None for the unused dQ buffers
     else:
@@ -172,7 +173,7 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
                      CARRY_DK=cfg.get("CARRY_DK", True), num_warps=cfg["num_warps"], D_OUT=cfg.get("D_OUT", 0))
         if not const["WITH_DQ"]:
             const.update(DQ=None, SEM=None)  # the launcher passes None for the unused dQ buffers
-    kv_rows = bn // 2 if ws else bn
+    kv_rows = bn // 2 if ws and not cfg.get("SPLIT_D", False) else bn
     return _compile_gluon_sm90(GB._attn_bwd_sm90_ws if ws else GB._attn_bwd_sm90, const, dtype, d,
                                dict(q_desc=bm, do_desc=bm, k_desc=kv_rows, v_desc=kv_rows,
                                     dq_desc=(bm, d // 2)),
@@ -297,6 +298,8 @@ def main():
                         cases.append((f"gluon-bwd D={d} causal={causal!s:<5}", dict(cfg, D_OUT=96), compile_gluon_bwd))
                     cases.append((f"gluon-dq D={d} causal={causal!s:<5}", dict(GB.dq_config_for(d, causal), D_OUT=96),
                                   compile_gluon_bwd_dq))
+        for causal in (False, True):  # D = 256: the dK/dV kernel with the columns split (SPLIT_D)
+            cases.append((f"gluon-bwd D=256 causal={causal!s:<5}", GB.config_for(256, causal, 4096), compile_gluon_bwd))
         for dtype in [a for a in sys.argv[1:] if a in ("fp16", "bf16")] or ["fp16", "bf16"]:
             for tag, cfg, build in cases:
                 d, causal = int(tag.split("D=")[1].split()[0]), "True" in tag

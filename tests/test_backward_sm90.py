@@ -219,7 +219,7 @@ def _cpu_bwd(b=2, sq=256, sk=384, h=4, hk=2, d=64):
 
 
 @pytest.mark.skipif(not gb._f90.HAVE_GLUON, reason="this triton has no Gluon")
-@pytest.mark.parametrize("d,causal", [(64, False), (64, True), (128, False), (128, True)])
+@pytest.mark.parametrize("d,causal", [(64, False), (64, True), (128, False), (128, True), (256, False), (256, True)])
 def test_bwd_launches_match_the_kernel_signatures(d, causal):
     """The backward's cached launches (host time, perf-notes §25) feed the compiled kernels'
     launchers positionally: descriptors, pointers, integers and scales must be exactly each
@@ -241,13 +241,16 @@ def test_bwd_launches_match_the_kernel_signatures(d, causal):
                          dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"],
                               CARRY_DK=cfg["CARRY_DK"], WITH_DQ=False, DETERMINISTIC=True, CONSUMER_REGS=240,
                               PINGPONG=False, DQ_MODE=0, PER_HEAD=cfg.get("PER_HEAD", False),
-                              PDL_TRIGGER=cfg.get("PDL_TRIGGER", False)))}
-    dq_launch = gb._dq_launch(do, q, k, v, lse, dq, causal, dqcfg)
-    launches["dq"] = (dq_launch, ["LSE", "DELTA", "DQ"],
-                      dict(stride_dqb=dq.stride(0), stride_dqm=dq.stride(1), stride_dqh=dq.stride(2), nheads=4,
-                           kv_group=2, seqlen_q=256, seqlen_k=384),
-                      dict(BLOCK_M=dqcfg["BLOCK_M"], BLOCK_N=dqcfg["BLOCK_N"], STAGES=dqcfg["STAGES"],
-                           CONSUMER_REGS=240))
+                              PDL_TRIGGER=cfg.get("PDL_TRIGGER", False), SPLIT_D=d == 256))}
+    if d <= 128:  # (D = 256's dQ runs the Triton kernel: dq_supported)
+        dq_launch = gb._dq_launch(do, q, k, v, lse, dq, causal, dqcfg)
+        launches["dq"] = (dq_launch, ["LSE", "DELTA", "DQ"],
+                          dict(stride_dqb=dq.stride(0), stride_dqm=dq.stride(1), stride_dqh=dq.stride(2), nheads=4,
+                               kv_group=2, seqlen_q=256, seqlen_k=384),
+                          dict(BLOCK_M=dqcfg["BLOCK_M"], BLOCK_N=dqcfg["BLOCK_N"], STAGES=dqcfg["STAGES"],
+                               CONSUMER_REGS=240))
+    else:
+        assert not gb.dq_supported(q, k, dq, causal)
     for name, (launch, ptrs, ints_want, tail_want) in launches.items():
         params = launch.kernel.params
         names = [p.name for p in params]
@@ -268,7 +271,8 @@ def test_bwd_launches_match_the_kernel_signatures(d, causal):
         assert dkdv.grid == (2 * 2 * (384 // cfg["BLOCK_N"]), 1, 1)
     else:
         assert dkdv.grid == (2 * 2, 384 // cfg["BLOCK_N"], 1)
-    assert launches["dq"][0].grid == (256 // 128, 2 * 4, 1)
+    if "dq" in launches:
+        assert launches["dq"][0].grid == (256 // 128, 2 * 4, 1)
     # the other launch order: the same arguments, a 1-D grid (or the 2-D one), PER_HEAD in the tail
     other = dict(cfg, PER_HEAD=not cfg.get("PER_HEAD", False))
     flip = gb._dkdv_launch(do, q, k, v, lse, dk, dv, causal, other, True)
@@ -277,9 +281,11 @@ def test_bwd_launches_match_the_kernel_signatures(d, causal):
     assert dict(zip(dkdv_consts, flip.tail))["PER_HEAD"] == other["PER_HEAD"]
     want_grid = (2 * 2 * (384 // cfg["BLOCK_N"]), 1, 1) if other["PER_HEAD"] else (2 * 2, 384 // cfg["BLOCK_N"], 1)
     assert flip.grid == want_grid
-    # rebased descriptors equal freshly validated ones (K/V in the WS kernel's 64-key halves)
+    # rebased descriptors equal freshly validated ones (K/V in the WS kernel's 64-key halves, or with
+    # SPLIT_D in whole blocks)
+    kv_rows = cfg["BLOCK_N"] if cfg.get("SPLIT_D", False) else cfg["BLOCK_N"] // 2
     fresh = [gb._f90._desc(t, t.shape[1], t.shape[2], r)[0]
-             for t, r in ((q, cfg["BLOCK_M"]), (k, cfg["BLOCK_N"] // 2), (v, cfg["BLOCK_N"] // 2), (do, cfg["BLOCK_M"]))]
+             for t, r in ((q, cfg["BLOCK_M"]), (k, kv_rows), (v, kv_rows), (do, cfg["BLOCK_M"]))]
     for got, want, t in zip(dkdv.descriptors(q, k, v, do), fresh, (q, k, v, do)):
         assert got.base is t and {n: x for n, x in vars(got).items() if n != "base"} == \
             {n: x for n, x in vars(want).items() if n != "base"}
@@ -384,7 +390,10 @@ def test_bwd_routing_rules_on_gpu(monkeypatch):
     assert not ok(sq=192) and not ok(sk=192)     # lengths must be multiples of 128
     assert ok(d=96) and ok(d=72, causal=True) and ok(d=120, h=6, hk=2)  # padded to 128 (padded_head_dim)
     assert not ok(d=96, sq=192) and not ok(d=96, flags=_flags(HAS_SOFTCAP=True))  # ...under the same rules
-    assert not ok(d=48) and not ok(d=256) and not ok(dtype=torch.float32)
+    assert ok(d=256) and ok(d=256, causal=True, sk=384) and ok(d=256, h=6, hk=2)  # the split-column kernel
+    assert not ok(d=256, sk=320)  # D = 256 takes 64-key blocks, so Sk must be a multiple of 64 (and Sq of 128)
+    assert ok(d=256, sk=448) and not ok(d=256, sq=192)
+    assert not ok(d=48) and not ok(d=192) and not ok(d=160) and not ok(dtype=torch.float32)
     assert not ok(causal=True, sq=384, sk=256)   # rows that see no key
     assert not ok(causal=True, shift=0, sk=384)  # top-left causal alignment
     assert not ok(scale=-0.1) and not ok(scale=float("nan"))
@@ -481,7 +490,7 @@ def test_repeated_backward_calls_take_the_cached_launchers(monkeypatch, gluon_bw
 @needs_sm90
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c)))
 def test_gluon_backward_matches_reference(case, d, causal, dtype, gluon_bwd_calls):
     b, sq, sk, h, hk = case
@@ -509,9 +518,11 @@ def test_gluon_backward_sdpa_layout(causal, gluon_bwd_calls):
 
 @needs_sm90
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_gluon_backward_writes_every_gradient(causal, gluon_bwd_calls):
-    """NaN-poisoned gradient buffers: every element is written."""
-    q, k, v = make_qkv(1, 640, 768, 4, 2, 128, torch.bfloat16, "cuda", seed=5)
+@pytest.mark.parametrize("d", [128, 256])
+def test_gluon_backward_writes_every_gradient(d, causal, gluon_bwd_calls):
+    """NaN-poisoned gradient buffers: every element is written (at D = 256 each consumer stores its
+    own column half of dK and dV)."""
+    q, k, v = make_qkv(1, 640, 768, 4, 2, d, torch.bfloat16, "cuda", seed=5)
     do = torch.randn_like(q)
     out, lse = fwd_mod.flash_attn_forward(q, k, v, 0.125, causal)
     bufs = [torch.full_like(t, float("nan")) for t in (q, k, v)]
@@ -520,9 +531,21 @@ def test_gluon_backward_writes_every_gradient(causal, gluon_bwd_calls):
     for g in (dq, dk, dv):
         assert not torch.isnan(g).any()
     ref = bwd_mod.flash_attn_backward(do, q, k, v, out, lse, 0.125, causal,
-                                      config=bwd_mod.default_bwd_config(128, causal))
+                                      config=bwd_mod.default_bwd_config(d, causal))
     for g, r in zip((dq, dk, dv), ref):  # the Triton backward, pinned: same math, other summation order
         assert (g.float() - r.float()).abs().max().item() <= 0.05 * r.float().abs().max().item()
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gluon_backward_d256_is_deterministic(causal, gluon_bwd_calls):
+    """D = 256 (the split-column dK/dV kernel, whose consumers trade Pᵀ and dSᵀ through shared
+    memory every Q block): two calls give the same bits, and the call took that kernel."""
+    q, k, v = make_qkv(2, 512, 640, 4, 2, 256, torch.float16, "cuda", seed=7)
+    do = torch.randn_like(q)
+    first, second = _grads(q, k, v, do, causal), _grads(q, k, v, do, causal)
+    assert len(gluon_bwd_calls) == 2 and gb.config_for(256, causal, 512)["SPLIT_D"]
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
 FUSED = dict(BLOCK_M=64, BLOCK_N=128, STAGES=2, num_warps=8, VEC=2, WITH_DQ=True)
@@ -621,11 +644,11 @@ def test_fused_writer_protocol_model():
 
 
 def test_padded_head_dim_rule():
-    """Head dims strictly between 64 and 128 run the Gluon backward at 128; the two native ones as
-    they are; everything else (smaller, larger) is not taken."""
-    assert gb.padded_head_dim(64) == 64 and gb.padded_head_dim(128) == 128
+    """Head dims strictly between 64 and 128 run the Gluon backward at 128; the three native ones
+    (64, 128, 256) as they are; everything else is not taken."""
+    assert gb.padded_head_dim(64) == 64 and gb.padded_head_dim(128) == 128 and gb.padded_head_dim(256) == 256
     assert all(gb.padded_head_dim(d) == 128 for d in (65, 72, 80, 96, 112, 120, 127))
-    assert all(gb.padded_head_dim(d) is None for d in (8, 32, 40, 48, 63, 129, 160, 192, 256))
+    assert all(gb.padded_head_dim(d) is None for d in (8, 32, 40, 48, 63, 129, 160, 192, 255, 320))
 
 
 @pytest.mark.parametrize("seqlen", [1, 17, 65])

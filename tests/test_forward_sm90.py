@@ -84,8 +84,11 @@ def test_gluon_kernels_compile_for_sm90(dtype):
     # warp-specialized fused, x causal
     native = [ln for ln in lines if ln.startswith("ok") and "'D_OUT'" not in ln]
     padded = [ln for ln in lines if ln.startswith("ok") and "'D_OUT': 96" in ln]
-    assert len([ln for ln in native if "gluon-bwd" in ln]) == 16
-    assert len([ln for ln in native if "gluon-bwd" in ln and "'WS': True" in ln]) == 4
+    assert len([ln for ln in native if "gluon-bwd D=64" in ln or "gluon-bwd D=128" in ln]) == 16
+    assert len([ln for ln in native if "gluon-bwd" in ln and "'WS': True" in ln and "'SPLIT_D'" not in ln]) == 4
+    # D = 256: the warp-specialized dK/dV kernel with dK's and dV's columns split between the consumers
+    split = [ln for ln in native if "gluon-bwd D=256" in ln]
+    assert len(split) == 2 and all("'SPLIT_D': True" in ln for ln in split), split
     assert len([ln for ln in padded if "gluon-bwd D=128" in ln]) == 6
     assert len([ln for ln in padded if "gluon-bwd D=128" in ln and "'WS': True" in ln]) == 4
     # the Gluon dQ kernel: D 64/128 x causal, and D = 128 with D_OUT = 96

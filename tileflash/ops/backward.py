@@ -500,7 +500,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
         # the same either way (backward_sm90.padded_head_dim says why that is exact).
         width = backward_sm90.padded_head_dim(head_dim)
         g_in = (dout, q, k, v) if width == head_dim else tuple(_pad_head_dim(t, width) for t in (dout, q, k, v))
-        if backward_sm90.fused_enabled() and dq.stride(-1) == 1 and backward_sm90.backward(
+        if backward_sm90.fused_enabled() and width <= 128 and dq.stride(-1) == 1 and backward_sm90.backward(
                 *g_in, lse, delta, dq, dk, dv, softmax_scale, causal,
                 backward_sm90.fused_config_for(width, causal)) is not None:
             return dq, dk, dv  # fused: one Gluon kernel wrote dQ, dK and dV

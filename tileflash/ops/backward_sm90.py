@@ -384,11 +384,12 @@ if _f90.HAVE_GLUON:
     @gluon.jit
     def _bwd_ws_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
                          q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh, q_ch,
-                         HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
-        """K and V (two halves each) once, then the Q/dO blocks of iteration i into slot i % STAGES
-        once both consumers have released that slot's previous block."""
-        mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
-        for c in gl.static_range(2):
+                         HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, KV_PARTS: gl.constexpr = 2):
+        """K and V (KV_PARTS pieces of HALF_N keys each: the two halves, or with SPLIT_D the whole
+        block) once, then the Q/dO blocks of iteration i into slot i % STAGES once both consumers
+        have released that slot's previous block."""
+        mbarrier.expect(kv_bar, 2 * KV_PARTS * k_desc.block_type.nbytes)
+        for c in gl.static_range(KV_PARTS):
             _f90._tma_load(k_desc, [kv_row + c * HALF_N, kv_col], kv_bar, k_smem.index(c))
             _f90._tma_load(v_desc, [kv_row + c * HALF_N, kv_col], kv_bar, v_smem.index(c))
         for i in range(total):
@@ -558,6 +559,93 @@ if _f90.HAVE_GLUON:
                     stride_dvb, stride_dvn, stride_dvh, HALF_N, HEAD_DIM, dkv_layout, D_OUT)
 
     @gluon.jit
+    def _bwd_ws_split_consumer(shared, split, C: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                               BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+        """SPLIT_D (D = 256, where one warpgroup cannot hold 64 keys of dK and dV across the whole
+        head dim: 256 fp32 registers per thread): both consumers work on the same BLOCK_N keys, and
+        consumer C owns columns [C·D/2, +D/2) of their dK and dV (128 registers, as at D = 128).
+        The block's two score matmuls are split between them, each over the whole head dim:
+
+            consumer 0: Sᵀ = K·Qᵀ (async), Pᵀ = exp2(Sᵀ·scale − lse); Pᵀ (fp32) to shared memory
+            consumer 1: dPᵀ = V·dOᵀ (async); Pᵀ from shared memory; dSᵀ = Pᵀ∘(dPᵀ − delta);
+                        dSᵀ (input dtype) to shared memory
+            both:       dV[:, C half] += Pᵀ·dO[:, C half]    (Pᵀ from registers)
+                        dK[:, C half] += dSᵀ·Q[:, C half]    (consumer 1: dSᵀ from registers; 0: shared)
+
+        So each consumer issues half of the block's multiply-adds, and every element of Pᵀ and dSᵀ
+        is the same fp32 value, rounded the same way, as in the other kernels (the exchange is in
+        fp32 for Pᵀ). One buffer each for Pᵀ and dSᵀ: ``p_full`` (Pᵀ written), ``ds_full`` (dSᵀ
+        written), and ``pds_free`` (count 2) once consumer 1 has read Pᵀ and consumer 0's dK matmul
+        has read dSᵀ, so consumer 0 may write the next block's Pᵀ; consumer 1 writes the next dSᵀ
+        only after that block's ``p_full``, which consumer 0 signals after waiting for ``pds_free``.
+        Each phase flips once per block."""
+        (k_smem, v_smem, q_smem, do_smem, ds_unused, dq_unused, kv_bar, q_full, q_empty, pp_unused, LSE, DELTA, DK, DV,
+         off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale, sm_scale,
+         stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+         seqlen_q, nheads, n_m) = shared
+        p_smem, ds_smem, p_full, ds_full, pds_free = split
+        HALF_D: gl.constexpr = HEAD_DIM // 2                                              # this consumer's columns
+        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, BLOCK_M, 16])
+        dkv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, HALF_D, 16])
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dkv_layout, k_width=2)
+        dtype: gl.constexpr = k_smem.dtype
+        k_all = k_smem.index(0)                                                           # [BLOCK_N, HEAD_DIM]
+        v_all = v_smem.index(0)                                                           # [BLOCK_N, HEAD_DIM]
+        offs_mb = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))              # [BLOCK_M]
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))               # [BLOCK_N]
+        dk = gl.zeros([BLOCK_N, HALF_D], gl.float32, dkv_layout)                          # [BLOCK_N, HALF_D]
+        dv = gl.zeros([BLOCK_N, HALF_D], gl.float32, dkv_layout)                          # [BLOCK_N, HALF_D]
+        zero_st = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
+        mbarrier.wait(kv_bar, 0)
+        for it in range(total):
+            stage = it % STAGES
+            phase = it & 1
+            h = off_hk * kv_group + it // per_head
+            start_m = lo + (it % per_head) * BLOCK_M
+            offs_m = start_m + offs_mb                                                    # [BLOCK_M]
+            q_s = q_smem.index(stage)                                                     # [BLOCK_M, HEAD_DIM]
+            do_s = do_smem.index(stage)                                                   # [BLOCK_M, HEAD_DIM]
+            lse, delta = _lse_delta(LSE, DELTA, off_b * stride_lb + h * stride_lh, offs_m)  # [BLOCK_M] each
+            mbarrier.wait(q_full.index(stage), (it // STAGES) & 1)
+            if C == 0:
+                st_tok = warpgroup_mma(k_all, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+                st = warpgroup_mma_wait(num_outstanding=0, deps=(st_tok,))               # [BLOCK_N, BLOCK_M]
+                pt = _probs_t(st, lse, qk_scale, start_n, offs_n, start_m, offs_m, mask_end, shift, CAUSAL)
+                mbarrier.wait(pds_free, phase ^ 1, pred=it >= 1)   # block it - 1's Pᵀ and dSᵀ are read
+                p_smem.store(pt)
+                fence_async_shared()
+                _cta_barrier()   # every row of this warpgroup is written before the arrival
+                mbarrier.arrive(p_full, count=1)
+                dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_s.slice(0, HALF_D, dim=1), dv,
+                                   is_async=True)                                         # [BLOCK_N, HALF_D]
+                mbarrier.wait(ds_full, phase)
+                dk = warpgroup_mma(ds_smem, q_s.slice(0, HALF_D, dim=1), dk, is_async=True)  # [BLOCK_N, HALF_D]
+                dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+                mbarrier.arrive(pds_free, count=1)                                        # dSᵀ is read
+            else:
+                dpt_tok = warpgroup_mma(v_all, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+                dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt_tok,))              # [BLOCK_N, BLOCK_M]
+                mbarrier.wait(p_full, phase)
+                pt = p_smem.load(st_layout)                                               # [BLOCK_N, BLOCK_M]
+                _cta_barrier()   # every row of this warpgroup is read before the arrival
+                mbarrier.arrive(pds_free, count=1)                                        # Pᵀ is read
+                dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)                   # [BLOCK_N, BLOCK_M]
+                ds_smem.store(dst)
+                fence_async_shared()
+                _cta_barrier()
+                mbarrier.arrive(ds_full, count=1)
+                dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_s.slice(HALF_D, HALF_D, dim=1), dv,
+                                   is_async=True)                                         # [BLOCK_N, HALF_D]
+                dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s.slice(HALF_D, HALF_D, dim=1), dk,
+                                   is_async=True)                                         # [BLOCK_N, HALF_D]
+                dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+            mbarrier.arrive(q_empty.index(stage), count=1)                                # block it is done
+        _store_dkdv(DK + C * HALF_D, DV + C * HALF_D, dk, dv, start_n, off_b, off_hk, sm_scale, stride_dkb, stride_dkn,
+                    stride_dkh, stride_dvb, stride_dvn, stride_dvh, BLOCK_N, HALF_D, dkv_layout)
+
+    @gluon.jit
     def _bwd_ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, off_b, off_hk, kv_group, lo, per_head, total,
                           seqlen_q, nheads, n_m, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                           DQ_BUFS: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_MODE: gl.constexpr):
@@ -605,10 +693,11 @@ if _f90.HAVE_GLUON:
         PINGPONG: gl.constexpr = False, WITH_DQ: gl.constexpr = False, DETERMINISTIC: gl.constexpr = True,
         DQ_MODE: gl.constexpr = 0, PER_HEAD: gl.constexpr = False, PDL_TRIGGER: gl.constexpr = False,
         DQ_BUFS: gl.constexpr = 2, DQ_FIRST: gl.constexpr = False, DQ_OWN_FIRST: gl.constexpr = False,
-        LSE_EARLY: gl.constexpr = 0, D_OUT: gl.constexpr = 0,
+        LSE_EARLY: gl.constexpr = 0, D_OUT: gl.constexpr = 0, SPLIT_D: gl.constexpr = False,
     ):
         """One program per (batch·kv head, K/V block) as _attn_bwd_sm90; k_desc/v_desc blocks are
-        the BLOCK_N // 2-key halves. WITH_DQ: also dQ, summed into the fp32 buffer behind dq_desc
+        the BLOCK_N // 2-key halves (SPLIT_D: the whole BLOCK_N keys, which both consumers share,
+        each owning half of dK's and dV's columns: _bwd_ws_split_consumer). WITH_DQ: also dQ, summed into the fp32 buffer behind dq_desc
         by a fourth, 1-warp partition (_bwd_ws_dq_writer; DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST and
         DQ_MODE: see _bwd_ws_consumer and the writer); otherwise dq_desc and SEM are unused.
         LSE_EARLY: where the consumers load the LSE/delta rows (_bwd_ws_consumer). PER_HEAD: the launch order of
@@ -624,8 +713,10 @@ if _f90.HAVE_GLUON:
         n_m, lo, mask_end, per_head, total = _q_range(start_n, shift, seqlen_q, kv_group, BLOCK_M, BLOCK_N, CAUSAL)
 
         dtype: gl.constexpr = q_desc.dtype
-        k_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, HEAD_DIM], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [2, HALF_N, HEAD_DIM], v_desc.layout)
+        KV_PARTS: gl.constexpr = 1 if SPLIT_D else 2
+        KV_ROWS: gl.constexpr = BLOCK_N if SPLIT_D else HALF_N                            # keys per K/V piece
+        k_smem = gl.allocate_shared_memory(dtype, [KV_PARTS, KV_ROWS, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [KV_PARTS, KV_ROWS, HEAD_DIM], v_desc.layout)
         q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
         do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
         kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -639,6 +730,21 @@ if _f90.HAVE_GLUON:
         for i in gl.static_range(2):
             mbarrier.init(pp_bar.index(i), count=1)
         gl.static_assert(not (WITH_DQ and PINGPONG), "WITH_DQ runs without PINGPONG turns")
+        gl.static_assert(not (SPLIT_D and (WITH_DQ or PINGPONG or CARRY_DK or D_OUT != 0)),
+                         "SPLIT_D runs dK/dV only, without PINGPONG turns, CARRY_DK or D_OUT")
+        if SPLIT_D:
+            # Pᵀ (fp32) and dSᵀ of the current Q block, one buffer each (_bwd_ws_split_consumer)
+            p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], gl.float32)
+            p_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M], p_layout)
+            ds_layout_s: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+            dst_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout_s)
+            p_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            ds_full_s = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            pds_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            mbarrier.init(p_full, count=1)
+            mbarrier.init(ds_full_s, count=1)
+            mbarrier.init(pds_free, count=2)   # Pᵀ read by consumer 1, dSᵀ read by consumer 0
+            split = (p_smem, dst_smem, p_full, ds_full_s, pds_free)
         if WITH_DQ:
             # dSᵀ of both consumers, double-buffered ([2 blocks · 2 key halves, HALF_N, BLOCK_M]); the
             # staged dQ column halves ([DQ_BUFS blocks · 2 halves, BLOCK_M, HEAD_DIM // 2] fp32)
@@ -665,8 +771,16 @@ if _f90.HAVE_GLUON:
                   DV, off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale, sm_scale,
                   stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
                   seqlen_q, nheads_k * kv_group, n_m)
-        # two literal lists: Gluon does not take a (function, args) partition held in a variable
-        if WITH_DQ:
+        # literal lists: Gluon does not take a (function, args) partition held in a variable
+        if SPLIT_D:
+            gl.warp_specialize([
+                (_bwd_ws_split_consumer, (shared, split, 0, BLOCK_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL)),
+                (_bwd_ws_split_consumer, (shared, split, 1, BLOCK_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL)),
+                (_bwd_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
+                                    q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh,
+                                    q_ch, KV_ROWS, BLOCK_M, STAGES, KV_PARTS)),
+            ], [4, 1], [CONSUMER_REGS, 24])
+        elif WITH_DQ:
             gl.warp_specialize([
                 (_bwd_ws_consumer, (shared, writer_bars, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK, PINGPONG,
                                     WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY, D_OUT)),
@@ -876,6 +990,9 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
       non-causal (dK carried) both lost 10–50% (with 2, ptxas spills and serializes the wgmmas,
       C7512), so it keeps 0. Taken: 2 for causal calls and D = 128 non-causal up to 4k, 1 for longer
       D = 128 non-causal calls."""
+    if head_dim > 128:  # D = 256: both consumers on the same 64 keys, each with half the columns
+        return dict(BLOCK_M=64, BLOCK_N=64, STAGES=2, num_warps=8, VEC=2, WITH_DQ=False, WS=True, CARRY_DK=False,
+                    PER_HEAD=True, PDL_TRIGGER=False, LSE_EARLY=0, SPLIT_D=True)
     wide = head_dim <= 64 and not causal  # 128-row Q blocks with dK carried: D = 64 non-causal only
     stages = 3 if head_dim > 64 and not causal else 2
     lse_early = 0 if wide else (2 if causal or seqlen_q <= 4096 else 1)
@@ -919,7 +1036,7 @@ def padded_head_dim(d: int) -> int | None:
     dV = Pᵀ·dO, dK = dSᵀ·Q and dQ = dS·K past d are 0 and not stored. The Triton kernels pad such
     a head dim to a 128-wide tile too (``forward.block_d_for``), so the padding adds no
     arithmetic over them; the copies add O(N·D) traffic to O(N²·D) work."""
-    if d in (64, 128):
+    if d in (64, 128, 256):
         return d
     return 128 if 64 < d < 128 else None
 
@@ -944,7 +1061,7 @@ def supported(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, flag
         return False
     if causal and causal_shift != k.shape[1] - q.shape[1]:
         return False
-    if q.shape[-1] in (64, 128) and (q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16
+    if padded_head_dim(q.shape[-1]) == q.shape[-1] and (q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16
                                      or dout.data_ptr() % 16):
         return False  # (a padded head dim runs on fresh copies: padded_head_dim)
     key = (_layout(dout, q, k, v, out, lse, dk, dv), bool(causal))
@@ -1061,9 +1178,10 @@ def _dkdv_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic):
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     q_desc, (q_rb, q_rh, q_ch) = _f90._desc(q, seqlen_q, nheads, bm)
     do_desc, _ = _f90._desc(dout, seqlen_q, nheads, bm)
-    # the WS kernel loads K/V as the two 64-key halves of BLOCK_N
-    k_desc, (kv_rb, kv_rh, kv_ch) = _f90._desc(k, seqlen_k, nheads_k, bn // 2)
-    v_desc, _ = _f90._desc(v, seqlen_k, nheads_k, bn // 2)
+    # the WS kernel loads K/V as the two 64-key halves of BLOCK_N (SPLIT_D: as one block)
+    split = cfg.get("SPLIT_D", False)
+    k_desc, (kv_rb, kv_rh, kv_ch) = _f90._desc(k, seqlen_k, nheads_k, bn if split else bn // 2)
+    v_desc, _ = _f90._desc(v, seqlen_k, nheads_k, bn if split else bn // 2)
     ints = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, lse.stride(0), lse.stride(1),
             dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
             nheads_k, nheads // nheads_k, seqlen_q, seqlen_k)
@@ -1072,7 +1190,7 @@ def _dkdv_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic):
                       PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=False, DETERMINISTIC=deterministic,
                       DQ_MODE=cfg.get("DQ_MODE", 0), PER_HEAD=cfg.get("PER_HEAD", False),
                       PDL_TRIGGER=cfg.get("PDL_TRIGGER", False), LSE_EARLY=cfg.get("LSE_EARLY", 0),
-                      D_OUT=_d_out(dk, d))
+                      D_OUT=_d_out(dk, d), SPLIT_D=split)
     grid = (batch * nheads_k * (seqlen_k // bn),) if cfg.get("PER_HEAD", False) else (batch * nheads_k, seqlen_k // bn)
     return _f90._Launch(_attn_bwd_sm90_ws, grid, (q_desc, k_desc, v_desc, do_desc), 6, ints, 2, constexprs)
 
@@ -1172,7 +1290,7 @@ def dq_supported(q, k, dq, causal: bool) -> bool:
     offsets, and at most 65535 batch*heads (its grid's axis 1; past that the Triton dQ kernel's
     flat grid runs)."""
     cfg = dq_config_for(q.shape[-1], causal)
-    return (q.shape[1] % cfg["BLOCK_M"] == 0 and k.shape[1] % cfg["BLOCK_N"] == 0
+    return (q.shape[-1] in (64, 128) and q.shape[1] % cfg["BLOCK_M"] == 0 and k.shape[1] % cfg["BLOCK_N"] == 0
             and dq.shape[:-1] == q.shape[:-1] and padded_head_dim(dq.shape[-1]) == q.shape[-1]
             and dq.stride(-1) == 1 and _head_offsets_fit(dq) and q.shape[0] * q.shape[2] <= GRID_YZ_MAX)
 
