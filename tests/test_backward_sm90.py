@@ -391,8 +391,8 @@ def test_bwd_routing_rules_on_gpu(monkeypatch):
     assert ok(d=96) and ok(d=72, causal=True) and ok(d=120, h=6, hk=2)  # padded to 128 (padded_head_dim)
     assert not ok(d=96, sq=192) and not ok(d=96, flags=_flags(HAS_SOFTCAP=True))  # ...under the same rules
     assert ok(d=256) and ok(d=256, causal=True, sk=384) and ok(d=256, h=6, hk=2)  # the split-column kernel
-    assert not ok(d=256, sk=320)  # D = 256 takes 64-key blocks, so Sk must be a multiple of 64 (and Sq of 128)
-    assert ok(d=256, sk=448) and not ok(d=256, sq=192)
+    assert not ok(d=256, sk=288)  # D = 256 takes 64-key blocks, so Sk must be a multiple of 64 (and Sq of 128)
+    assert ok(d=256, sk=320) and not ok(d=256, sq=192)
     assert not ok(d=48) and not ok(d=192) and not ok(d=160) and not ok(dtype=torch.float32)
     assert not ok(causal=True, sq=384, sk=256)   # rows that see no key
     assert not ok(causal=True, shift=0, sk=384)  # top-left causal alignment
