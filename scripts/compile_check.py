@@ -298,7 +298,8 @@ def main():
                         cases.append((f"gluon-bwd D={d} causal={causal!s:<5}", dict(cfg, D_OUT=96), compile_gluon_bwd))
                     cases.append((f"gluon-dq D={d} causal={causal!s:<5}", dict(GB.dq_config_for(d, causal), D_OUT=96),
                                   compile_gluon_bwd_dq))
-        for causal in (False, True):  # D = 256: the dK/dV kernel with the columns split (SPLIT_D)
+        for causal in (False, True):  # D = 256: the forward, and the dK/dV kernel with the columns split (SPLIT_D)
+            cases.append((f"gluon D=256 causal={causal!s:<5} N=4096", G.config_for(256, causal, 4096), compile_gluon))
             cases.append((f"gluon-bwd D=256 causal={causal!s:<5}", GB.config_for(256, causal, 4096), compile_gluon_bwd))
         for dtype in [a for a in sys.argv[1:] if a in ("fp16", "bf16")] or ["fp16", "bf16"]:
             for tag, cfg, build in cases:

@@ -71,7 +71,9 @@ def test_gluon_kernels_compile_for_sm90(dtype):
     assert not any(ln.startswith("FAIL") for ln in lines)
     # forward: D 64/128 x causal x N 1k/2k/4k/8k; backward (tileflash.ops.backward_sm90): D 64/128 x causal
     # x (warp-specialized dK/dV, 8-warp dK/dV, fused with dQ, dK/dV with dK waited every block)
-    assert len([ln for ln in lines if ln.startswith("ok") and " gluon D=" in ln]) == 16
+    assert len([ln for ln in lines if ln.startswith("ok") and " gluon D=" in ln and "D=256" not in ln]) == 16
+    # D = 256 (64-key blocks), causal and not
+    assert len([ln for ln in lines if ln.startswith("ok") and " gluon D=256" in ln and "'BLOCK_N': 64" in ln]) == 2
     # D = 64 from 2k (8k causal) runs three consumer warpgroups
     assert len([ln for ln in lines if ln.startswith("ok") and " gluon D=64" in ln and "'CONSUMERS': 3" in ln]) == 4
     # the persistent mode: D = 64 and 128 non-causal at 1k; causal (pairs of Q blocks) D = 64 at 2k-4k,
@@ -214,7 +216,7 @@ def _cpu_plan(monkeypatch, b=2, sq=256, sk=256, h=4, hk=2, d=64, causal=False):
 
 @pytest.mark.skipif(not g90.HAVE_GLUON, reason="this triton has no Gluon")
 @pytest.mark.parametrize("d,causal,sq", [(64, False, 1024), (64, False, 4096), (64, True, 1024), (128, True, 2048),
-                                         (128, False, 896), (64, False, 896)])
+                                         (128, False, 896), (64, False, 896), (256, True, 1024)])
 def test_plan_matches_the_kernel_signature(monkeypatch, d, causal, sq):
     """The cached launch plan (host time, perf-notes §24) feeds the compiled kernel's launcher
     positionally: its runtime arguments must be exactly the kernel's non-constexpr parameters, in
@@ -525,7 +527,9 @@ def test_routing_rules_on_gpu():
     assert not ok(sq=2272, sk=2304, d=64)       # ... but not of 64-row slices
     assert ok(sq=2048, sk=2112, d=64)           # Sk not a multiple of 128: the 64-key-block kernel
     assert not ok(sk=200)
-    assert not ok(d=96) and not ok(d=256)
+    assert not ok(d=96) and not ok(d=192)
+    assert ok(d=256) and ok(d=256, causal=True, sk=320)  # D = 256: 64-key blocks
+    assert not ok(d=256, sk=288)                         # ... so Sk is a multiple of 64
     assert not ok(causal=True, sq=384, sk=256)  # rows with no visible key: the Triton kernel
     assert not ok(causal=True, shift=0, sk=384)  # top-left causal alignment
     assert not ok(scale=-0.1)
@@ -557,7 +561,7 @@ CASES = [  # (batch, seqlen_q, seqlen_k, nheads, nheads_k)
 @needs_sm90
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c)))
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 def test_gluon_forward_matches_reference(case, d, causal, dtype, layout, gluon_calls):

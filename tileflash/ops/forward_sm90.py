@@ -692,6 +692,8 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int | None 
     # causal, persistent: programs take pairs of Q blocks, so the 128-row blocks must be even in number
     paired = causal and seqlen_q % 256 == 0
     keys = seqlen_k or seqlen_q
+    if head_dim > 128:  # D = 256: 64-key blocks, so that a 2-slot K/V ring fits beside the Q block (197 KB)
+        return dict(BLOCK_M=128, BLOCK_N=64, STAGES=2, num_warps=4, WS=True)
     if head_dim > 64:
         cfg = dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=4, WS=True)
         if not causal and keys <= 1024:
@@ -1029,7 +1031,7 @@ def _layout_config(q, k, v, out, lse, causal):
     if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
         return None
     d = q.shape[-1]
-    if d not in (64, 128):
+    if d not in (64, 128, 256):
         return None
     # the public API validates these; direct callers of flash_attn_forward(out=, lse=) may not
     if k.shape[-1] != d or v.shape[-1] != d or q.shape[2] % k.shape[2] or k.shape != v.shape:
