@@ -187,9 +187,11 @@ def compile_gluon_bwd_dq(d, causal, cfg, dtype="fp16"):
 
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-                 CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, D_OUT=cfg.get("D_OUT", 0))
+                 CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, D_OUT=cfg.get("D_OUT", 0),
+                 SPLIT_D=cfg.get("SPLIT_D", False))
+    q_rows = bm if cfg.get("SPLIT_D", False) else bm // 2
     return _compile_gluon_sm90(GB._attn_bwd_dq_sm90_ws, const, dtype, d,
-                               dict(q_desc=bm // 2, do_desc=bm // 2, k_desc=bn, v_desc=bn),
+                               dict(q_desc=q_rows, do_desc=q_rows, k_desc=bn, v_desc=bn),
                                dict(LSE="*fp32", DELTA="*fp32", DQ="*DTYPE"))
 
 
@@ -301,6 +303,7 @@ def main():
         for causal in (False, True):  # D = 256: the forward, and the dK/dV kernel with the columns split (SPLIT_D)
             cases.append((f"gluon D=256 causal={causal!s:<5} N=4096", G.config_for(256, causal, 4096), compile_gluon))
             cases.append((f"gluon-bwd D=256 causal={causal!s:<5}", GB.config_for(256, causal, 4096), compile_gluon_bwd))
+            cases.append((f"gluon-dq D=256 causal={causal!s:<5}", GB.dq_config_for(256, causal), compile_gluon_bwd_dq))
         for dtype in [a for a in sys.argv[1:] if a in ("fp16", "bf16")] or ["fp16", "bf16"]:
             for tag, cfg, build in cases:
                 d, causal = int(tag.split("D=")[1].split()[0]), "True" in tag

@@ -39,7 +39,7 @@ def test_bwd_routing_rules_on_cpu_tensors():
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_dq_tiles_cover_every_routed_length(d, causal):
     """Every length the dK/dV kernel takes (Sq a multiple of 128, Sk of its BLOCK_N) must also fit
     the dQ kernel's tiles, or the default route would silently fall back to the Triton dQ kernel
@@ -242,15 +242,13 @@ def test_bwd_launches_match_the_kernel_signatures(d, causal):
                               CARRY_DK=cfg["CARRY_DK"], WITH_DQ=False, DETERMINISTIC=True, CONSUMER_REGS=240,
                               PINGPONG=False, DQ_MODE=0, PER_HEAD=cfg.get("PER_HEAD", False),
                               PDL_TRIGGER=cfg.get("PDL_TRIGGER", False), SPLIT_D=d == 256))}
-    if d <= 128:  # (D = 256's dQ runs the Triton kernel: dq_supported)
-        dq_launch = gb._dq_launch(do, q, k, v, lse, dq, causal, dqcfg)
-        launches["dq"] = (dq_launch, ["LSE", "DELTA", "DQ"],
-                          dict(stride_dqb=dq.stride(0), stride_dqm=dq.stride(1), stride_dqh=dq.stride(2), nheads=4,
-                               kv_group=2, seqlen_q=256, seqlen_k=384),
-                          dict(BLOCK_M=dqcfg["BLOCK_M"], BLOCK_N=dqcfg["BLOCK_N"], STAGES=dqcfg["STAGES"],
-                               CONSUMER_REGS=240))
-    else:
-        assert not gb.dq_supported(q, k, dq, causal)
+    assert gb.dq_supported(q, k, dq, causal)
+    dq_launch = gb._dq_launch(do, q, k, v, lse, dq, causal, dqcfg)
+    launches["dq"] = (dq_launch, ["LSE", "DELTA", "DQ"],
+                      dict(stride_dqb=dq.stride(0), stride_dqm=dq.stride(1), stride_dqh=dq.stride(2), nheads=4,
+                           kv_group=2, seqlen_q=256, seqlen_k=384),
+                      dict(BLOCK_M=dqcfg["BLOCK_M"], BLOCK_N=dqcfg["BLOCK_N"], STAGES=dqcfg["STAGES"],
+                           CONSUMER_REGS=240, SPLIT_D=d == 256))
     for name, (launch, ptrs, ints_want, tail_want) in launches.items():
         params = launch.kernel.params
         names = [p.name for p in params]
@@ -271,8 +269,7 @@ def test_bwd_launches_match_the_kernel_signatures(d, causal):
         assert dkdv.grid == (2 * 2 * (384 // cfg["BLOCK_N"]), 1, 1)
     else:
         assert dkdv.grid == (2 * 2, 384 // cfg["BLOCK_N"], 1)
-    if "dq" in launches:
-        assert launches["dq"][0].grid == (256 // 128, 2 * 4, 1)
+    assert launches["dq"][0].grid == (256 // dqcfg["BLOCK_M"], 2 * 4, 1)  # 64-row Q blocks at D = 256
     # the other launch order: the same arguments, a 1-D grid (or the 2-D one), PER_HEAD in the tail
     other = dict(cfg, PER_HEAD=not cfg.get("PER_HEAD", False))
     flip = gb._dkdv_launch(do, q, k, v, lse, dk, dv, causal, other, True)
@@ -538,13 +535,17 @@ def test_gluon_backward_writes_every_gradient(d, causal, gluon_bwd_calls):
 
 @needs_sm90
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_gluon_backward_d256_is_deterministic(causal, gluon_bwd_calls):
-    """D = 256 (the split-column dK/dV kernel, whose consumers trade Pᵀ and dSᵀ through shared
-    memory every Q block): two calls give the same bits, and the call took that kernel."""
+def test_gluon_backward_d256_is_deterministic(causal, monkeypatch, gluon_bwd_calls):
+    """D = 256 (the split-column dK/dV and dQ kernels, whose consumers trade P and dS through
+    shared memory every block): two calls give the same bits, and the call took those kernels."""
+    monkeypatch.delenv("TILEFLASH_GLUON_DQ", raising=False)
+    dq_calls = count_calls(monkeypatch, gb, "backward_dq")
     q, k, v = make_qkv(2, 512, 640, 4, 2, 256, torch.float16, "cuda", seed=7)
     do = torch.randn_like(q)
     first, second = _grads(q, k, v, do, causal), _grads(q, k, v, do, causal)
     assert len(gluon_bwd_calls) == 2 and gb.config_for(256, causal, 512)["SPLIT_D"]
+    assert len(dq_calls) == 2 and gb.dq_config_for(256, causal)["SPLIT_D"]
+    check_cuda_grads(first, q, k, v, do, causal)
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 

@@ -94,7 +94,8 @@ def test_gluon_kernels_compile_for_sm90(dtype):
     assert len([ln for ln in padded if "gluon-bwd D=128" in ln]) == 6
     assert len([ln for ln in padded if "gluon-bwd D=128" in ln and "'WS': True" in ln]) == 4
     # the Gluon dQ kernel: D 64/128 x causal, and D = 128 with D_OUT = 96
-    assert len([ln for ln in native if "gluon-dq" in ln]) == 4
+    assert len([ln for ln in native if "gluon-dq D=64" in ln or "gluon-dq D=128" in ln]) == 4
+    assert len([ln for ln in native if "gluon-dq D=256" in ln and "'SPLIT_D': True" in ln]) == 2
     assert len([ln for ln in padded if "gluon-dq D=128" in ln]) == 2
     # the ping-pong kernel runs three partitions: 4 + 4 consumer warps and a producer warp (12 warps)
     assert any("'WS': True" in ln for ln in lines)

@@ -816,12 +816,14 @@ if _f90.HAVE_GLUON:
     @gluon.jit
     def _dq_ws_producer(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, q_bar, do_bar,
                         k_full, v_full, k_empty, v_empty, q_row, q_col, kv_row, kv_col, n_blocks,
-                        HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-        """The two dO halves, then the forward's producer: the Q halves and the K/V ring."""
-        for c in gl.static_range(2):
+                        HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_PARTS: gl.constexpr = 2):
+        """The Q_PARTS dO pieces of HALF_M rows (the two halves, or with SPLIT_D the whole block),
+        then the forward's producer: the Q pieces and the K/V ring."""
+        for c in gl.static_range(Q_PARTS):
             _f90._load_block(do_desc, do_bar.index(c), do_smem.index(c), q_row + c * HALF_M, q_col, True)
         _f90._ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_bar, k_full, v_full, k_empty,
-                          v_empty, (q_row, q_col, kv_row, kv_col, n_blocks), HALF_M, BLOCK_N, STAGES, False, 2, False)
+                          v_empty, (q_row, q_col, kv_row, kv_col, n_blocks), HALF_M, BLOCK_N, STAGES, False, Q_PARTS,
+                          False)
 
     @gluon.jit
     def _dq_ws_consumer(q_smem, k_smem, v_smem, do_smem, q_bar, do_bar, k_full, v_full, k_empty, v_empty,
@@ -876,6 +878,94 @@ if _f90.HAVE_GLUON:
             gl.store(ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=mask)
 
     @gluon.jit
+    def _dq_ws_split_consumer(q_smem, k_smem, v_smem, do_smem, q_bar, do_bar, k_full, v_full, k_empty, v_empty,
+                              LSE, DELTA, DQ, row_lse, start_m, n_blocks, n_full, shift, qk_scale, sm_scale,
+                              off_b, off_h, stride_dqb, stride_dqm, stride_dqh, split,
+                              C: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                              STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+        """SPLIT_D (D = 256): the dQ kernel's counterpart of _bwd_ws_split_consumer. Both consumers
+        work on the same BLOCK_M rows, and consumer C owns dQ's columns [C·D/2, +D/2) (64 fp32
+        registers per thread). Per K/V block j:
+
+            consumer 0: S = Q·Kⱼᵀ (async), P = exp2(S·scale − lse); P (fp32) to shared memory
+            consumer 1: dP = dO·Vⱼᵀ (async); P from shared memory; dS = P∘(dP − delta);
+                        dS (input dtype) to shared memory
+            both:       dQ[:, C half] += dS·Kⱼ[:, C half]   (consumer 1: dS from registers; 0: shared)
+
+        Each consumer issues half the block's multiply-adds. P, dS and their barriers (p_full,
+        ds_full, pds_free) follow _bwd_ws_split_consumer's protocol; each phase flips once per
+        block. Consumer 0 never reads V: it releases V's ring slot once per block all the same, so
+        that the slot's empty barrier counts both consumers."""
+        p_smem, ds_smem, p_full, ds_full, pds_free = split
+        HALF_D: gl.constexpr = HEAD_DIM // 2                                              # this consumer's columns
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, HALF_D, 16])
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
+        dtype: gl.constexpr = k_smem.dtype
+        q_all = q_smem.index(0)                                                           # [BLOCK_M, HEAD_DIM]
+        do_all = do_smem.index(0)                                                         # [BLOCK_M, HEAD_DIM]
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))     # [BLOCK_M]
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))               # [BLOCK_N]
+        lse, delta = _lse_delta(LSE, DELTA, row_lse, offs_m)                              # [BLOCK_M] each
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        dq = gl.zeros([BLOCK_M, HALF_D], gl.float32, dq_layout)                           # [BLOCK_M, HALF_D]
+        if C == 0:
+            mbarrier.wait(q_bar.index(0), 0)
+        else:
+            mbarrier.wait(do_bar.index(0), 0)
+        for j in range(n_blocks):
+            stage = j % STAGES
+            phase = (j // STAGES) & 1
+            k_s = k_smem.index(stage)                                                     # [BLOCK_N, HEAD_DIM]
+            if C == 0:
+                mbarrier.wait(k_full.index(stage), phase)
+                s_tok = warpgroup_mma(q_all, k_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))                 # [BLOCK_M, BLOCK_N]
+                p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 1))                        # [BLOCK_M, BLOCK_N]
+                if CAUSAL:
+                    if j >= n_full:  # bottom-right: key j visible to row i iff j <= i + shift
+                        vis = gl.expand_dims(j * BLOCK_N + offs_n, 0) <= gl.expand_dims(offs_m + shift, 1)
+                        p = gl.where(vis, p, 0.0)
+                mbarrier.wait(pds_free, (j & 1) ^ 1, pred=j >= 1)   # block j - 1's P and dS are read
+                p_smem.store(p)
+                fence_async_shared()
+                _cta_barrier()   # every row of this warpgroup is written before the arrival
+                mbarrier.arrive(p_full, count=1)
+                mbarrier.arrive(v_empty.index(stage), count=1)                            # (V is not read here)
+                mbarrier.wait(ds_full, j & 1)
+                dq = warpgroup_mma(ds_smem, k_s.slice(0, HALF_D, dim=1), dq, is_async=True)  # [BLOCK_M, HALF_D]
+                dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+                mbarrier.arrive(pds_free, count=1)                                        # dS is read
+            else:
+                mbarrier.wait(v_full.index(stage), phase)
+                dp_tok = warpgroup_mma(do_all, v_smem.index(stage).permute((1, 0)), s_zero, use_acc=False,
+                                       is_async=True)
+                dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok,))               # [BLOCK_M, BLOCK_N]
+                mbarrier.arrive(v_empty.index(stage), count=1)                            # V_j no longer read
+                mbarrier.wait(p_full, j & 1)
+                p = p_smem.load(s_layout)                                                 # [BLOCK_M, BLOCK_N]
+                _cta_barrier()   # every row of this warpgroup is read before the arrival
+                mbarrier.arrive(pds_free, count=1)                                        # P is read
+                ds = (p * (dp - gl.expand_dims(delta, 1))).to(dtype)                      # [BLOCK_M, BLOCK_N]
+                ds_smem.store(ds)
+                fence_async_shared()
+                _cta_barrier()
+                mbarrier.arrive(ds_full, count=1)
+                mbarrier.wait(k_full.index(stage), phase)
+                b_ds = gl.convert_layout(ds, op_layout)                                   # [BLOCK_M, BLOCK_N]
+                dq = warpgroup_mma(b_ds, k_s.slice(HALF_D, HALF_D, dim=1), dq, is_async=True)  # [BLOCK_M, HALF_D]
+                dq, b_ds = warpgroup_mma_wait(num_outstanding=0, deps=(dq, b_ds))        # b_ds: a register operand
+            mbarrier.arrive(k_empty.index(stage), count=1)                                # K_j no longer read
+
+        offs_qm = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+        offs_qd = C * HALF_D + gl.arange(0, HALF_D, layout=gl.SliceLayout(0, dq_layout))
+        ptrs = DQ + off_b.to(gl.int64) * stride_dqb + off_h * stride_dqh \
+            + gl.expand_dims(offs_qm, 1).to(gl.int64) * stride_dqm + gl.expand_dims(offs_qd, 0)
+        gl.store(ptrs, (dq * sm_scale).to(DQ.dtype.element_ty))
+
+    @gluon.jit
     def _attn_bwd_dq_sm90_ws(
         q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ,
         q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
@@ -883,10 +973,14 @@ if _f90.HAVE_GLUON:
         nheads, kv_group, seqlen_q, seqlen_k, qk_scale, sm_scale,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, D_OUT: gl.constexpr = 0,
+        SPLIT_D: gl.constexpr = False,
     ):
         """dQ only; one program per (BLOCK_M-row Q block, batch·head); q_desc/do_desc blocks are
-        the BLOCK_M // 2-row halves."""
-        HALF_M: gl.constexpr = BLOCK_M // 2
+        the BLOCK_M // 2-row halves (SPLIT_D: the whole block, which both consumers share, each
+        owning half of dQ's columns: _dq_ws_split_consumer)."""
+        gl.static_assert(not (SPLIT_D and D_OUT != 0), "SPLIT_D stores the native head dim")
+        Q_PARTS: gl.constexpr = 1 if SPLIT_D else 2
+        HALF_M: gl.constexpr = BLOCK_M // Q_PARTS                                         # rows per Q/dO piece
         off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift = _f90._q_block_coords(
             nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, BLOCK_M, CAUSAL)
         row_lse = off_b * stride_lb + off_h * stride_lh
@@ -894,17 +988,44 @@ if _f90.HAVE_GLUON:
         n_full, n_blocks = _f90._key_blocks(start_m, shift, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
 
         dtype: gl.constexpr = q_desc.dtype
-        q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_DIM], q_desc.layout)
-        do_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_DIM], do_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [Q_PARTS, HALF_M, HEAD_DIM], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [Q_PARTS, HALF_M, HEAD_DIM], do_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        do_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
+        q_bar = gl.allocate_shared_memory(gl.int64, [Q_PARTS, 1], mbarrier.MBarrierLayout())
+        do_bar = gl.allocate_shared_memory(gl.int64, [Q_PARTS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(Q_PARTS):
             mbarrier.init(q_bar.index(i), count=1)
             mbarrier.init(do_bar.index(i), count=1)
-        k_full, v_full, k_empty, v_empty = _f90._kv_ring_bars(STAGES)
+        k_full, v_full, k_empty, v_empty = _f90._kv_ring_bars(STAGES)   # both consumers release each slot
 
+        if SPLIT_D:
+            # P (fp32) and dS of the current K/V block, one buffer each (_dq_ws_split_consumer)
+            p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], gl.float32)
+            p_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, BLOCK_N], p_layout)
+            ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
+            ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], ds_layout)
+            p_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            ds_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            pds_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            mbarrier.init(p_full, count=1)
+            mbarrier.init(ds_full, count=1)
+            mbarrier.init(pds_free, count=2)   # P read by consumer 1, dS read by consumer 0
+            split = (p_smem, ds_smem, p_full, ds_full, pds_free)
+            gl.warp_specialize([
+                (_dq_ws_split_consumer, (q_smem, k_smem, v_smem, do_smem, q_bar, do_bar, k_full, v_full, k_empty,
+                                         v_empty, LSE, DELTA, DQ, row_lse, start_m, n_blocks, n_full, shift, qk_scale,
+                                         sm_scale, off_b, off_h, stride_dqb, stride_dqm, stride_dqh, split,
+                                         0, BLOCK_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+                (_dq_ws_split_consumer, (q_smem, k_smem, v_smem, do_smem, q_bar, do_bar, k_full, v_full, k_empty,
+                                         v_empty, LSE, DELTA, DQ, row_lse, start_m, n_blocks, n_full, shift, qk_scale,
+                                         sm_scale, off_b, off_h, stride_dqb, stride_dqm, stride_dqh, split,
+                                         1, BLOCK_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+                (_dq_ws_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, q_bar, do_bar,
+                                   k_full, v_full, k_empty, v_empty, q_row, q_col, kv_row, kv_col, n_blocks,
+                                   HALF_M, BLOCK_N, STAGES, Q_PARTS)),
+            ], [4, 1], [CONSUMER_REGS, 24])
+            return
         gl.warp_specialize([
             (_dq_ws_consumer, (q_smem, k_smem, v_smem, do_smem, q_bar, do_bar, k_full, v_full, k_empty, v_empty,
                                LSE, DELTA, DQ, row_lse, start_m, n_blocks, n_full, shift, qk_scale, sm_scale,
@@ -1273,6 +1394,8 @@ def dq_config_for(head_dim: int, causal: bool) -> dict:
     dK/dV kernel). ``PDL`` (off; opt-in): launched with programmatic dependent launch, meant only
     right after a dK/dV kernel with ``PDL_TRIGGER`` (:func:`config_for`; eighteenth session, run 4:
     within the spread, not the default)."""
+    if head_dim > 128:  # D = 256: both consumers on the same 64 rows, each with half of dQ's columns
+        return dict(BLOCK_M=64, BLOCK_N=64, STAGES=2, PDL=False, SPLIT_D=True)
     return dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, PDL=False)
 
 
@@ -1290,7 +1413,7 @@ def dq_supported(q, k, dq, causal: bool) -> bool:
     offsets, and at most 65535 batch*heads (its grid's axis 1; past that the Triton dQ kernel's
     flat grid runs)."""
     cfg = dq_config_for(q.shape[-1], causal)
-    return (q.shape[-1] in (64, 128) and q.shape[1] % cfg["BLOCK_M"] == 0 and k.shape[1] % cfg["BLOCK_N"] == 0
+    return (q.shape[-1] in (64, 128, 256) and q.shape[1] % cfg["BLOCK_M"] == 0 and k.shape[1] % cfg["BLOCK_N"] == 0
             and dq.shape[:-1] == q.shape[:-1] and padded_head_dim(dq.shape[-1]) == q.shape[-1]
             and dq.stride(-1) == 1 and _head_offsets_fit(dq) and q.shape[0] * q.shape[2] <= GRID_YZ_MAX)
 
@@ -1301,14 +1424,15 @@ def _dq_launch(dout, q, k, v, lse, dq, causal, cfg):
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    q_desc, (q_rb, q_rh, q_ch) = _f90._desc(q, seqlen_q, nheads, bm // 2)
-    do_desc, _ = _f90._desc(dout, seqlen_q, nheads, bm // 2)
+    split = cfg.get("SPLIT_D", False)
+    q_desc, (q_rb, q_rh, q_ch) = _f90._desc(q, seqlen_q, nheads, bm if split else bm // 2)
+    do_desc, _ = _f90._desc(dout, seqlen_q, nheads, bm if split else bm // 2)
     k_desc, (kv_rb, kv_rh, kv_ch) = _f90._desc(k, seqlen_k, nheads_k, bn)
     v_desc, _ = _f90._desc(v, seqlen_k, nheads_k, bn)
     ints = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, lse.stride(0), lse.stride(1),
             dq.stride(0), dq.stride(1), dq.stride(2), nheads, nheads // nheads_k, seqlen_q, seqlen_k)
     constexprs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-                      CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, D_OUT=_d_out(dq, d))
+                      CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, D_OUT=_d_out(dq, d), SPLIT_D=split)
     if cfg.get("PDL", False):  # a launch option, not a parameter: it is in the compiled kernel's metadata
         constexprs["launch_pdl"] = True
     return _f90._Launch(_attn_bwd_dq_sm90_ws, (seqlen_q // bm, batch * nheads), (q_desc, k_desc, v_desc, do_desc),
