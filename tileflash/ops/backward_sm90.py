@@ -38,6 +38,16 @@ Gluon dK/dV kernel (``TILEFLASH_GLUON_DQ=0``: the Triton dQ kernel instead). On 
 runs at 1061–1165 TFLOP/s-equivalent alone at D = 128, N = 4k–16k, where the Triton dQ kernel
 ran at ~1020 (derived from the whole backward; docs/perf-notes.md §17).
 
+D = 256 (``SPLIT_D``, docs/perf-notes.md §32). One warpgroup cannot hold 64 keys of dK and dV
+across 256 columns (256 fp32 registers per thread), so at D = 256 both kernels run with the two
+consumer warpgroups on the same 64 keys (dK/dV) or 64 rows (dQ), each owning one column half of
+the accumulators. The block's two score matmuls are split between them instead: consumer 0
+computes S and P, consumer 1 dP and, from P (passed through shared memory in fp32), dS, which it
+passes back in the input dtype (``_bwd_ws_split_consumer``, ``_dq_ws_split_consumer``). Each
+consumer issues half the multiply-adds. On the H200 (twenty-third session, fp16, N = 4k
+non-causal) the dK/dV kernel took 2114 µs against the Triton dK/dV kernel's 3785, and the dQ
+kernel 1468 against the Triton dQ kernel's 1950.
+
 Launch order (docs/perf-notes.md §27). The default dK/dV grid runs a head's K/V blocks together
 (``PER_HEAD``), so that they share the head's Q and dO in L2; the fused mode keeps the 2-D grid
 with heads fastest, since its ordered dQ sums take their turn from ``program_id(1)``. An opt-in
@@ -74,9 +84,10 @@ Two modes (``WITH_DQ``, a constexpr):
 
   Both are correct and bitwise reproducible when ordered (GPU-tested).
 
-Scope, decided by :func:`supported`: dense fp16/bf16 on sm90, head dim 64 or 128 (or between
-them, run at 128 on zero-padded copies: :func:`padded_head_dim`), no
-window/softcap/ALiBi/dropout, causal only bottom-right with Sq <= Sk, Sq and Sk multiples of 128,
+Scope, decided by :func:`supported`: dense fp16/bf16 on sm90, head dim 64, 128 or 256 (or
+between 64 and 128, run at 128 on zero-padded copies: :func:`padded_head_dim`), no
+window/softcap/ALiBi/dropout, causal only bottom-right with Sq <= Sk, Sq a multiple of 128 and Sk
+of the dK/dV kernel's key block (128; 64 at D = 256),
 16-byte aligned memory in the (B, S, H, D) or (B, H, S, D) layouts. Everything else runs the
 Triton backward, which stays the reference (and the CPU-interpreter path). Numerics follow
 ``tileflash.ops.backward``: base-2 scores with the scale folded in, the natural-log LSE
@@ -1111,7 +1122,12 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
       non-causal (dK carried) both lost 10–50% (with 2, ptxas spills and serializes the wgmmas,
       C7512), so it keeps 0. Taken: 2 for causal calls and D = 128 non-causal up to 4k, 1 for longer
       D = 128 non-causal calls."""
-    if head_dim > 128:  # D = 256: both consumers on the same 64 keys, each with half the columns
+    if head_dim > 128:
+        # D = 256 (SPLIT_D): both consumers on the same 64 keys, each with half of dK's and dV's
+        # columns; 64-row Q blocks and a 2-slot ring fill 222 KB of shared memory. Twenty-third
+        # session, run 1 (fp16, kernel alone, N = 4k / 16k): 2114 / 8161 µs non-causal and
+        # 1190 / 4111 causal, against 3785 / 15320 and 2763 / 10168 for the Triton dK/dV kernel on
+        # descriptors. Not swept (the tiles are the only ones that fit).
         return dict(BLOCK_M=64, BLOCK_N=64, STAGES=2, num_warps=8, VEC=2, WITH_DQ=False, WS=True, CARRY_DK=False,
                     PER_HEAD=True, PDL_TRIGGER=False, LSE_EARLY=0, SPLIT_D=True)
     wide = head_dim <= 64 and not causal  # 128-row Q blocks with dK carried: D = 64 non-causal only
@@ -1149,7 +1165,7 @@ def enabled() -> bool:
 
 def padded_head_dim(d: int) -> int | None:
     """The head dim at which the Gluon backward runs a call of head dim ``d``, or None if it does
-    not take it. 64 and 128 run as they are. 64 < d < 128 (e.g. 96) runs at 128 on copies of dO, q,
+    not take it. 64, 128 and 256 run as they are. 64 < d < 128 (e.g. 96) runs at 128 on copies of dO, q,
     k and v zero-padded to 128 columns (``backward._pad_head_dim``); the kernels store only the
     first d columns of dQ, dK and dV (their ``D_OUT`` constexpr) straight into the caller's
     buffers (:func:`tileflash.ops.backward.flash_attn_backward`). The zero columns change
@@ -1394,7 +1410,11 @@ def dq_config_for(head_dim: int, causal: bool) -> dict:
     dK/dV kernel). ``PDL`` (off; opt-in): launched with programmatic dependent launch, meant only
     right after a dK/dV kernel with ``PDL_TRIGGER`` (:func:`config_for`; eighteenth session, run 4:
     within the spread, not the default)."""
-    if head_dim > 128:  # D = 256: both consumers on the same 64 rows, each with half of dQ's columns
+    if head_dim > 128:
+        # D = 256 (SPLIT_D): both consumers on the same 64 rows, each with half of dQ's columns;
+        # 64-key blocks in a 2-slot ring (222 KB of shared memory). Twenty-third session, run 3
+        # (fp16, kernel alone, N = 4k / 16k): 1468 / 5989 µs non-causal, 803 / 2896 causal, against
+        # 1950 / 7640 and 1106 / 3720 for the Triton dQ kernel (run 1). Not swept.
         return dict(BLOCK_M=64, BLOCK_N=64, STAGES=2, PDL=False, SPLIT_D=True)
     return dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, PDL=False)
 
