@@ -138,3 +138,30 @@ def test_grid_report_on_the_committed_h200_grid():
         line = next(ln for ln in out.splitlines() if ln.startswith(f"| {mode}, D in"))
         assert line.split("|")[2].strip() == "40"
         assert line.split("|")[3].strip() == f"{statistics.median(ratios):.2f}"
+
+
+def test_speedup_plot_uses_the_first_baseline_present(tmp_path):
+    """A GPU grid run without eager (tileflash, cuDNN, SDPA-flash) still gets a speedup plot, over
+    SDPA-flash, whose values are the baseline's time over each provider's; with no baseline in
+    the results there is no speedup.png rather than an empty one."""
+    pytest.importorskip("matplotlib")
+    from tileflash.bench import plot
+
+    def row(provider, ms, n):
+        return dict(provider=provider, mode="fwd", head_dim=64, causal=False, seqlen_q=n, batch=1, ms=ms,
+                    tflops=1.0 / ms, peak_mib=1.0, status="ok")
+
+    rows = [row("tileflash", 1.0, 128), row("sdpa_flash", 1.5, 128), row("sdpa_cudnn", 1.2, 128),
+            row("tileflash", 2.0, 256), row("sdpa_flash", 5.0, 256), row("sdpa_cudnn", 2.2, 256)]
+    assert plot.speedup_baseline(rows) == "sdpa_flash"
+    assert plot.speedup_baseline(rows + [row("eager", 9.0, 128)]) == "eager"
+    (name, label, metric, _), = [p for p in plot._plots(rows) if p[0] == "speedup.png"]
+    assert "sdpa_flash" in label
+    assert [metric(r, rows) for r in rows[:3]] == [1.5, 1.0, 1.5 / 1.2]
+    assert [p.name for p in plot.make_plots(rows, tmp_path)] == ["tflops.png", "memory.png", "speedup.png"]
+    only = [r for r in rows if r["provider"] == "tileflash"]
+    assert plot.speedup_baseline(only) is None
+    bare = tmp_path / "no-baseline"
+    bare.mkdir()
+    assert [p.name for p in plot.make_plots(only, bare)] == ["tflops.png", "memory.png"]
+    assert not (bare / "speedup.png").exists()

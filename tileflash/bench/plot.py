@@ -3,7 +3,9 @@
 Three PNGs, one panel per (mode, head dim, causal):
   * tflops.png  — TFLOP/s against seqlen, one line per provider;
   * memory.png  — peak extra memory (MiB) against seqlen: seed 002's chart, measured;
-  * speedup.png — time of eager / time of each provider, against seqlen.
+  * speedup.png — time of a baseline / time of each provider, against seqlen. The baseline is
+    the first of eager, sdpa_math, sdpa_flash, sdpa_cudnn that the results hold (a GPU grid run
+    without eager gets speedups over SDPA-flash); the y-axis names it.
 Decode results (`tileflash bench --decode`) get one PNG instead:
   * decode.png  — KV bytes read per second against the cache length, one panel per batch size
     and timing (replayed from a CUDA graph; called from Python), one line per provider.
@@ -35,20 +37,32 @@ def _series(rows, key, metric):
     return {p: sorted(v) for p, v in out.items()}
 
 
-def _speedup(r, rows):
+SPEEDUP_BASELINES = ("eager", "sdpa_math", "sdpa_flash", "sdpa_cudnn")
+
+
+def speedup_baseline(rows) -> str | None:
+    """The provider speedup.png divides by: the first of SPEEDUP_BASELINES with a result."""
+    present = {r["provider"] for r in rows if r.get("status") == "ok"}
+    return next((p for p in SPEEDUP_BASELINES if p in present), None)
+
+
+def _speedup(r, rows, baseline):
     for e in rows:
-        if (e["provider"] == "eager" and e.get("status") == "ok" and e["mode"] == r["mode"]
+        if (e["provider"] == baseline and e.get("status") == "ok" and e["mode"] == r["mode"]
                 and e["head_dim"] == r["head_dim"] and e["causal"] == r["causal"]
                 and e["seqlen_q"] == r["seqlen_q"] and e["batch"] == r["batch"]):
             return e["ms"] / r["ms"]
     return float("nan")
 
 
-PLOTS = [
-    ("tflops.png", "TFLOP/s", lambda r, rows: r["tflops"], False),
-    ("memory.png", "peak extra memory (MiB)", lambda r, rows: r["peak_mib"], True),
-    ("speedup.png", "speedup over eager (×)", _speedup, False),
-]
+def _plots(rows):
+    """(file name, y label, metric(row, rows), log y) of each PNG; no speedup.png without a baseline."""
+    plots = [("tflops.png", "TFLOP/s", lambda r, rows: r["tflops"], False),
+             ("memory.png", "peak extra memory (MiB)", lambda r, rows: r["peak_mib"], True)]
+    base = speedup_baseline(rows)
+    if base is not None:
+        plots.append(("speedup.png", f"speedup over {base} (×)", lambda r, rows: _speedup(r, rows, base), False))
+    return plots
 
 
 def _pyplot():
@@ -104,7 +118,8 @@ def make_decode_plots(rows, out_dir) -> list:
 
 
 def make_plots(rows, out_dir) -> list:
-    """Write the PNGs into out_dir (three, or decode.png for decode results); return their paths."""
+    """Write the PNGs into out_dir (three, or two when no baseline for speedup.png ran, or
+    decode.png for decode results); return their paths."""
     if rows and all(r.get("mode") == "decode" for r in rows):
         return make_decode_plots(rows, out_dir)
     plt = _pyplot()
@@ -112,7 +127,7 @@ def make_plots(rows, out_dir) -> list:
     keys = _panels(rows)
     meta = rows[0] if rows else {}
     written = []
-    for fname, ylabel, metric, logy in PLOTS:
+    for fname, ylabel, metric, logy in _plots(rows):
         ncol = min(2, max(1, len(keys)))
         nrow = (len(keys) + ncol - 1) // ncol
         fig, axes = plt.subplots(nrow, ncol, figsize=(6 * ncol, 4 * nrow), squeeze=False)
