@@ -304,6 +304,11 @@ def main():
             cases.append((f"gluon D=256 causal={causal!s:<5} N=4096", G.config_for(256, causal, 4096), compile_gluon))
             cases.append((f"gluon-bwd D=256 causal={causal!s:<5}", GB.config_for(256, causal, 4096), compile_gluon_bwd))
             cases.append((f"gluon-dq D=256 causal={causal!s:<5}", GB.dq_config_for(256, causal), compile_gluon_bwd_dq))
+            # 128 < D < 256 (padded_head_dim): the gradients' first 192 columns stored
+            cases.append((f"gluon-bwd D=256 causal={causal!s:<5}", dict(GB.config_for(256, causal, 4096), D_OUT=192),
+                          compile_gluon_bwd))
+            cases.append((f"gluon-dq D=256 causal={causal!s:<5}", dict(GB.dq_config_for(256, causal), D_OUT=192),
+                          compile_gluon_bwd_dq))
         for dtype in [a for a in sys.argv[1:] if a in ("fp16", "bf16")] or ["fp16", "bf16"]:
             for tag, cfg, build in cases:
                 d, causal = int(tag.split("D=")[1].split()[0]), "True" in tag

@@ -390,7 +390,8 @@ def test_bwd_routing_rules_on_gpu(monkeypatch):
     assert ok(d=256) and ok(d=256, causal=True, sk=384) and ok(d=256, h=6, hk=2)  # the split-column kernel
     assert not ok(d=256, sk=288)  # D = 256 takes 64-key blocks, so Sk must be a multiple of 64 (and Sq of 128)
     assert ok(d=256, sk=320) and not ok(d=256, sq=192)
-    assert not ok(d=48) and not ok(d=192) and not ok(d=160) and not ok(dtype=torch.float32)
+    assert ok(d=192) and ok(d=160, causal=True, sk=320)  # padded to 256 (padded_head_dim)
+    assert not ok(d=192, sk=288) and not ok(d=48) and not ok(dtype=torch.float32)
     assert not ok(causal=True, sq=384, sk=256)   # rows that see no key
     assert not ok(causal=True, shift=0, sk=384)  # top-left causal alignment
     assert not ok(scale=-0.1) and not ok(scale=float("nan"))
@@ -645,15 +646,17 @@ def test_fused_writer_protocol_model():
 
 
 def test_padded_head_dim_rule():
-    """Head dims strictly between 64 and 128 run the Gluon backward at 128; the three native ones
-    (64, 128, 256) as they are; everything else is not taken."""
+    """Head dims strictly between 64 and 128 run the Gluon backward at 128, those between 128 and
+    256 at 256; the three native ones (64, 128, 256) as they are; everything else is not taken."""
     assert gb.padded_head_dim(64) == 64 and gb.padded_head_dim(128) == 128 and gb.padded_head_dim(256) == 256
     assert all(gb.padded_head_dim(d) == 128 for d in (65, 72, 80, 96, 112, 120, 127))
-    assert all(gb.padded_head_dim(d) is None for d in (8, 32, 40, 48, 63, 129, 160, 192, 255, 320))
+    assert all(gb.padded_head_dim(d) == 256 for d in (129, 136, 160, 192, 200, 224, 255))
+    assert all(gb.padded_head_dim(d) is None for d in (8, 32, 40, 48, 63, 257, 320))
 
 
+@pytest.mark.parametrize("d,width", [(96, 128), (192, 256)])
 @pytest.mark.parametrize("seqlen", [1, 17, 65])
-def test_pad_head_dim(seqlen, backend):
+def test_pad_head_dim(seqlen, d, width, backend):
     """The padded copies the Gluon backward runs a 64 < D < 128 call on (the Triton copy kernel,
     in the interpreter or on the GPU): the input's values in the first D columns whatever its
     strides ((B, H, S, D) memory here), exact zeros after them, contiguous (B, S, H, 128). The
@@ -662,22 +665,23 @@ def test_pad_head_dim(seqlen, backend):
     if backend == "tiled":
         pytest.skip("a Triton kernel: the interpreter or the GPU")
     dev = backend_device(backend)
-    t = torch.randn(2, 3, seqlen, 96, device=dev).transpose(1, 2)  # (B, S, H, D) view of (B, H, S, D) memory
-    p = bwd_mod._pad_head_dim(t, 128)
-    assert p.shape == (2, seqlen, 3, 128) and p.is_contiguous() and p.dtype == t.dtype
-    assert torch.equal(p[..., :96], t) and torch.equal(p[..., 96:], torch.zeros(2, seqlen, 3, 32, device=dev))
-    wide = torch.full((2, seqlen, 3, 2, 128), float("nan"), device=dev)
+    t = torch.randn(2, 3, seqlen, d, device=dev).transpose(1, 2)  # (B, S, H, D) view of (B, H, S, D) memory
+    p = bwd_mod._pad_head_dim(t, width)
+    assert p.shape == (2, seqlen, 3, width) and p.is_contiguous() and p.dtype == t.dtype
+    assert torch.equal(p[..., :d], t) and torch.equal(p[..., d:], torch.zeros(2, seqlen, 3, width - d, device=dev))
+    wide = torch.full((2, seqlen, 3, 2, width), float("nan"), device=dev)
     bwd_mod._copy_cols(t, wide[..., 0, :])
-    assert torch.equal(wide[..., 0, :96], t) and not wide[..., 0, 96:].any()
+    assert torch.equal(wide[..., 0, :d], t) and not wide[..., 0, d:].any()
     assert torch.isnan(wide[..., 1, :]).all()  # the neighbouring slices are untouched
 
 
 @needs_sm90
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("d", [72, 96, 120])
+@pytest.mark.parametrize("d", [72, 96, 120, 160, 192])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c)))
 def test_gluon_backward_padded_head_dims(case, d, causal, gluon_bwd_calls):
-    """64 < D < 128 through the public API: the Gluon kernels at D = 128 on zero-padded copies,
+    """64 < D < 128 and 128 < D < 256 through the public API: the Gluon kernels at D = 128 (256,
+    the split-column kernels) on zero-padded copies,
     storing the gradients' own D columns (D_OUT). The gradients meet flash-attn's rule; into
     NaN-poisoned buffers that are the first D columns of wider ones, every element is written and
     nothing past column D; they equal the pinned Triton backward up to the summation order."""
@@ -687,7 +691,7 @@ def test_gluon_backward_padded_head_dims(case, d, causal, gluon_bwd_calls):
     q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=sq + sk + d)
     do = torch.randn_like(q)
     grads = _grads(q, k, v, do, causal)
-    assert [c[1].shape[-1] for c in gluon_bwd_calls] == [128], "the call did not take the padded Gluon backward"
+    assert [c[1].shape[-1] for c in gluon_bwd_calls] == [gb.padded_head_dim(d)], "the call did not take the padded Gluon backward"
     check_cuda_grads(grads, q, k, v, do, causal)
     _check_padded_into_wider_buffers(q, k, v, do, causal)
 

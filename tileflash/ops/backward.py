@@ -13,10 +13,11 @@ Three launches, no atomics, so the result is bitwise deterministic:
    its GQA group and over their Q blocks, accumulating dK and dV in registers.
 3. ``_bwd_dq``: one program per (Q block, batch·head), looping over the K/V blocks.
 
-On Hopper, dense fp16/bf16 calls at head dim 64/128 replace steps 2 and 3 with the Gluon dK/dV
+On Hopper, dense fp16/bf16 calls at head dim 64/128/256 replace steps 2 and 3 with the Gluon dK/dV
 and dQ kernels of ``tileflash.ops.backward_sm90`` (same math, their own tiles, asynchronous
 wgmma; ``TILEFLASH_GLUON_DQ=0`` keeps step 3 in Triton); step 1 stays. Head dims between 64 and
-128 (e.g. 96) take them too, on copies zero-padded to 128 (``backward_sm90.padded_head_dim``). ``TILEFLASH_GLUON_FUSED=1``
+128 (e.g. 96) take them too, on copies zero-padded to 128, and between 128 and 256 (e.g. 192) on
+copies padded to 256 (``backward_sm90.padded_head_dim``). ``TILEFLASH_GLUON_FUSED=1``
 instead runs one fused Gluon kernel for steps 2 and 3, whose dQ sums are ordered TMA reductions
 (still bitwise deterministic; on the H200 0.72–1.02× the split kernels' speed, docs/perf-notes.md §30).
 
@@ -495,9 +496,9 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
     delta = _delta(out, dout, lse, varlen, nheads, head_dim)
     gluon_done = False
     if gluon:
-        # Hopper. 64 < D < 128 runs the Gluon kernels at D = 128 on copies of dO, q, k and v
-        # zero-padded to 128 columns; they store the gradients' own D columns (D_OUT), and delta is
-        # the same either way (backward_sm90.padded_head_dim says why that is exact).
+        # Hopper. 64 < D < 128 (128 < D < 256) runs the Gluon kernels at D = 128 (256) on copies of
+        # dO, q, k and v zero-padded to that width; they store the gradients' own D columns (D_OUT),
+        # and delta is the same either way (backward_sm90.padded_head_dim says why that is exact).
         width = backward_sm90.padded_head_dim(head_dim)
         g_in = (dout, q, k, v) if width == head_dim else tuple(_pad_head_dim(t, width) for t in (dout, q, k, v))
         if backward_sm90.fused_enabled() and width <= 128 and dq.stride(-1) == 1 and backward_sm90.backward(

@@ -571,7 +571,8 @@ if _f90.HAVE_GLUON:
 
     @gluon.jit
     def _bwd_ws_split_consumer(shared, split, C: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                               BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                               BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                               D_OUT: gl.constexpr = 0):
         """SPLIT_D (D = 256, where one warpgroup cannot hold 64 keys of dK and dV across the whole
         head dim: 256 fp32 registers per thread): both consumers work on the same BLOCK_N keys, and
         consumer C owns columns [C·D/2, +D/2) of their dK and dV (128 registers, as at D = 128).
@@ -589,7 +590,8 @@ if _f90.HAVE_GLUON:
         written), and ``pds_free`` (count 2) once consumer 1 has read Pᵀ and consumer 0's dK matmul
         has read dSᵀ, so consumer 0 may write the next block's Pᵀ; consumer 1 writes the next dSᵀ
         only after that block's ``p_full``, which consumer 0 signals after waiting for ``pds_free``.
-        Each phase flips once per block."""
+        Each phase flips once per block. D_OUT as in _store_dkdv (a head dim 128 < D < 256 run on
+        copies padded to 256): of its column half, each consumer stores those below D_OUT."""
         (k_smem, v_smem, q_smem, do_smem, ds_unused, dq_unused, kv_bar, q_full, q_empty, pp_unused, LSE, DELTA, DK, DV,
          off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale, sm_scale,
          stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
@@ -653,8 +655,9 @@ if _f90.HAVE_GLUON:
                                    is_async=True)                                         # [BLOCK_N, HALF_D]
                 dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
             mbarrier.arrive(q_empty.index(stage), count=1)                                # block it is done
+        OWN_COLS: gl.constexpr = 0 if D_OUT == 0 else D_OUT - C * HALF_D                # 0: the whole half
         _store_dkdv(DK + C * HALF_D, DV + C * HALF_D, dk, dv, start_n, off_b, off_hk, sm_scale, stride_dkb, stride_dkn,
-                    stride_dkh, stride_dvb, stride_dvn, stride_dvh, BLOCK_N, HALF_D, dkv_layout)
+                    stride_dkh, stride_dvb, stride_dvn, stride_dvh, BLOCK_N, HALF_D, dkv_layout, OWN_COLS)
 
     @gluon.jit
     def _bwd_ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, off_b, off_hk, kv_group, lo, per_head, total,
@@ -741,8 +744,9 @@ if _f90.HAVE_GLUON:
         for i in gl.static_range(2):
             mbarrier.init(pp_bar.index(i), count=1)
         gl.static_assert(not (WITH_DQ and PINGPONG), "WITH_DQ runs without PINGPONG turns")
-        gl.static_assert(not (SPLIT_D and (WITH_DQ or PINGPONG or CARRY_DK or D_OUT != 0)),
-                         "SPLIT_D runs dK/dV only, without PINGPONG turns, CARRY_DK or D_OUT")
+        gl.static_assert(not (SPLIT_D and (WITH_DQ or PINGPONG or CARRY_DK)),
+                         "SPLIT_D runs dK/dV only, without PINGPONG turns or CARRY_DK")
+        gl.static_assert(not SPLIT_D or D_OUT == 0 or D_OUT > HEAD_DIM // 2, "SPLIT_D: D_OUT past the first half")
         if SPLIT_D:
             # Pᵀ (fp32) and dSᵀ of the current Q block, one buffer each (_bwd_ws_split_consumer)
             p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], gl.float32)
@@ -785,8 +789,8 @@ if _f90.HAVE_GLUON:
         # literal lists: Gluon does not take a (function, args) partition held in a variable
         if SPLIT_D:
             gl.warp_specialize([
-                (_bwd_ws_split_consumer, (shared, split, 0, BLOCK_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL)),
-                (_bwd_ws_split_consumer, (shared, split, 1, BLOCK_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL)),
+                (_bwd_ws_split_consumer, (shared, split, 0, BLOCK_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, D_OUT)),
+                (_bwd_ws_split_consumer, (shared, split, 1, BLOCK_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, D_OUT)),
                 (_bwd_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
                                     q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh,
                                     q_ch, KV_ROWS, BLOCK_M, STAGES, KV_PARTS)),
@@ -893,7 +897,7 @@ if _f90.HAVE_GLUON:
                               LSE, DELTA, DQ, row_lse, start_m, n_blocks, n_full, shift, qk_scale, sm_scale,
                               off_b, off_h, stride_dqb, stride_dqm, stride_dqh, split,
                               C: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                              STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                              STAGES: gl.constexpr, CAUSAL: gl.constexpr, D_OUT: gl.constexpr = 0):
         """SPLIT_D (D = 256): the dQ kernel's counterpart of _bwd_ws_split_consumer. Both consumers
         work on the same BLOCK_M rows, and consumer C owns dQ's columns [C·D/2, +D/2) (64 fp32
         registers per thread). Per K/V block j:
@@ -906,7 +910,8 @@ if _f90.HAVE_GLUON:
         Each consumer issues half the block's multiply-adds. P, dS and their barriers (p_full,
         ds_full, pds_free) follow _bwd_ws_split_consumer's protocol; each phase flips once per
         block. Consumer 0 never reads V: it releases V's ring slot once per block all the same, so
-        that the slot's empty barrier counts both consumers."""
+        that the slot's empty barrier counts both consumers. D_OUT as in _store_dkdv: only dQ's
+        columns below it are stored."""
         p_smem, ds_smem, p_full, ds_full, pds_free = split
         HALF_D: gl.constexpr = HEAD_DIM // 2                                              # this consumer's columns
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -974,7 +979,11 @@ if _f90.HAVE_GLUON:
         offs_qd = C * HALF_D + gl.arange(0, HALF_D, layout=gl.SliceLayout(0, dq_layout))
         ptrs = DQ + off_b.to(gl.int64) * stride_dqb + off_h * stride_dqh \
             + gl.expand_dims(offs_qm, 1).to(gl.int64) * stride_dqm + gl.expand_dims(offs_qd, 0)
-        gl.store(ptrs, (dq * sm_scale).to(DQ.dtype.element_ty))
+        if D_OUT == 0:
+            gl.store(ptrs, (dq * sm_scale).to(DQ.dtype.element_ty))
+        else:
+            mask = gl.expand_dims(offs_qm >= 0, 1) & gl.expand_dims(offs_qd < D_OUT, 0)  # [BLOCK_M, HALF_D]
+            gl.store(ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=mask)
 
     @gluon.jit
     def _attn_bwd_dq_sm90_ws(
@@ -989,7 +998,6 @@ if _f90.HAVE_GLUON:
         """dQ only; one program per (BLOCK_M-row Q block, batch·head); q_desc/do_desc blocks are
         the BLOCK_M // 2-row halves (SPLIT_D: the whole block, which both consumers share, each
         owning half of dQ's columns: _dq_ws_split_consumer)."""
-        gl.static_assert(not (SPLIT_D and D_OUT != 0), "SPLIT_D stores the native head dim")
         Q_PARTS: gl.constexpr = 1 if SPLIT_D else 2
         HALF_M: gl.constexpr = BLOCK_M // Q_PARTS                                         # rows per Q/dO piece
         off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift = _f90._q_block_coords(
@@ -1027,11 +1035,11 @@ if _f90.HAVE_GLUON:
                 (_dq_ws_split_consumer, (q_smem, k_smem, v_smem, do_smem, q_bar, do_bar, k_full, v_full, k_empty,
                                          v_empty, LSE, DELTA, DQ, row_lse, start_m, n_blocks, n_full, shift, qk_scale,
                                          sm_scale, off_b, off_h, stride_dqb, stride_dqm, stride_dqh, split,
-                                         0, BLOCK_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+                                         0, BLOCK_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, D_OUT)),
                 (_dq_ws_split_consumer, (q_smem, k_smem, v_smem, do_smem, q_bar, do_bar, k_full, v_full, k_empty,
                                          v_empty, LSE, DELTA, DQ, row_lse, start_m, n_blocks, n_full, shift, qk_scale,
                                          sm_scale, off_b, off_h, stride_dqb, stride_dqm, stride_dqh, split,
-                                         1, BLOCK_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL)),
+                                         1, BLOCK_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, D_OUT)),
                 (_dq_ws_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, q_bar, do_bar,
                                    k_full, v_full, k_empty, v_empty, q_row, q_col, kv_row, kv_col, n_blocks,
                                    HALF_M, BLOCK_N, STAGES, Q_PARTS)),
@@ -1165,17 +1173,20 @@ def enabled() -> bool:
 
 def padded_head_dim(d: int) -> int | None:
     """The head dim at which the Gluon backward runs a call of head dim ``d``, or None if it does
-    not take it. 64, 128 and 256 run as they are. 64 < d < 128 (e.g. 96) runs at 128 on copies of dO, q,
-    k and v zero-padded to 128 columns (``backward._pad_head_dim``); the kernels store only the
-    first d columns of dQ, dK and dV (their ``D_OUT`` constexpr) straight into the caller's
-    buffers (:func:`tileflash.ops.backward.flash_attn_backward`). The zero columns change
-    nothing: they add 0 to every sum over the head dim (S = Q·Kᵀ, dP = dO·Vᵀ), and the columns of
-    dV = Pᵀ·dO, dK = dSᵀ·Q and dQ = dS·K past d are 0 and not stored. The Triton kernels pad such
-    a head dim to a 128-wide tile too (``forward.block_d_for``), so the padding adds no
-    arithmetic over them; the copies add O(N·D) traffic to O(N²·D) work."""
+    not take it. 64, 128 and 256 run as they are. 64 < d < 128 (e.g. 96) runs at 128, and
+    128 < d < 256 (e.g. 160, 192) at 256, on copies of dO, q, k and v zero-padded to that width
+    (``backward._pad_head_dim``); the kernels store only the first d columns of dQ, dK and dV
+    (their ``D_OUT`` constexpr) straight into the caller's buffers
+    (:func:`tileflash.ops.backward.flash_attn_backward`). The zero columns change nothing: they
+    add 0 to every sum over the head dim (S = Q·Kᵀ, dP = dO·Vᵀ), and the columns of dV = Pᵀ·dO,
+    dK = dSᵀ·Q and dQ = dS·K past d are 0 and not stored. The Triton kernels pad such a head dim
+    to a power-of-two tile too (``forward.block_d_for``), so the padding adds no arithmetic over
+    them; the copies add O(N·D) traffic to O(N²·D) work."""
     if d in (64, 128, 256):
         return d
-    return 128 if 64 < d < 128 else None
+    if 64 < d < 128:
+        return 128
+    return 256 if 128 < d < 256 else None
 
 
 def _head_offsets_fit(t) -> bool:
