@@ -584,6 +584,43 @@ def test_gluon_forward_matches_reference(case, d, causal, dtype, layout, gluon_c
 
 @needs_sm90
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [72, 96, 160, 192])
+@pytest.mark.parametrize("case", CASES[:3], ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_gluon_forward_padded_head_dims(case, d, causal, layout, gluon_calls, monkeypatch):
+    """A head dim between the Gluon widths (64 < D < 128, 128 < D < 256) runs the Gluon forward at
+    the padded width on zero-padded copies and copies the output's first D columns back: into
+    NaN-poisoned out and LSE (the bhsd case a strided view), every element is written and meets
+    flash-attn's rule; with TILEFLASH_GLUON_PAD=0 the Triton kernel runs and agrees to rounding."""
+    b, sq, sk, h, hk = case
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=sq + d)
+    if layout == "bhsd":
+        out = torch.full((b, h, sq, d), float("nan"), dtype=q.dtype, device="cuda").transpose(1, 2)
+    else:
+        out = torch.full_like(q, float("nan"))
+    lse = torch.full((b, h, sq), float("nan"), device="cuda")
+    fwd_mod.flash_attn_forward(q, k, v, d ** -0.5, causal, out=out, lse=lse)
+    assert [c[0].shape[-1] for c in gluon_calls] == [g90.padded_head_dim(d)], "the padded Gluon forward did not run"
+    check_cuda_out(out, lse, q, k, v, causal)
+    monkeypatch.setenv("TILEFLASH_GLUON_PAD", "0")
+    ref_out, ref_lse = fwd_mod.flash_attn_forward(q, k, v, d ** -0.5, causal)
+    assert len(gluon_calls) == 1  # the Triton kernel this time
+    assert (out.float() - ref_out.float()).abs().max().item() <= 2e-2 * ref_out.float().abs().max().item()
+    assert (lse - ref_lse).abs().max().item() <= 1e-3
+
+
+def test_pad_switch(monkeypatch):
+    """TILEFLASH_GLUON_PAD=0 turns the padded Gluon forward off; anything else leaves it on."""
+    monkeypatch.delenv("TILEFLASH_GLUON_PAD", raising=False)
+    assert g90.pad_enabled()
+    monkeypatch.setenv("TILEFLASH_GLUON_PAD", "0")
+    assert not g90.pad_enabled()
+    monkeypatch.setenv("TILEFLASH_GLUON_PAD", "1")
+    assert g90.pad_enabled()
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gluon_forward_agrees_with_triton_kernel(causal, gluon_calls):
     """The two kernels compute the same sums in a different order: they agree to rounding."""
     q, k, v = make_qkv(2, 1024, 1536, 4, 2, 128, torch.bfloat16, "cuda", seed=11)

@@ -39,8 +39,9 @@ import triton.language as tl
 from tileflash.ops import backward_sm90, forward_sm90
 from tileflash.ops.common import (block_grid, block_ids, cdiv, dropout_keep, head_scalars, kv_block_range, next_pow2,
                                    q_block_range, score_mods, seq_bounds, visible)
-from tileflash.ops.forward import (LOG2E, _ensure_tma_allocator, block_d_for, feature_args, interpreting, problem_dims,
-                                   rng_strides, strides3, tma_requested, tma_supported)
+from tileflash.ops.forward import (LOG2E, _copy_cols, _ensure_tma_allocator, _pad_head_dim, block_d_for,  # noqa: F401
+                                   feature_args, interpreting, problem_dims, rng_strides, strides3, tma_requested,
+                                   tma_supported)
 
 
 @triton.jit(do_not_specialize=["seqlen_q"])
@@ -73,52 +74,6 @@ def _load_lse2(LSE, DELTA, row_base, o_m, seqlen_q):
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
     delta = tl.load(DELTA + row_base + o_m, mask=m_m, other=0.0)                      # [BLOCK]
     return lse2, delta
-
-
-@triton.jit
-def _copy_head_cols(
-    SRC, DST,
-    stride_sb, stride_ss, stride_sh,
-    stride_db, stride_ds, stride_dh,
-    nheads, seqlen,
-    SRC_COLS: tl.constexpr, DST_COLS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
-    FLAT_GRID: tl.constexpr = False,
-):
-    """DST[b, s, h, :DST_COLS] = SRC[b, s, h, :DST_COLS], zeros past SRC_COLS: the zero-padded
-    copies of the padded-head-dim backward (:func:`_copy_cols`). Grid: (S blocks, batch*heads),
-    ``common.block_grid``."""
-    pid_s, pid_bh = block_ids(seqlen, BLOCK_S, False, FLAT_GRID)
-    off_b = (pid_bh // nheads).to(tl.int64)
-    off_h = (pid_bh % nheads).to(tl.int64)
-    o_s = (pid_s * BLOCK_S + tl.arange(0, BLOCK_S)).to(tl.int64)                     # [BLOCK_S]
-    o_c = tl.arange(0, BLOCK_C)                                                       # [BLOCK_C]
-    m_s = (o_s < seqlen)[:, None]                                                     # [BLOCK_S, 1]
-    p_src = SRC + off_b * stride_sb + off_h * stride_sh + o_s[:, None] * stride_ss + o_c[None, :]
-    p_dst = DST + off_b * stride_db + off_h * stride_dh + o_s[:, None] * stride_ds + o_c[None, :]
-    x = tl.load(p_src, mask=m_s & (o_c < SRC_COLS)[None, :], other=0.0)               # [BLOCK_S, BLOCK_C]
-    tl.store(p_dst, x, mask=m_s & (o_c < DST_COLS)[None, :])
-
-
-def _copy_cols(src, dst):
-    """dst (B, S, H, Dd) = the first Dd columns of src (B, S, H, Ds), zeros where Dd > Ds, in one
-    launch (torch's copies into column slices ran at 1.4 TB/s on the H200, this kernel at 3.5;
-    session 22, runs 2-3). dst's columns must be contiguous."""
-    if src.stride(-1) != 1:
-        src = src.contiguous()
-    batch, seqlen, nheads, cols = dst.shape
-    block_s = 64 if not interpreting() else 16
-    grid, flat = block_grid(cdiv(seqlen, block_s), batch * nheads)
-    _copy_head_cols[grid](src, dst, src.stride(0), src.stride(1), src.stride(2), dst.stride(0), dst.stride(1),
-                          dst.stride(2), nheads, seqlen, SRC_COLS=src.shape[-1], DST_COLS=cols,
-                          BLOCK_C=next_pow2(max(cols, src.shape[-1])), BLOCK_S=block_s, FLAT_GRID=flat)
-
-
-def _pad_head_dim(t, width: int):
-    """A (B, S, H, width) contiguous copy of t (B, S, H, D), D <= width, whose columns past D are 0
-    (``backward_sm90.padded_head_dim``)."""
-    padded = torch.empty(t.shape[:-1] + (width,), dtype=t.dtype, device=t.device)
-    _copy_cols(t, padded)
-    return padded
 
 
 @triton.jit

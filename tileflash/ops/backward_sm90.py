@@ -101,6 +101,7 @@ import os
 import torch
 
 from tileflash.ops import forward_sm90 as _f90
+from tileflash.ops.forward_sm90 import padded_head_dim  # noqa: F401  (the rule both passes route by)
 from tileflash.ops.common import GRID_YZ_MAX
 
 if _f90.HAVE_GLUON:
@@ -1169,24 +1170,6 @@ _BROKEN: set = set()
 def enabled() -> bool:
     """TILEFLASH_GLUON_BWD=0 (or TILEFLASH_GLUON=0) turns the Gluon backward off."""
     return _f90.enabled() and os.environ.get("TILEFLASH_GLUON_BWD", "1") != "0"
-
-
-def padded_head_dim(d: int) -> int | None:
-    """The head dim at which the Gluon backward runs a call of head dim ``d``, or None if it does
-    not take it. 64, 128 and 256 run as they are. 64 < d < 128 (e.g. 96) runs at 128, and
-    128 < d < 256 (e.g. 160, 192) at 256, on copies of dO, q, k and v zero-padded to that width
-    (``backward._pad_head_dim``); the kernels store only the first d columns of dQ, dK and dV
-    (their ``D_OUT`` constexpr) straight into the caller's buffers
-    (:func:`tileflash.ops.backward.flash_attn_backward`). The zero columns change nothing: they
-    add 0 to every sum over the head dim (S = Q·Kᵀ, dP = dO·Vᵀ), and the columns of dV = Pᵀ·dO,
-    dK = dSᵀ·Q and dQ = dS·K past d are 0 and not stored. The Triton kernels pad such a head dim
-    to a power-of-two tile too (``forward.block_d_for``), so the padding adds no arithmetic over
-    them; the copies add O(N·D) traffic to O(N²·D) work."""
-    if d in (64, 128, 256):
-        return d
-    if 64 < d < 128:
-        return 128
-    return 256 if 128 < d < 256 else None
 
 
 def _head_offsets_fit(t) -> bool:

@@ -427,6 +427,71 @@ def feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch, dr
     return flags, scalars, alibi_strides
 
 
+@triton.jit
+def _copy_head_cols(
+    SRC, DST,
+    stride_sb, stride_ss, stride_sh,
+    stride_db, stride_ds, stride_dh,
+    nheads, seqlen,
+    SRC_COLS: tl.constexpr, DST_COLS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
+    FLAT_GRID: tl.constexpr = False,
+):
+    """DST[b, s, h, :DST_COLS] = SRC[b, s, h, :DST_COLS], zeros past SRC_COLS: the zero-padded
+    copies of a padded head dim's Gluon forward and backward, and the forward's output copied
+    back (:func:`_copy_cols`). Grid: (S blocks, batch*heads),
+    ``common.block_grid``."""
+    pid_s, pid_bh = block_ids(seqlen, BLOCK_S, False, FLAT_GRID)
+    off_b = (pid_bh // nheads).to(tl.int64)
+    off_h = (pid_bh % nheads).to(tl.int64)
+    o_s = (pid_s * BLOCK_S + tl.arange(0, BLOCK_S)).to(tl.int64)                     # [BLOCK_S]
+    o_c = tl.arange(0, BLOCK_C)                                                       # [BLOCK_C]
+    m_s = (o_s < seqlen)[:, None]                                                     # [BLOCK_S, 1]
+    p_src = SRC + off_b * stride_sb + off_h * stride_sh + o_s[:, None] * stride_ss + o_c[None, :]
+    p_dst = DST + off_b * stride_db + off_h * stride_dh + o_s[:, None] * stride_ds + o_c[None, :]
+    x = tl.load(p_src, mask=m_s & (o_c < SRC_COLS)[None, :], other=0.0)               # [BLOCK_S, BLOCK_C]
+    tl.store(p_dst, x, mask=m_s & (o_c < DST_COLS)[None, :])
+
+
+def _copy_cols(src, dst):
+    """dst (B, S, H, Dd) = the first Dd columns of src (B, S, H, Ds), zeros where Dd > Ds, in one
+    launch (torch's copies into column slices ran at 1.4 TB/s on the H200, this kernel at 3.5;
+    session 22, runs 2-3). dst's columns must be contiguous."""
+    if src.stride(-1) != 1:
+        src = src.contiguous()
+    batch, seqlen, nheads, cols = dst.shape
+    block_s = 64 if not interpreting() else 16
+    grid, flat = block_grid(cdiv(seqlen, block_s), batch * nheads)
+    _copy_head_cols[grid](src, dst, src.stride(0), src.stride(1), src.stride(2), dst.stride(0), dst.stride(1),
+                          dst.stride(2), nheads, seqlen, SRC_COLS=src.shape[-1], DST_COLS=cols,
+                          BLOCK_C=next_pow2(max(cols, src.shape[-1])), BLOCK_S=block_s, FLAT_GRID=flat)
+
+
+def _pad_head_dim(t, width: int):
+    """A (B, S, H, width) contiguous copy of t (B, S, H, D), D <= width, whose columns past D are 0
+    (``forward_sm90.padded_head_dim``)."""
+    padded = torch.empty(t.shape[:-1] + (width,), dtype=t.dtype, device=t.device)
+    _copy_cols(t, padded)
+    return padded
+
+
+def _gluon_forward_padded(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, config, width) -> bool:
+    """A head dim between the Gluon kernels' widths (``forward_sm90.padded_head_dim``): the Gluon
+    forward at ``width`` on zero-padded copies of q, k and v, into a padded output whose first
+    columns are copied into ``out``; lse is written in place. True if it ran; False (nothing
+    written) if the Gluon kernel does not take the padded call or did not compile."""
+    qp, kp, vp = (torch.empty(t.shape[:-1] + (width,), dtype=t.dtype, device=t.device) for t in (q, k, v))
+    outp = torch.empty(out.shape[:-1] + (width,), dtype=out.dtype, device=out.device)
+    plan = forward_sm90.plan_for(qp, kp, vp, outp, lse, softmax_scale, causal, causal_shift, flags, False, config)
+    if plan is None:
+        return False
+    for t, padded in ((q, qp), (k, kp), (v, vp)):
+        _copy_cols(t, padded)
+    if forward_sm90.forward(qp, kp, vp, outp, lse, softmax_scale, causal, plan=plan) is None:
+        return False
+    _copy_cols(outp, out)  # the first head_dim columns (the rest are 0)
+    return True
+
+
 def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int | None = None, *,
                        window=(-1, -1), softcap: float = 0.0, alibi_slopes=None, dropout_p: float = 0.0,
                        seed=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
@@ -447,6 +512,10 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift
     overrides (:func:`tma_requested`).
     ``out``/``lse`` may be given preallocated (tests pass NaN-filled buffers to prove that the
     kernel writes every element).
+    On Hopper, plain dense fp16/bf16 calls run the Gluon kernel of ``forward_sm90`` instead; at a
+    head dim between its widths (64 < D < 128, 128 < D < 256) it runs on copies of q, k and v
+    zero-padded to the next width, and out gets the padded output's first D columns
+    (``forward_sm90.padded_head_dim``; ``TILEFLASH_GLUON_PAD=0`` keeps those calls on Triton).
     """
     varlen, batch, seqlen_q, seqlen_k, lse_shape, lse_strides = problem_dims(q, k, cu_seqlens_q, max_seqlen_q,
                                                                              max_seqlen_k)
@@ -471,6 +540,11 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift
         done = forward_sm90.forward(q, k, v, out, lse, softmax_scale, causal, plan=plan)
         if done is not None:
             return done
+    elif not varlen and q.is_cuda and forward_sm90.enabled() and forward_sm90.pad_enabled():
+        width = forward_sm90.padded_head_dim(head_dim)
+        if width is not None and width != head_dim and out.stride(-1) == 1 and \
+                _gluon_forward_padded(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, config, width):
+            return out, lse
     args = (
         q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seed if dropout_p > 0 else None,
         *strides3(q, varlen), *strides3(k, varlen), *strides3(v, varlen), *strides3(out, varlen),

@@ -31,7 +31,8 @@ The host side is a launch plan per call layout (:func:`plan_for`, :class:`_Plan`
 2-D views, validated descriptors and, after the first launch, the compiled kernel's launcher are
 reused by every later call with the same shapes, strides and dtypes.
 
-Scope: the hot path only (dense, fp16/bf16, head dim 64, 128 or 256, no window/softcap/ALiBi/dropout,
+Scope: the hot path only (dense, fp16/bf16, head dim 64, 128 or 256 — other head dims between
+64 and 256 run at the next of those on zero-padded copies, :func:`padded_head_dim` — no window/softcap/ALiBi/dropout,
 positive scale, causal or not, Sq % BLOCK_M == 0 (with three consumers Sq % 64 == 0: the last
 Q block may run past Sq), Sk % BLOCK_N == 0, Sq <= Sk when causal).
 :func:`supported` decides; everything else runs the Triton kernel, which stays the reference
@@ -771,6 +772,32 @@ def launch_or_fall_back(broken: set, key, what: str, hint: str, launch) -> bool:
                       f"({type(e).__name__}: {str(e)[:200]}); {hint}", RuntimeWarning, stacklevel=4)
         return False
     return True
+
+
+def padded_head_dim(d: int) -> int | None:
+    """The head dim at which the Hopper Gluon kernels run a call of head dim ``d``, or None if they
+    do not take it. 64, 128 and 256 run as they are. 64 < d < 128 (e.g. 96) runs at 128, and
+    128 < d < 256 (e.g. 160, 192) at 256, on copies of the inputs zero-padded to that width
+    (``forward._pad_head_dim``): the backward on dO, q, k and v, storing only the first d columns
+    of dQ, dK and dV (its kernels' ``D_OUT`` constexpr) straight into the caller's buffers
+    (``backward.flash_attn_backward``); the forward on q, k and v, into a padded output whose
+    first d columns are copied into the caller's (``forward.flash_attn_forward``). The zero
+    columns change nothing: they add 0 to every sum over the head dim (S = Q·Kᵀ, dP = dO·Vᵀ), and
+    the columns of O = P·V, dV = Pᵀ·dO, dK = dSᵀ·Q and dQ = dS·K past d are 0 and not kept. The
+    Triton kernels pad such a head dim to a power-of-two tile too (``forward.block_d_for``), so the
+    padding adds no arithmetic over them; the copies add O(N·D) traffic to O(N²·D) work, and
+    memory while the call runs."""
+    if d in (64, 128, 256):
+        return d
+    if 64 < d < 128:
+        return 128
+    return 256 if 128 < d < 256 else None
+
+
+def pad_enabled() -> bool:
+    """TILEFLASH_GLUON_PAD=0 keeps the forward of a padded head dim (:func:`padded_head_dim`) on the
+    Triton kernel (the backward's padded route is not affected)."""
+    return os.environ.get("TILEFLASH_GLUON_PAD", "1") != "0"
 
 
 def enabled() -> bool:
