@@ -571,6 +571,24 @@ if _f90.HAVE_GLUON:
                     stride_dvb, stride_dvn, stride_dvh, HALF_N, HEAD_DIM, dkv_layout, D_OUT)
 
     @gluon.jit
+    def _split_exchange(ROWS: gl.constexpr, COLS: gl.constexpr, dtype: gl.constexpr):
+        """The SPLIT_D consumers' exchange (_bwd_ws_split_consumer, _dq_ws_split_consumer): one
+        [ROWS, COLS] buffer for P (fp32) and one for dS (the input dtype), and their mbarriers:
+        (p_smem, ds_smem, p_full, ds_full, pds_free); pds_free counts two arrivals, P read by
+        consumer 1 and dS read by consumer 0."""
+        p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, COLS], gl.float32)
+        p_smem = gl.allocate_shared_memory(gl.float32, [ROWS, COLS], p_layout)
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, COLS], dtype)
+        ds_smem = gl.allocate_shared_memory(dtype, [ROWS, COLS], ds_layout)
+        p_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ds_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        pds_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(p_full, count=1)
+        mbarrier.init(ds_full, count=1)
+        mbarrier.init(pds_free, count=2)
+        return p_smem, ds_smem, p_full, ds_full, pds_free
+
+    @gluon.jit
     def _bwd_ws_split_consumer(shared, split, C: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                                BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                D_OUT: gl.constexpr = 0):
@@ -749,18 +767,7 @@ if _f90.HAVE_GLUON:
                          "SPLIT_D runs dK/dV only, without PINGPONG turns or CARRY_DK")
         gl.static_assert(not SPLIT_D or D_OUT == 0 or D_OUT > HEAD_DIM // 2, "SPLIT_D: D_OUT past the first half")
         if SPLIT_D:
-            # Pᵀ (fp32) and dSᵀ of the current Q block, one buffer each (_bwd_ws_split_consumer)
-            p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], gl.float32)
-            p_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M], p_layout)
-            ds_layout_s: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
-            dst_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout_s)
-            p_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-            ds_full_s = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-            pds_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-            mbarrier.init(p_full, count=1)
-            mbarrier.init(ds_full_s, count=1)
-            mbarrier.init(pds_free, count=2)   # Pᵀ read by consumer 1, dSᵀ read by consumer 0
-            split = (p_smem, dst_smem, p_full, ds_full_s, pds_free)
+            split = _split_exchange(BLOCK_N, BLOCK_M, dtype)   # Pᵀ and dSᵀ of the current Q block
         if WITH_DQ:
             # dSᵀ of both consumers, double-buffered ([2 blocks · 2 key halves, HALF_N, BLOCK_M]); the
             # staged dQ column halves ([DQ_BUFS blocks · 2 halves, BLOCK_M, HEAD_DIM // 2] fp32)
@@ -1020,18 +1027,7 @@ if _f90.HAVE_GLUON:
         k_full, v_full, k_empty, v_empty = _f90._kv_ring_bars(STAGES)   # both consumers release each slot
 
         if SPLIT_D:
-            # P (fp32) and dS of the current K/V block, one buffer each (_dq_ws_split_consumer)
-            p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], gl.float32)
-            p_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, BLOCK_N], p_layout)
-            ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
-            ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], ds_layout)
-            p_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-            ds_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-            pds_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-            mbarrier.init(p_full, count=1)
-            mbarrier.init(ds_full, count=1)
-            mbarrier.init(pds_free, count=2)   # P read by consumer 1, dS read by consumer 0
-            split = (p_smem, ds_smem, p_full, ds_full, pds_free)
+            split = _split_exchange(BLOCK_M, BLOCK_N, dtype)   # P and dS of the current K/V block
             gl.warp_specialize([
                 (_dq_ws_split_consumer, (q_smem, k_smem, v_smem, do_smem, q_bar, do_bar, k_full, v_full, k_empty,
                                          v_empty, LSE, DELTA, DQ, row_lse, start_m, n_blocks, n_full, shift, qk_scale,
