@@ -32,8 +32,8 @@ The host side is a launch plan per call layout (:func:`plan_for`, :class:`_Plan`
 reused by every later call with the same shapes, strides and dtypes.
 
 Scope: the hot path only (dense, fp16/bf16, head dim 64, 128 or 256 — other head dims between
-64 and 256 run at the next of those on zero-padded copies, :func:`padded_head_dim` — no window/softcap/ALiBi/dropout,
-positive scale, causal or not, Sq % BLOCK_M == 0 (with three consumers Sq % 64 == 0: the last
+64 and 256 run at the next of those on zero-padded copies, :func:`padded_head_dim` — no
+window/softcap/ALiBi/dropout, positive scale, causal or not, Sq % BLOCK_M == 0 (with three consumers Sq % 64 == 0: the last
 Q block may run past Sq), Sk % BLOCK_N == 0, Sq <= Sk when causal).
 :func:`supported` decides; everything else runs the Triton kernel, which stays the reference
 implementation (it runs in the CPU interpreter; this one cannot). The numerics follow
