@@ -592,6 +592,7 @@ def test_gluon_forward_padded_head_dims(case, d, causal, layout, gluon_calls, mo
     the padded width on zero-padded copies and copies the output's first D columns back: into
     NaN-poisoned out and LSE (the bhsd case a strided view), every element is written and meets
     flash-attn's rule; with TILEFLASH_GLUON_PAD=0 the Triton kernel runs and agrees to rounding."""
+    monkeypatch.delenv("TILEFLASH_GLUON_PAD", raising=False)
     b, sq, sk, h, hk = case
     q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=sq + d)
     if layout == "bhsd":
