@@ -571,6 +571,39 @@ if _f90.HAVE_GLUON:
                     stride_dvb, stride_dvn, stride_dvh, HALF_N, HEAD_DIM, dkv_layout, D_OUT)
 
     @gluon.jit
+    def _exchange_put(smem, vals, full_bar):
+        """A SPLIT_D consumer hands vals (P in fp32, or dS) to the other consumer: stored, fenced for
+        the wgmma that may read it, and signalled on full_bar once every row of this warpgroup is
+        written."""
+        smem.store(vals)
+        fence_async_shared()
+        _cta_barrier()
+        mbarrier.arrive(full_bar, count=1)
+
+    @gluon.jit
+    def _exchange_take(smem, full_bar, phase, free_bar, layout: gl.constexpr):
+        """What the other SPLIT_D consumer put in smem (P), in ``layout``, once full_bar's phase has
+        completed; free_bar counts this consumer's read once every row of this warpgroup has it."""
+        mbarrier.wait(full_bar, phase)
+        vals = smem.load(layout)
+        _cta_barrier()
+        mbarrier.arrive(free_bar, count=1)
+        return vals
+
+    @gluon.jit
+    def _store_dq(DQ, dq, sm_scale, off_b, off_h, stride_dqb, stride_dqm, stride_dqh, offs_qm, offs_qd,
+                  D_OUT: gl.constexpr):
+        """DQ[b, offs_qm, h, offs_qd] = scale · dq, in DQ's dtype; D_OUT (0: every column) as in
+        _store_dkdv: only the columns below it."""
+        ptrs = DQ + off_b.to(gl.int64) * stride_dqb + off_h * stride_dqh \
+            + gl.expand_dims(offs_qm, 1).to(gl.int64) * stride_dqm + gl.expand_dims(offs_qd, 0)
+        if D_OUT == 0:
+            gl.store(ptrs, (dq * sm_scale).to(DQ.dtype.element_ty))
+        else:
+            mask = gl.expand_dims(offs_qm >= 0, 1) & gl.expand_dims(offs_qd < D_OUT, 0)
+            gl.store(ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=mask)
+
+    @gluon.jit
     def _split_exchange(ROWS: gl.constexpr, COLS: gl.constexpr, dtype: gl.constexpr):
         """The SPLIT_D consumers' exchange (_bwd_ws_split_consumer, _dq_ws_split_consumer): one
         [ROWS, COLS] buffer for P (fp32) and one for dS (the input dtype), and their mbarriers:
@@ -646,10 +679,7 @@ if _f90.HAVE_GLUON:
                 st = warpgroup_mma_wait(num_outstanding=0, deps=(st_tok,))               # [BLOCK_N, BLOCK_M]
                 pt = _probs_t(st, lse, qk_scale, start_n, offs_n, start_m, offs_m, mask_end, shift, CAUSAL)
                 mbarrier.wait(pds_free, phase ^ 1, pred=it >= 1)   # block it - 1's Pᵀ and dSᵀ are read
-                p_smem.store(pt)
-                fence_async_shared()
-                _cta_barrier()   # every row of this warpgroup is written before the arrival
-                mbarrier.arrive(p_full, count=1)
+                _exchange_put(p_smem, pt, p_full)
                 dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_s.slice(0, HALF_D, dim=1), dv,
                                    is_async=True)                                         # [BLOCK_N, HALF_D]
                 mbarrier.wait(ds_full, phase)
@@ -659,15 +689,9 @@ if _f90.HAVE_GLUON:
             else:
                 dpt_tok = warpgroup_mma(v_all, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
                 dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt_tok,))              # [BLOCK_N, BLOCK_M]
-                mbarrier.wait(p_full, phase)
-                pt = p_smem.load(st_layout)                                               # [BLOCK_N, BLOCK_M]
-                _cta_barrier()   # every row of this warpgroup is read before the arrival
-                mbarrier.arrive(pds_free, count=1)                                        # Pᵀ is read
+                pt = _exchange_take(p_smem, p_full, phase, pds_free, st_layout)          # [BLOCK_N, BLOCK_M]
                 dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)                   # [BLOCK_N, BLOCK_M]
-                ds_smem.store(dst)
-                fence_async_shared()
-                _cta_barrier()
-                mbarrier.arrive(ds_full, count=1)
+                _exchange_put(ds_smem, dst, ds_full)
                 dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do_s.slice(HALF_D, HALF_D, dim=1), dv,
                                    is_async=True)                                         # [BLOCK_N, HALF_D]
                 dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s.slice(HALF_D, HALF_D, dim=1), dk,
@@ -892,13 +916,7 @@ if _f90.HAVE_GLUON:
 
         offs_qm = start_m + C * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, dq_layout))
         offs_qd = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
-        ptrs = DQ + off_b.to(gl.int64) * stride_dqb + off_h * stride_dqh \
-            + gl.expand_dims(offs_qm, 1).to(gl.int64) * stride_dqm + gl.expand_dims(offs_qd, 0)
-        if D_OUT == 0:
-            gl.store(ptrs, (dq * sm_scale).to(DQ.dtype.element_ty))
-        else:
-            mask = gl.expand_dims(offs_qm >= 0, 1) & gl.expand_dims(offs_qd < D_OUT, 0)  # [HALF_M, HEAD_DIM]
-            gl.store(ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=mask)
+        _store_dq(DQ, dq, sm_scale, off_b, off_h, stride_dqb, stride_dqm, stride_dqh, offs_qm, offs_qd, D_OUT)
 
     @gluon.jit
     def _dq_ws_split_consumer(q_smem, k_smem, v_smem, do_smem, q_bar, do_bar, k_full, v_full, k_empty, v_empty,
@@ -953,10 +971,7 @@ if _f90.HAVE_GLUON:
                         vis = gl.expand_dims(j * BLOCK_N + offs_n, 0) <= gl.expand_dims(offs_m + shift, 1)
                         p = gl.where(vis, p, 0.0)
                 mbarrier.wait(pds_free, (j & 1) ^ 1, pred=j >= 1)   # block j - 1's P and dS are read
-                p_smem.store(p)
-                fence_async_shared()
-                _cta_barrier()   # every row of this warpgroup is written before the arrival
-                mbarrier.arrive(p_full, count=1)
+                _exchange_put(p_smem, p, p_full)
                 mbarrier.arrive(v_empty.index(stage), count=1)                            # (V is not read here)
                 mbarrier.wait(ds_full, j & 1)
                 dq = warpgroup_mma(ds_smem, k_s.slice(0, HALF_D, dim=1), dq, is_async=True)  # [BLOCK_M, HALF_D]
@@ -968,15 +983,9 @@ if _f90.HAVE_GLUON:
                                        is_async=True)
                 dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok,))               # [BLOCK_M, BLOCK_N]
                 mbarrier.arrive(v_empty.index(stage), count=1)                            # V_j no longer read
-                mbarrier.wait(p_full, j & 1)
-                p = p_smem.load(s_layout)                                                 # [BLOCK_M, BLOCK_N]
-                _cta_barrier()   # every row of this warpgroup is read before the arrival
-                mbarrier.arrive(pds_free, count=1)                                        # P is read
+                p = _exchange_take(p_smem, p_full, j & 1, pds_free, s_layout)            # [BLOCK_M, BLOCK_N]
                 ds = (p * (dp - gl.expand_dims(delta, 1))).to(dtype)                      # [BLOCK_M, BLOCK_N]
-                ds_smem.store(ds)
-                fence_async_shared()
-                _cta_barrier()
-                mbarrier.arrive(ds_full, count=1)
+                _exchange_put(ds_smem, ds, ds_full)
                 mbarrier.wait(k_full.index(stage), phase)
                 b_ds = gl.convert_layout(ds, op_layout)                                   # [BLOCK_M, BLOCK_N]
                 dq = warpgroup_mma(b_ds, k_s.slice(HALF_D, HALF_D, dim=1), dq, is_async=True)  # [BLOCK_M, HALF_D]
@@ -985,13 +994,7 @@ if _f90.HAVE_GLUON:
 
         offs_qm = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
         offs_qd = C * HALF_D + gl.arange(0, HALF_D, layout=gl.SliceLayout(0, dq_layout))
-        ptrs = DQ + off_b.to(gl.int64) * stride_dqb + off_h * stride_dqh \
-            + gl.expand_dims(offs_qm, 1).to(gl.int64) * stride_dqm + gl.expand_dims(offs_qd, 0)
-        if D_OUT == 0:
-            gl.store(ptrs, (dq * sm_scale).to(DQ.dtype.element_ty))
-        else:
-            mask = gl.expand_dims(offs_qm >= 0, 1) & gl.expand_dims(offs_qd < D_OUT, 0)  # [BLOCK_M, HALF_D]
-            gl.store(ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=mask)
+        _store_dq(DQ, dq, sm_scale, off_b, off_h, stride_dqb, stride_dqm, stride_dqh, offs_qm, offs_qd, D_OUT)
 
     @gluon.jit
     def _attn_bwd_dq_sm90_ws(
