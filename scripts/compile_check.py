@@ -188,11 +188,11 @@ def compile_gluon_bwd_dq(d, causal, cfg, dtype="fp16"):
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
                  CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, D_OUT=cfg.get("D_OUT", 0),
-                 SPLIT_D=cfg.get("SPLIT_D", False))
+                 SPLIT_D=cfg.get("SPLIT_D", False), FUSE_DELTA=cfg.get("FUSE_DELTA", False))
     q_rows = bm if cfg.get("SPLIT_D", False) else bm // 2
     return _compile_gluon_sm90(GB._attn_bwd_dq_sm90_ws, const, dtype, d,
                                dict(q_desc=q_rows, do_desc=q_rows, k_desc=bn, v_desc=bn),
-                               dict(LSE="*fp32", DELTA="*fp32", DQ="*DTYPE"))
+                               dict(LSE="*fp32", DELTA="*fp32", DQ="*DTYPE", O="*DTYPE"))
 
 
 def main():
@@ -295,11 +295,16 @@ def main():
                 for cfg in (base, lock, dict(lock, WITH_DQ=True), dict(lock, CARRY_DK=False)):
                     cases.append((f"gluon-bwd D={d} causal={causal!s:<5}", cfg, compile_gluon_bwd))
                 cases.append((f"gluon-dq D={d} causal={causal!s:<5}", GB.dq_config_for(d, causal), compile_gluon_bwd_dq))
+                # the default route's dQ kernel, which computes delta from O (backward_dq with out)
+                cases.append((f"gluon-dq D={d} causal={causal!s:<5}", dict(GB.dq_config_for(d, causal), FUSE_DELTA=True),
+                              compile_gluon_bwd_dq))
                 if d == 128:  # a padded head dim (padded_head_dim): the gradients' first 96 columns stored
                     for cfg in (base, dict(lock, WITH_DQ=True), GB.fused_config_for(d, causal)):
                         cases.append((f"gluon-bwd D={d} causal={causal!s:<5}", dict(cfg, D_OUT=96), compile_gluon_bwd))
                     cases.append((f"gluon-dq D={d} causal={causal!s:<5}", dict(GB.dq_config_for(d, causal), D_OUT=96),
                                   compile_gluon_bwd_dq))
+                    cases.append((f"gluon-dq D={d} causal={causal!s:<5}",
+                                  dict(GB.dq_config_for(d, causal), D_OUT=96, FUSE_DELTA=True), compile_gluon_bwd_dq))
         for causal in (False, True):  # D = 256: the forward, and the dK/dV kernel with the columns split (SPLIT_D)
             cases.append((f"gluon D=256 causal={causal!s:<5} N=4096", G.config_for(256, causal, 4096), compile_gluon))
             cases.append((f"gluon-bwd D=256 causal={causal!s:<5}", GB.config_for(256, causal, 4096), compile_gluon_bwd))

@@ -112,25 +112,33 @@ def test_fused_mode_is_opt_in(fused, monkeypatch):
         launches.append(("dkdv", cfg))
         return (dq if cfg and cfg.get("WITH_DQ") else None), dk, dv
 
-    def fake_dq(dout, q, k, v, lse, delta, dq, scale, causal, cfg=None):
+    def fake_dq(dout, q, k, v, lse, delta, dq, scale, causal, cfg=None, out=None):
         launches.append(("dq", cfg))
+        launches.append(("dq computes delta", out is not None))
         return dq
 
     monkeypatch.setattr(gb, "backward", fake_backward)
     monkeypatch.setattr(gb, "backward_dq", fake_dq)
     # no kernel runs: the delta kernel is replaced too (CPU tensors cannot reach a compiled kernel)
-    monkeypatch.setattr(bwd_mod, "_delta", lambda out, *a: torch.zeros(out.shape[0], out.shape[2], out.shape[1]))
+    monkeypatch.setattr(bwd_mod, "_delta", lambda out, *a: launches.append(("delta", None))
+                        or torch.zeros(out.shape[0], out.shape[2], out.shape[1]))
     q, k, v = make_qkv(1, 128, 128, 2, 2, 64, torch.float32, "cpu", seed=1)
     do, out, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(1, 2, 128)
     bwd_mod.flash_attn_backward(do, q, k, v, out, lse, 0.125, True)
     if fused:
-        assert len(launches) == 1 and launches[0][0] == "dkdv"
-        cfg = launches[0][1]
+        assert [name for name, _ in launches] == ["delta", "dkdv"]
+        cfg = launches[1][1]
         assert cfg == gb.fused_config_for(64, True)
         assert cfg["WS"] and cfg["WITH_DQ"] and not cfg["CARRY_DK"] and cfg["STAGES"] == 2
     else:
-        assert [name for name, _ in launches] == ["dkdv", "dq"]
-        assert launches[0][1] is None  # backward() then takes config_for's split tiles
+        # the dQ kernel first, computing delta from out (no delta kernel); then the dK/dV kernel
+        assert launches == [("dq", None), ("dq computes delta", True), ("dkdv", None)]
+        # backward() then takes config_for's split tiles
+    launches.clear()
+    monkeypatch.setenv("TILEFLASH_DQ_DELTA", "0")
+    bwd_mod.flash_attn_backward(do, q, k, v, out, lse, 0.125, True)
+    if not fused:  # the switch: the delta kernel, the dK/dV kernel, then the dQ kernel reading delta
+        assert launches == [("delta", None), ("dkdv", None), ("dq", None), ("dq computes delta", False)]
 
 
 def _compile_rows(code: str) -> dict:
@@ -243,12 +251,18 @@ def test_bwd_launches_match_the_kernel_signatures(d, causal):
                               PINGPONG=False, DQ_MODE=0, PER_HEAD=cfg.get("PER_HEAD", False),
                               PDL_TRIGGER=cfg.get("PDL_TRIGGER", False), SPLIT_D=d == 256))}
     assert gb.dq_supported(q, k, dq, causal)
-    dq_launch = gb._dq_launch(do, q, k, v, lse, dq, causal, dqcfg)
-    launches["dq"] = (dq_launch, ["LSE", "DELTA", "DQ"],
-                      dict(stride_dqb=dq.stride(0), stride_dqm=dq.stride(1), stride_dqh=dq.stride(2), nheads=4,
+    # the default route's dQ launch reads O for delta: O in (B, H, S, D) memory, so its strides differ from dq's
+    o_t = torch.empty(q.shape[0], q.shape[2], q.shape[1], d, dtype=q.dtype).transpose(1, 2)
+    fuse = gb.dq_computes_delta(d, causal)
+    dq_launch = gb._dq_launch(do, q, k, v, lse, dq, causal, dqcfg, o_t if fuse else None)
+    o_strides = o_t.stride() if fuse else dq.stride()
+    launches["dq"] = (dq_launch, ["LSE", "DELTA", "DQ", "O"],
+                      dict(stride_dqb=dq.stride(0), stride_dqm=dq.stride(1), stride_dqh=dq.stride(2),
+                           stride_ob=o_strides[0], stride_om=o_strides[1], stride_oh=o_strides[2], nheads=4,
                            kv_group=2, seqlen_q=256, seqlen_k=384),
                       dict(BLOCK_M=dqcfg["BLOCK_M"], BLOCK_N=dqcfg["BLOCK_N"], STAGES=dqcfg["STAGES"],
-                           CONSUMER_REGS=240, SPLIT_D=d == 256))
+                           CONSUMER_REGS=240, SPLIT_D=d == 256, FUSE_DELTA=fuse))
+    assert fuse == (d != 256)  # SPLIT_D keeps the delta kernel
     for name, (launch, ptrs, ints_want, tail_want) in launches.items():
         params = launch.kernel.params
         names = [p.name for p in params]
@@ -440,14 +454,16 @@ CASES = [  # (batch, seqlen_q, seqlen_k, nheads, nheads_k)
 
 @needs_sm90
 def test_repeated_backward_calls_take_the_cached_launchers(monkeypatch, gluon_bwd_calls):
-    """The second backward call of a layout launches its three kernels (delta, dK/dV, dQ) through
-    the cached compiled launchers; its gradients are bitwise those of the first call (JIT path)
+    """The second backward call of a layout launches its two kernels (dQ, which computes delta,
+    then dK/dV; no delta kernel runs) through the cached compiled launchers; its gradients are bitwise those of the first call (JIT path)
     and right against the reference, on fresh NaN-poisoned buffers. Every call gets its own copies
     of the inputs, and the earlier calls' tensors stay alive, so a launcher that kept an earlier
     call's addresses would read or write the wrong memory. A dq buffer whose pointer is not
     16-byte aligned (the JIT specializes on it) sends the dQ kernel through the JIT again."""
     monkeypatch.delenv("TILEFLASH_GLUON_DQ", raising=False)
     monkeypatch.delenv("TILEFLASH_GLUON_FUSED", raising=False)
+    monkeypatch.delenv("TILEFLASH_DQ_DELTA", raising=False)
+    delta_calls = count_calls(monkeypatch, bwd_mod, "_delta")
     for d, causal, (b, sq, sk, h, hk) in ((64, True, (2, 256, 384, 4, 2)), (128, False, (1, 1024, 1024, 4, 4)),
                                           (64, False, (2, 512, 512, 4, 1))):
         q0, k0, v0 = make_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=sq + d)
@@ -464,9 +480,7 @@ def test_repeated_backward_calls_take_the_cached_launchers(monkeypatch, gluon_bw
                 launches = [x for key, x in gb._LAUNCHES.items()
                             if key[1][:2] == ((do.shape, do.stride(), do.dtype), (q.shape, q.stride(), q.dtype))
                             and key[2][0] == causal]
-                launches += [x for key, x in bwd_mod._PRE_LAUNCHES.items()
-                             if key[:5] == (out.shape, out.stride(), do.stride(), out.dtype, do.dtype)]
-                assert len(launches) == 3, launches
+                assert len(launches) == 2, launches
                 for x in launches:
                     assert x.runner is not None, "the first launch should have kept the compiled launcher"
                     device, real = x.runner
@@ -478,11 +492,11 @@ def test_repeated_backward_calls_take_the_cached_launchers(monkeypatch, gluon_bw
             results.append([g.clone() for g in grads])
             keep.append((q, k, v, do, out, lse, buf, dk, dv))
         names = sorted(n for _, n in runs)
-        assert [o for o, _ in runs].count(0) == 3 and [o for o, _ in runs].count(1) == 2, runs
+        assert [o for o, _ in runs].count(0) == 2 and [o for o, _ in runs].count(1) == 1, runs
         assert names.count("_attn_bwd_dq_sm90_ws") == 1, runs  # the misaligned dq took the JIT
         for grads in results[1:]:
             assert all(torch.equal(g, g0) for g, g0 in zip(grads, results[0]))
-    assert len(gluon_bwd_calls) == 9
+    assert len(gluon_bwd_calls) == 9 and not delta_calls
 
 
 @needs_sm90
@@ -899,6 +913,58 @@ def test_gluon_dq_kernel_checks_its_tiles():
     lse = torch.empty(1, 2, 192)
     with pytest.raises(ValueError, match="multiples of BLOCK_M=128"):
         gb.backward_dq(q, q, k, k, lse, lse, torch.empty_like(q), 0.125, False)
+
+
+def test_gluon_dq_kernel_checks_out():
+    """backward_dq with ``out`` (delta computed in the kernel) refuses an O it cannot read, with a
+    message, before any launch: another shape, another dtype, a non-unit last stride, and a D = 256
+    config (SPLIT_D, each consumer holds half a row). out_supported() is the route's check."""
+    q = torch.empty(1, 128, 2, 64, dtype=torch.float16)
+    lse = torch.empty(1, 2, 128)
+    dq = torch.empty_like(q)
+    bad = {"shape": torch.empty(1, 128, 2, 32, dtype=torch.float16),
+           "dtype": torch.empty(1, 128, 2, 64, dtype=torch.bfloat16),
+           "stride": torch.empty(1, 128, 2, 128, dtype=torch.float16)[..., ::2]}
+    for what, out in bad.items():
+        assert not gb.out_supported(out, q, dq), what
+        with pytest.raises(ValueError, match="out must have dq's shape"):
+            gb.backward_dq(q, q, q, q, lse, lse, dq, 0.125, False, out=out)
+    assert gb.out_supported(torch.empty_like(q), q, dq)
+    q256 = torch.empty(1, 128, 2, 256, dtype=torch.float16)
+    with pytest.raises(ValueError, match="without SPLIT_D"):
+        gb.backward_dq(q256, q256, q256, q256, lse, lse, torch.empty_like(q256), 0.0625, False,
+                       out=torch.empty_like(q256))
+    assert not gb.dq_computes_delta(256, False) and gb.dq_computes_delta(128, True)
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128, 96])
+@pytest.mark.parametrize("case", CASES[:3], ids=lambda c: "x".join(map(str, c)))
+def test_gluon_dq_kernel_computes_delta(case, d, causal):
+    """backward_dq with ``out``: the dQ kernel computes delta = rowsum(dO∘O) itself. Every element
+    of a NaN-poisoned delta buffer is written and equals the fp32 rowsum within fp32 summation
+    order; dq (NaN-poisoned) is the kernel's result without ``out`` fed the delta kernel's value,
+    within the rounding that delta's last bits can move; both meet the fp32 rule with the default
+    dK/dV kernel. D = 96 runs on copies padded to 128 (O keeps its 96 columns: D_OUT)."""
+    b, sq, sk, h, hk = case
+    q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.float16, "cuda", seed=sq + 7 * d)
+    do = torch.randn_like(q)
+    scale, lse, delta_ref = _scale_lse_delta(q, k, v, do, causal)
+    out, _ = fwd_mod.flash_attn_forward(q, k, v, scale, causal)
+    width = gb.padded_head_dim(d)
+    g_in = (do, q, k, v) if width == d else tuple(bwd_mod._pad_head_dim(t, width) for t in (do, q, k, v))
+    delta = torch.full_like(delta_ref, float("nan"))
+    dq = torch.full_like(q, float("nan"))
+    assert gb.backward_dq(*g_in, lse, delta, dq, scale, causal, out=out) is dq
+    assert not torch.isnan(delta).any() and not torch.isnan(dq).any()
+    torch.testing.assert_close(delta, delta_ref, rtol=1e-5, atol=1e-5 * delta_ref.abs().max().item())
+    dq_read = torch.full_like(q, float("nan"))
+    assert gb.backward_dq(*g_in, lse, delta, dq_read, scale, causal) is dq_read
+    assert torch.equal(dq, dq_read)  # the same delta bits, used from registers or read back
+    dkv = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    assert gb.backward(*g_in, lse, delta, *dkv, scale, causal) is not None
+    check_cuda_grads((dq, dkv[1], dkv[2]), q, k, v, do, causal)
 
 
 @needs_sm90

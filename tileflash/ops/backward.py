@@ -448,25 +448,39 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
     seed = seed if dropout_p > 0 else None
     gluon = backward_sm90.supported(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen,
                                     config, dk=dk, dv=dv)
-    delta = _delta(out, dout, lse, varlen, nheads, head_dim)
-    gluon_done = False
+    delta = None
+    gluon_done = dq_done = False
     if gluon:
         # Hopper. 64 < D < 128 (128 < D < 256) runs the Gluon kernels at D = 128 (256) on copies of
         # dO, q, k and v zero-padded to that width; they store the gradients' own D columns (D_OUT),
         # and delta is the same either way (backward_sm90.padded_head_dim says why that is exact).
         width = backward_sm90.padded_head_dim(head_dim)
         g_in = (dout, q, k, v) if width == head_dim else tuple(_pad_head_dim(t, width) for t in (dout, q, k, v))
-        if backward_sm90.fused_enabled() and width <= 128 and dq.stride(-1) == 1 and backward_sm90.backward(
-                *g_in, lse, delta, dq, dk, dv, softmax_scale, causal,
-                backward_sm90.fused_config_for(width, causal)) is not None:
-            return dq, dk, dv  # fused: one Gluon kernel wrote dQ, dK and dV
+        if backward_sm90.fused_enabled() and width <= 128 and dq.stride(-1) == 1:
+            delta = _delta(out, dout, lse, varlen, nheads, head_dim)
+            if backward_sm90.backward(*g_in, lse, delta, dq, dk, dv, softmax_scale, causal,
+                                      backward_sm90.fused_config_for(width, causal)) is not None:
+                return dq, dk, dv  # fused: one Gluon kernel wrote dQ, dK and dV
+        # dQ by the Gluon dQ kernel (TILEFLASH_GLUON_DQ=0 turns it off; None: it did not compile,
+        # the Triton dQ kernel runs). By default it runs first and computes delta itself, which the
+        # dK/dV kernel then reads: no delta kernel (backward_sm90.dq_computes_delta).
+        dq_gluon = backward_sm90.dq_enabled() and backward_sm90.dq_supported(g_in[1], g_in[2], dq, causal)
+        if (dq_gluon and delta is None and backward_sm90.dq_computes_delta(width, causal)
+                and backward_sm90.out_supported(out, g_in[1], dq)):
+            delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+            dq_done = backward_sm90.backward_dq(*g_in, lse, delta, dq, softmax_scale, causal, out=out) is not None
+            if not dq_done:
+                delta = None
+        if delta is None:
+            delta = _delta(out, dout, lse, varlen, nheads, head_dim)
         # the Gluon kernel writes dK and dV (None: it did not compile, the Triton kernel runs)
         gluon_done = backward_sm90.backward(*g_in, lse, delta, dq, dk, dv, softmax_scale, causal) is not None
-        if gluon_done and backward_sm90.dq_enabled() and backward_sm90.dq_supported(g_in[1], g_in[2], dq, causal):
-            # dQ by the Gluon dQ kernel too (TILEFLASH_GLUON_DQ=0 turns it off; None: it did not
-            # compile, the Triton dQ kernel runs)
-            if backward_sm90.backward_dq(*g_in, lse, delta, dq, softmax_scale, causal) is not None:
-                return dq, dk, dv
+        if gluon_done and dq_gluon and not dq_done:
+            dq_done = backward_sm90.backward_dq(*g_in, lse, delta, dq, softmax_scale, causal) is not None
+        if gluon_done and dq_done:
+            return dq, dk, dv
+    if delta is None:
+        delta = _delta(out, dout, lse, varlen, nheads, head_dim)
     # the Triton kernels
     use_tma = bwd_tma_requested(config, q.device, head_dim) and tma_supported(q, k, v, dout)
     if use_tma and q.is_cuda:
@@ -489,6 +503,8 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
             *strides3(dk, varlen), *strides3(dv, varlen), *lse_strides, *alibi_strides,
             nheads, nheads_k, seqlen_q, seqlen_k, causal_shift, *tail, **common, **c, FLAT_GRID=flat,
         )
+    if dq_done:
+        return dq, dk, dv  # the Gluon dQ kernel ran; only dK/dV fell back to the Triton kernel
     c = config["dq"]
     grid, flat = block_grid(cdiv(seqlen_q, c["BLOCK_M"]), batch * nheads)
     _bwd_dq[grid](

@@ -591,6 +591,33 @@ if _f90.HAVE_GLUON:
         return vals
 
     @gluon.jit
+    def _load_o_rows(o_rows, off_b, off_h, row0, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, D_OUT: gl.constexpr):
+        """O[b, row0 : row0 + ROWS, h, :HEAD_DIM] ([ROWS, HEAD_DIM], 16-byte vectors along the head
+        dim), zeros past D_OUT (a padded call's O has only its own columns; 0: every column).
+        ``o_rows`` = (O, stride_ob, stride_om, stride_oh)."""
+        O, stride_ob, stride_om, stride_oh = o_rows
+        VEC: gl.constexpr = 8
+        COLS: gl.constexpr = HEAD_DIM // VEC                                               # threads along D
+        layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // COLS, COLS], [4, 1], [1, 0])
+        offs_r = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))              # [ROWS]
+        offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))                 # [HEAD_DIM]
+        ptrs = O + off_b.to(gl.int64) * stride_ob + off_h * stride_oh \
+            + gl.expand_dims(offs_r, 1).to(gl.int64) * stride_om + gl.expand_dims(offs_d, 0)
+        if D_OUT == 0:
+            return gl.load(ptrs)
+        mask = gl.expand_dims(offs_r >= 0, 1) & gl.expand_dims(offs_d < D_OUT, 0)
+        return gl.load(ptrs, mask=mask, other=0.0)
+
+    @gluon.jit
+    def _delta_rows(o, do_smem, row_layout: gl.constexpr):
+        """delta = rowsum(dO∘O) in fp32, as ``backward._bwd_preprocess`` computes it (both factors
+        widened to fp32 first), of O's rows in registers (_load_o_rows) and the same dO rows in
+        shared memory; returned in row_layout."""
+        do = do_smem.load(o.type.layout)                                                  # [ROWS, HEAD_DIM]
+        delta = gl.sum(o.to(gl.float32) * do.to(gl.float32), axis=1)                      # [ROWS]
+        return gl.convert_layout(delta, row_layout)
+
+    @gluon.jit
     def _store_dq(DQ, dq, sm_scale, off_b, off_h, stride_dqb, stride_dqm, stride_dqh, offs_qm, offs_qd,
                   D_OUT: gl.constexpr):
         """DQ[b, offs_qm, h, offs_qd] = scale · dq, in DQ's dtype; D_OUT (0: every column) as in
@@ -875,10 +902,15 @@ if _f90.HAVE_GLUON:
     @gluon.jit
     def _dq_ws_consumer(q_smem, k_smem, v_smem, do_smem, q_bar, do_bar, k_full, v_full, k_empty, v_empty,
                         LSE, DELTA, DQ, row_lse, start_m, n_blocks, n_full, shift, qk_scale, sm_scale,
-                        off_b, off_h, stride_dqb, stride_dqm, stride_dqh,
+                        off_b, off_h, stride_dqb, stride_dqm, stride_dqh, o_rows,
                         C: gl.constexpr, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, D_OUT: gl.constexpr = 0):
-        """dQ of rows [start_m + C·HALF_M, +HALF_M) of one (batch, head); D_OUT as in _store_dkdv."""
+                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, D_OUT: gl.constexpr = 0,
+                        FUSE_DELTA: gl.constexpr = False):
+        """dQ of rows [start_m + C·HALF_M, +HALF_M) of one (batch, head); D_OUT as in _store_dkdv.
+        FUSE_DELTA: delta = rowsum(dO∘O) of these rows is computed here, from O (``o_rows``: its
+        pointer and (batch, row, head) strides) and the dO rows already in shared memory, used,
+        and stored into DELTA for the dK/dV kernel that runs after this one (the delta kernel's
+        launch and its second read of dO are saved: _delta_rows)."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -889,11 +921,18 @@ if _f90.HAVE_GLUON:
         do_c = do_smem.index(C)                                                           # [HALF_M, HEAD_DIM]
         offs_m = start_m + C * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, s_layout))  # [HALF_M]
         offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))               # [BLOCK_N]
-        lse, delta = _lse_delta(LSE, DELTA, row_lse, offs_m)                              # [HALF_M] each
+        if FUSE_DELTA:
+            o_c = _load_o_rows(o_rows, off_b, off_h, start_m + C * HALF_M, HALF_M, HEAD_DIM, D_OUT)  # [HALF_M, HEAD_DIM]
+            lse = gl.load(LSE + row_lse + offs_m) * 1.4426950408889634                   # [HALF_M] base 2
+        else:
+            lse, delta = _lse_delta(LSE, DELTA, row_lse, offs_m)                          # [HALF_M] each
         s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, s_layout)
         dq = gl.zeros([HALF_M, HEAD_DIM], gl.float32, dq_layout)                          # [HALF_M, HEAD_DIM]
         mbarrier.wait(q_bar.index(C), 0)
         mbarrier.wait(do_bar.index(C), 0)
+        if FUSE_DELTA:
+            delta = _delta_rows(o_c, do_c, gl.SliceLayout(1, s_layout))                   # [HALF_M]
+            gl.store(DELTA + row_lse + offs_m, delta)
         for j in range(n_blocks):
             stage = j % STAGES
             phase = (j // STAGES) & 1
@@ -998,17 +1037,20 @@ if _f90.HAVE_GLUON:
 
     @gluon.jit
     def _attn_bwd_dq_sm90_ws(
-        q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ,
+        q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ, O,
         q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
-        stride_lb, stride_lh, stride_dqb, stride_dqm, stride_dqh,
+        stride_lb, stride_lh, stride_dqb, stride_dqm, stride_dqh, stride_ob, stride_om, stride_oh,
         nheads, kv_group, seqlen_q, seqlen_k, qk_scale, sm_scale,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, D_OUT: gl.constexpr = 0,
-        SPLIT_D: gl.constexpr = False,
+        SPLIT_D: gl.constexpr = False, FUSE_DELTA: gl.constexpr = False,
     ):
         """dQ only; one program per (BLOCK_M-row Q block, batch·head); q_desc/do_desc blocks are
         the BLOCK_M // 2-row halves (SPLIT_D: the whole block, which both consumers share, each
-        owning half of dQ's columns: _dq_ws_split_consumer)."""
+        owning half of dQ's columns: _dq_ws_split_consumer). FUSE_DELTA (not with SPLIT_D): the
+        kernel computes delta = rowsum(dO∘O) from O (and its strides) into DELTA instead of
+        reading it (_dq_ws_consumer); otherwise O is not read."""
+        gl.static_assert(not (SPLIT_D and FUSE_DELTA), "FUSE_DELTA needs whole rows per consumer (not SPLIT_D)")
         Q_PARTS: gl.constexpr = 1 if SPLIT_D else 2
         HALF_M: gl.constexpr = BLOCK_M // Q_PARTS                                         # rows per Q/dO piece
         off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift = _f90._q_block_coords(
@@ -1045,15 +1087,16 @@ if _f90.HAVE_GLUON:
                                    HALF_M, BLOCK_N, STAGES, Q_PARTS)),
             ], [4, 1], [CONSUMER_REGS, 24])
             return
+        o_rows = (O, stride_ob, stride_om, stride_oh)
         gl.warp_specialize([
             (_dq_ws_consumer, (q_smem, k_smem, v_smem, do_smem, q_bar, do_bar, k_full, v_full, k_empty, v_empty,
                                LSE, DELTA, DQ, row_lse, start_m, n_blocks, n_full, shift, qk_scale, sm_scale,
-                               off_b, off_h, stride_dqb, stride_dqm, stride_dqh,
-                               0, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, D_OUT)),
+                               off_b, off_h, stride_dqb, stride_dqm, stride_dqh, o_rows,
+                               0, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, D_OUT, FUSE_DELTA)),
             (_dq_ws_consumer, (q_smem, k_smem, v_smem, do_smem, q_bar, do_bar, k_full, v_full, k_empty, v_empty,
                                LSE, DELTA, DQ, row_lse, start_m, n_blocks, n_full, shift, qk_scale, sm_scale,
-                               off_b, off_h, stride_dqb, stride_dqm, stride_dqh,
-                               1, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, D_OUT)),
+                               off_b, off_h, stride_dqb, stride_dqm, stride_dqh, o_rows,
+                               1, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, D_OUT, FUSE_DELTA)),
             (_dq_ws_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, q_bar, do_bar,
                                k_full, v_full, k_empty, v_empty, q_row, q_col, kv_row, kv_col, n_blocks,
                                HALF_M, BLOCK_N, STAGES)),
@@ -1431,9 +1474,11 @@ def dq_supported(q, k, dq, causal: bool) -> bool:
             and dq.stride(-1) == 1 and _head_offsets_fit(dq) and q.shape[0] * q.shape[2] <= GRID_YZ_MAX)
 
 
-def _dq_launch(dout, q, k, v, lse, dq, causal, cfg):
+def _dq_launch(dout, q, k, v, lse, dq, causal, cfg, out=None):
     """The Gluon dQ kernel's launch for this layout: descriptors Q, K, V, dO (Q/dO in the
-    BLOCK_M // 2-row halves); pointers LSE, DELTA, DQ; then the integer arguments and the scales."""
+    BLOCK_M // 2-row halves); pointers LSE, DELTA, DQ, O; then the integer arguments and the scales.
+    ``out`` given: the kernel computes delta from it (``FUSE_DELTA``); else O is not read (the
+    launch passes dq in its place)."""
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
@@ -1442,26 +1487,43 @@ def _dq_launch(dout, q, k, v, lse, dq, causal, cfg):
     do_desc, _ = _f90._desc(dout, seqlen_q, nheads, bm if split else bm // 2)
     k_desc, (kv_rb, kv_rh, kv_ch) = _f90._desc(k, seqlen_k, nheads_k, bn)
     v_desc, _ = _f90._desc(v, seqlen_k, nheads_k, bn)
+    o = dq if out is None else out
     ints = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, lse.stride(0), lse.stride(1),
-            dq.stride(0), dq.stride(1), dq.stride(2), nheads, nheads // nheads_k, seqlen_q, seqlen_k)
+            dq.stride(0), dq.stride(1), dq.stride(2), o.stride(0), o.stride(1), o.stride(2),
+            nheads, nheads // nheads_k, seqlen_q, seqlen_k)
     constexprs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-                      CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, D_OUT=_d_out(dq, d), SPLIT_D=split)
+                      CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, D_OUT=_d_out(dq, d), SPLIT_D=split,
+                      FUSE_DELTA=out is not None)
     if cfg.get("PDL", False):  # a launch option, not a parameter: it is in the compiled kernel's metadata
         constexprs["launch_pdl"] = True
     return _f90._Launch(_attn_bwd_dq_sm90_ws, (seqlen_q // bm, batch * nheads), (q_desc, k_desc, v_desc, do_desc),
-                        3, ints, 2, constexprs)
+                        4, ints, 2, constexprs)
 
 
-def backward_dq(dout, q, k, v, lse, delta, dq, softmax_scale: float, causal: bool, cfg: dict | None = None):
+def backward_dq(dout, q, k, v, lse, delta, dq, softmax_scale: float, causal: bool, cfg: dict | None = None,
+                out=None):
     """dQ by the warp-specialized Gluon dQ kernel (``_attn_bwd_dq_sm90_ws``) into dq, in place of
     the Triton dQ kernel (``flash_attn_backward`` routes here by default on Hopper, see
     :func:`dq_enabled`; ``scripts/gluon_bwd_check.py --configs .../dq`` times other tiles). Same
     scope as :func:`supported` (the caller checks it); lengths must be multiples
     of the tiles. Returns dq, or None after a warning if the kernel does not compile with the
-    installed triton (the caller then runs the Triton dQ kernel)."""
+    installed triton (the caller then runs the Triton dQ kernel).
+
+    ``out`` (the forward's output: dq's shape, q's dtype, a unit last stride; not with
+    ``SPLIT_D``, see :func:`dq_computes_delta`): the kernel also computes
+    delta = rowsum(dO∘O) and writes it into ``delta`` (then an output, in the LSE's layout), so
+    that no delta kernel runs before it; the dK/dV kernel, launched after, reads it. ``out`` None:
+    ``delta`` is an input, as the delta kernel made it."""
     cfg = cfg or dq_config_for(q.shape[-1], causal)
     if delta.stride() != lse.stride():
         raise ValueError("backward_dq: delta must have lse's strides (the kernel addresses both alike)")
+    if out is not None:
+        if cfg.get("SPLIT_D", False):
+            raise ValueError("backward_dq: out (delta computed in the kernel) needs a config without SPLIT_D")
+        if not out_supported(out, q, dq):
+            raise ValueError(f"backward_dq: out must have dq's shape {tuple(dq.shape)}, q's dtype {q.dtype}, a "
+                             f"unit last stride and head offsets within int32; got {tuple(out.shape)} {out.dtype}, "
+                             f"strides {out.stride()}")
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
@@ -1470,15 +1532,34 @@ def backward_dq(dout, q, k, v, lse, delta, dq, softmax_scale: float, causal: boo
     if seqlen_q % bm or seqlen_k % bn:
         raise ValueError(f"backward_dq: seqlen_q ({seqlen_q}) and seqlen_k ({seqlen_k}) must be multiples of "
                          f"BLOCK_M={bm} and BLOCK_N={bn}")
-    key = ("dq",) + _f90._key(d, causal, q.dtype, cfg)
+    key = ("dq",) + _f90._key(d, causal, q.dtype, cfg) + (out is not None,)
     if key in _BROKEN:
         return None
 
-    launch = _cached_launch("dq", lambda: _dq_launch(dout, q, k, v, lse, dq, causal, cfg),
-                            (dout, q, k, v, lse, dq, delta), (bool(causal),), cfg)
+    tensors = (dout, q, k, v, lse, dq, delta) + ((out,) if out is not None else ())
+    launch = _cached_launch("dq", lambda: _dq_launch(dout, q, k, v, lse, dq, causal, cfg, out),
+                            tensors, (bool(causal), out is not None), cfg)
+    o = dq if out is None else out
     if not _f90.launch_or_fall_back(
             _BROKEN, key, "the Gluon dQ kernel", "using the Triton dQ kernel for this configuration.",
-            lambda: launch((q, k, v, dout), (lse, delta, dq), (softmax_scale * LOG2E, softmax_scale),
-                           _aligned(lse, delta, dq))):
+            lambda: launch((q, k, v, dout), (lse, delta, dq, o), (softmax_scale * LOG2E, softmax_scale),
+                           _aligned(lse, delta, dq, o))):
         return None
     return dq
+
+
+def out_supported(out, q, dq) -> bool:
+    """Whether the dQ kernel can read delta's O from ``out`` (:func:`backward_dq`): dq's shape, q's
+    dtype, a unit last stride, int32 head offsets."""
+    return out.shape == dq.shape and out.dtype == q.dtype and out.stride(-1) == 1 and _head_offsets_fit(out)
+
+
+def dq_computes_delta(head_dim: int, causal: bool) -> bool:
+    """Whether ``flash_attn_backward`` runs the Gluon dQ kernel first, computing delta itself
+    (:func:`backward_dq` with ``out``), and the dK/dV kernel after it, instead of a delta kernel,
+    the dK/dV kernel, then the dQ kernel. Not for ``SPLIT_D`` (D = 256: each consumer holds half a
+    row) nor for an opt-in ``PDL`` config (its overlap assumes the dK/dV kernel runs first).
+    ``TILEFLASH_DQ_DELTA=0`` keeps the delta kernel (a switch for comparisons)."""
+    cfg = dq_config_for(head_dim, causal)
+    return (os.environ.get("TILEFLASH_DQ_DELTA", "1") != "0" and not cfg.get("SPLIT_D", False)
+            and not cfg.get("PDL", False))
