@@ -93,13 +93,16 @@ def test_gluon_kernels_compile_for_sm90(dtype):
     assert len(split) == 2 and all("'SPLIT_D': True" in ln for ln in split), split
     assert len([ln for ln in padded if "gluon-bwd D=128" in ln]) == 6
     assert len([ln for ln in padded if "gluon-bwd D=128" in ln and "'WS': True" in ln]) == 4
-    # the Gluon dQ kernel: D 64/128 x causal, and D = 128 with D_OUT = 96
-    assert len([ln for ln in native if "gluon-dq D=64" in ln or "gluon-dq D=128" in ln]) == 4
+    # the Gluon dQ kernel: D 64/128 x causal, reading delta and computing it (FUSE_DELTA, the default
+    # route), and D = 128 with D_OUT = 96, both ways
+    dq_native = [ln for ln in native if "gluon-dq D=64" in ln or "gluon-dq D=128" in ln]
+    assert len(dq_native) == 8 and len([ln for ln in dq_native if "'FUSE_DELTA': True" in ln]) == 4
     assert len([ln for ln in native if "gluon-dq D=256" in ln and "'SPLIT_D': True" in ln]) == 2
     # ... and their D_OUT = 192 stores (128 < D < 256 runs at 256 on padded copies), x causal
     wide = [ln for ln in lines if ln.startswith("ok") and "'D_OUT': 192" in ln]
     assert len([ln for ln in wide if "gluon-bwd D=256" in ln]) == 2 and len([ln for ln in wide if "gluon-dq D=256" in ln]) == 2
-    assert len([ln for ln in padded if "gluon-dq D=128" in ln]) == 2
+    assert len([ln for ln in padded if "gluon-dq D=128" in ln]) == 4
+    assert len([ln for ln in padded if "gluon-dq D=128" in ln and "'FUSE_DELTA': True" in ln]) == 2
     # the ping-pong kernel runs three partitions: 4 + 4 consumer warps and a producer warp (12 warps)
     assert any("'WS': True" in ln for ln in lines)
 
