@@ -15,7 +15,10 @@ Three launches, no atomics, so the result is bitwise deterministic:
 
 On Hopper, dense fp16/bf16 calls at head dim 64/128/256 replace steps 2 and 3 with the Gluon dK/dV
 and dQ kernels of ``tileflash.ops.backward_sm90`` (same math, their own tiles, asynchronous
-wgmma; ``TILEFLASH_GLUON_DQ=0`` keeps step 3 in Triton); step 1 stays. Head dims between 64 and
+wgmma; ``TILEFLASH_GLUON_DQ=0`` keeps step 3 in Triton). With both Gluon kernels the Gluon dQ
+kernel runs first and computes delta itself (step 1 folded into step 3: it reads O beside the dO
+rows it holds; ``backward_sm90.dq_computes_delta``, not at D = 256), and the dK/dV kernel reads
+that delta after it; ``TILEFLASH_DQ_DELTA=0`` keeps steps 1, 2, 3 in order. Head dims between 64 and
 128 (e.g. 96) take them too, on copies zero-padded to 128, and between 128 and 256 (e.g. 192) on
 copies padded to 256 (``backward_sm90.padded_head_dim``). ``TILEFLASH_GLUON_FUSED=1``
 instead runs one fused Gluon kernel for steps 2 and 3, whose dQ sums are ordered TMA reductions

@@ -33,8 +33,11 @@ non-causal keeps the carry; D = 64 causal uses 64-row Q blocks without it (docs/
 §16–17).
 
 A third kernel, ``_attn_bwd_dq_sm90_ws`` (:func:`backward_dq`), computes dQ with the forward's
-warp-specialized structure (Q-stationary, K/V streamed). It is the default dQ path after the
-Gluon dK/dV kernel (``TILEFLASH_GLUON_DQ=0``: the Triton dQ kernel instead). On the H200 it
+warp-specialized structure (Q-stationary, K/V streamed). It is the default dQ path with the
+Gluon dK/dV kernel (``TILEFLASH_GLUON_DQ=0``: the Triton dQ kernel instead), and by default it
+runs first and computes delta = rowsum(dO∘O) itself (``FUSE_DELTA``, :func:`dq_computes_delta`),
+which the dK/dV kernel then reads: no delta kernel (twenty-fourth session: the backward 4.5–5.5%
+faster at N = 1k, docs/perf-notes.md §33). On the H200 it
 runs at 1061–1165 TFLOP/s-equivalent alone at D = 128, N = 4k–16k, where the Triton dQ kernel
 ran at ~1020 (derived from the whole backward; docs/perf-notes.md §17).
 
