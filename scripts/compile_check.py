@@ -31,7 +31,8 @@ FEATURES = [
 ]
 OPTIONAL_PTRS = {"ALIBI": "HAS_ALIBI", "CU_Q": "IS_VARLEN", "CU_K": "IS_VARLEN", "SEED": "HAS_DROPOUT",
                  "BATCH_IDX": "HAS_BATCH_IDX", "BLOCK_TABLE": "PAGED", "SEQLENS_K": "HAS_SEQLENS",
-                 "O_PART": "SPLIT", "LSE_PART": "SPLIT", "COUNTER": "SPLIT", "LEFTPAD": "HAS_LEFTPAD"}
+                 "O_PART": "SPLIT", "LSE_PART": "SPLIT", "COUNTER": "SPLIT", "LEFTPAD": "HAS_LEFTPAD",
+                 "O": "FUSE_DELTA"}
 
 
 # case -> sha256 of its PTX without debug lines (--ptx-digests)
@@ -75,7 +76,8 @@ def compile_one(fn, dtype, constexprs, num_warps, num_stages):
         if p.is_constexpr and p.name not in constexprs and default is not inspect.Parameter.empty:
             constexprs[p.name] = default
     for ptr, flag in OPTIONAL_PTRS.items():
-        if ptr in fn.arg_names and not constexprs.get(flag, False):
+        # (only where the flag is the kernel's own: _bwd_preprocess's O is not optional)
+        if ptr in fn.arg_names and flag in fn.arg_names and not constexprs.get(flag, False):
             constexprs[ptr] = None  # an unused optional pointer is passed as None (a constexpr)
     sig, attrs = signature(fn, dtype, constexprs)
     src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
@@ -224,6 +226,9 @@ def main():
                     w, s = c.pop("num_warps"), c.pop("num_stages")
                     cases.append((fam + ("-tma" if tma else ""), fn, dict(**flags, HEAD_DIM=d, BLOCK_D=bd,
                                                                           DOT_PRECISION="tf32", USE_TMA=tma, **c), w, s))
+                # the dQ kernel computing delta itself (FUSE_DELTA, the default route without the Gluon dQ kernel)
+                cases += [(n + "-delta", fn, dict(c, FUSE_DELTA=True), w, s) for n, fn, c, w, s in list(cases)
+                          if n in ("dq", "dq-tma")]
                 cases.append(("pre", B._bwd_preprocess, dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=64), 4, 1))
                 # the flat grid of calls with more than 65535 batch*heads (common.block_grid)
                 cases += [(n + "-flat", fn, dict(c, FLAT_GRID=True), w, s) for n, fn, c, w, s in list(cases)

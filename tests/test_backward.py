@@ -11,7 +11,7 @@ from tileflash.ops import backward as bwd_mod
 from tileflash.ops import forward as fwd_mod
 from tileflash.reference import attention_ref
 
-from conftest import HAS_CUDA, backend_device
+from conftest import HAS_CUDA, backend_device, count_calls
 from test_forward import _rand, make_qkv, rounding_atol
 
 
@@ -133,6 +133,47 @@ def test_kernel_writes_every_gradient(backend):
         bufs = [torch.full_like(t, float("nan")) for t in (q, k, v)]
         bwd_mod.flash_attn_backward(do, q, k, v, out, lse, 24 ** -0.5, causal, dq=bufs[0], dk=bufs[1], dv=bufs[2])
         assert not any(torch.isnan(b).any() for b in bufs)
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_dq_kernel_computes_delta(backend, varlen, monkeypatch):
+    """The Triton dQ kernel computes delta = rowsum(dO * O) itself and runs first (the default): no
+    delta kernel runs, every element of NaN-poisoned gradient buffers is written, and the
+    gradients are those of the delta kernel's route (TILEFLASH_DQ_DELTA=0): the same bits in the
+    interpreter, within fp32 summation order on a GPU; dense and varlen, causal and not, GQA,
+    Sq != Sk, ragged lengths."""
+    if backend == "tiled":
+        pytest.skip("the tiled path has no delta kernel; this checks the Triton kernels")
+    dev = backend_device(backend)
+    monkeypatch.delenv("TILEFLASH_DQ_DELTA", raising=False)
+    if dev == "cuda":  # the Gluon route has its own tests (test_backward_sm90); keep this on Triton
+        monkeypatch.setenv("TILEFLASH_GLUON_BWD", "0")
+    delta_calls = count_calls(monkeypatch, bwd_mod, "_delta")
+    for causal in (False, True):
+        q, k, v = make_qkv(2, 70, 45, 4, 2, 24, torch.float32, dev, seed=3)
+        do = torch.randn_like(q)
+        kw = {}
+        if varlen:  # two sequences of 30 and 40 query rows, 45 and 40 keys
+            q, do = q.reshape(-1, 4, 24)[:70], do.reshape(-1, 4, 24)[:70]
+            k, v = k.reshape(-1, 2, 24)[:85], v.reshape(-1, 2, 24)[:85]
+            kw = dict(cu_seqlens_q=torch.tensor([0, 30, 70], dtype=torch.int32, device=dev),
+                      cu_seqlens_k=torch.tensor([0, 45, 85], dtype=torch.int32, device=dev),
+                      max_seqlen_q=40, max_seqlen_k=45)
+        out, lse = fwd_mod.flash_attn_forward(q, k, v, 24 ** -0.5, causal, **kw)
+        runs = {}
+        for mode in ("1", "0"):
+            monkeypatch.setenv("TILEFLASH_DQ_DELTA", mode)
+            bufs = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+            n_before = len(delta_calls)
+            runs[mode] = bwd_mod.flash_attn_backward(do, q, k, v, out, lse, 24 ** -0.5, causal, dq=bufs[0],
+                                                     dk=bufs[1], dv=bufs[2], **kw)
+            assert not any(torch.isnan(b).any() for b in bufs), (mode, causal)
+            assert len(delta_calls) - n_before == (mode == "0"), (mode, causal)
+        for a, b in zip(runs["1"], runs["0"]):
+            if backend == "interpret":  # the same row sums in the same order: the same bits
+                assert torch.equal(a, b), causal
+            else:  # a GPU's reduction tree follows each kernel's layout: fp32 summation order apart
+                assert (a - b).abs().max().item() <= 1e-5 * b.abs().max().item(), causal
 
 
 def test_gradcheck_tiled(monkeypatch):

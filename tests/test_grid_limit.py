@@ -52,11 +52,16 @@ def _run(q, k, v, causal, do):
     return (out, *torch.autograd.grad(out, leaves, do))
 
 
+@pytest.mark.parametrize("delta", ["in-dq", "kernel"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hk", [3, 1], ids=["mha", "gqa"])
-def test_flat_grid_gives_the_2d_grids_bits(backend, monkeypatch, causal, hk):
+def test_flat_grid_gives_the_2d_grids_bits(backend, monkeypatch, causal, hk, delta):
+    """delta "in-dq": the default backward (the dQ kernel computes delta, then dK/dV); "kernel":
+    TILEFLASH_DQ_DELTA=0 (the delta kernel, dK/dV, then dQ), so that the delta kernel's flat grid
+    runs too."""
     if backend != "interpret":
         pytest.skip("the CPU interpreter with the grid limit lowered; the GPU test below crosses the real one")
+    monkeypatch.setenv("TILEFLASH_DQ_DELTA", "1" if delta == "in-dq" else "0")
     g = torch.Generator().manual_seed(3)
     b, sq, sk, h, d = 2, 33, 47, 3, 16
     q = torch.randn(b, sq, h, d, generator=g)
@@ -68,15 +73,20 @@ def test_flat_grid_gives_the_2d_grids_bits(backend, monkeypatch, causal, hk):
     flat = _run(q, k, v, causal, do)
     bwd_mod._PRE_LAUNCHES.clear()
     # the forward (its flag, then its grid), delta and dQ flat; dK/dV when its batch·kv heads exceed 2
-    assert went_flat == [True, True, True, hk > 1, True], went_flat
+    if delta == "in-dq":  # dQ (computing delta) first, then dK/dV
+        assert went_flat == [True, True, True, hk > 1], went_flat
+    else:  # the delta kernel, dK/dV, dQ
+        assert went_flat == [True, True, True, hk > 1, True], went_flat
     for name, a, r in zip(("out", "dq", "dk", "dv"), flat, ref):
         assert not a.isnan().any(), name
         assert torch.equal(a, r), f"{name}: flat grid differs by {(a - r).abs().max().item():.3e}"
 
 
-def test_flat_grid_varlen_gives_the_2d_grids_bits(backend, monkeypatch):
+@pytest.mark.parametrize("delta", ["in-dq", "kernel"])
+def test_flat_grid_varlen_gives_the_2d_grids_bits(backend, monkeypatch, delta):
     if backend != "interpret":
         pytest.skip("the CPU interpreter with the grid limit lowered")
+    monkeypatch.setenv("TILEFLASH_DQ_DELTA", "1" if delta == "in-dq" else "0")
     g = torch.Generator().manual_seed(4)
     lens_q, lens_k, h, d = [5, 17, 1], [9, 3, 20], 2, 16
     cu_q = torch.tensor([0, 5, 22, 23], dtype=torch.int32)
@@ -95,8 +105,10 @@ def test_flat_grid_varlen_gives_the_2d_grids_bits(backend, monkeypatch):
     went_flat = _flat_spy(monkeypatch)  # 3 sequences x 2 heads = 6 > 2
     flat = run()
     bwd_mod._PRE_LAUNCHES.clear()
-    # all but the delta kernel, which sees the packed rows as one batch entry (1 x 2 heads)
-    assert went_flat == [True, True, False, True, True], went_flat
+    if delta == "in-dq":  # the forward (flag, grid), dQ computing delta, dK/dV: all flat
+        assert went_flat == [True, True, True, True], went_flat
+    else:  # all but the delta kernel, which sees the packed rows as one batch entry (1 x 2 heads)
+        assert went_flat == [True, True, False, True, True], went_flat
     for name, a, r in zip(("out", "dq", "dk", "dv"), flat, ref):
         assert torch.equal(a, r), f"{name}: flat grid differs by {(a - r).abs().max().item():.3e}"
 

@@ -6,19 +6,24 @@ block (seed 002's derivation, FA2's schedule):
     dV = Pᵀ dO          dP = dO Vᵀ          dS = P ∘ (dP − delta),  delta = rowsum(dO ∘ O)
     dQ = scale · dS K   dK = scale · dSᵀ Q
 
-Three launches, no atomics, so the result is bitwise deterministic:
+Three steps, no atomics, so the result is bitwise deterministic:
 
-1. ``_bwd_preprocess``: delta = rowsum(dO ∘ O) in fp32, one program per (Q block, batch·head).
+1. delta = rowsum(dO ∘ O) in fp32 per query row.
 2. ``_bwd_dkdv``: one program per (K/V block, batch·kv_head); it loops over the query heads of
    its GQA group and over their Q blocks, accumulating dK and dV in registers.
 3. ``_bwd_dq``: one program per (Q block, batch·head), looping over the K/V blocks.
 
+By default step 1 is folded into step 3 (``FUSE_DELTA``): the dQ kernel, which loads its rows of
+dO anyway, also loads O, computes their delta, uses it and stores it, and runs first; the dK/dV
+kernel reads the stored delta after it. Two launches, and dO is read once less.
+``TILEFLASH_DQ_DELTA=0`` runs step 1 as its own kernel (``_bwd_preprocess``, one program per (Q
+block, batch·head)) and then steps 2 and 3.
+
 On Hopper, dense fp16/bf16 calls at head dim 64/128/256 replace steps 2 and 3 with the Gluon dK/dV
 and dQ kernels of ``tileflash.ops.backward_sm90`` (same math, their own tiles, asynchronous
-wgmma; ``TILEFLASH_GLUON_DQ=0`` keeps step 3 in Triton). With both Gluon kernels the Gluon dQ
-kernel runs first and computes delta itself (step 1 folded into step 3: it reads O beside the dO
-rows it holds; ``backward_sm90.dq_computes_delta``, not at D = 256), and the dK/dV kernel reads
-that delta after it; ``TILEFLASH_DQ_DELTA=0`` keeps steps 1, 2, 3 in order. Head dims between 64 and
+wgmma; ``TILEFLASH_GLUON_DQ=0`` keeps step 3 in Triton). The Gluon dQ kernel folds step 1 in
+the same way (``backward_sm90.dq_computes_delta``; not at D = 256, where the delta kernel runs
+first). Head dims between 64 and
 128 (e.g. 96) take them too, on copies zero-padded to 128, and between 128 and 256 (e.g. 192) on
 copies padded to 256 (``backward_sm90.padded_head_dim``). ``TILEFLASH_GLUON_FUSED=1``
 instead runs one fused Gluon kernel for steps 2 and 3, whose dQ sums are ordered TMA reductions
@@ -70,12 +75,16 @@ def _bwd_preprocess(
 
 
 @triton.jit
-def _load_lse2(LSE, DELTA, row_base, o_m, seqlen_q):
-    """Base-2 LSE and delta for rows o_m; rows that saw no key or lie past seqlen_q get +inf (P = 0)."""
+def _load_lse2(LSE, DELTA, row_base, o_m, seqlen_q, LOAD_DELTA: tl.constexpr = True):
+    """Base-2 LSE and delta for rows o_m; rows that saw no key or lie past seqlen_q get +inf (P = 0).
+    LOAD_DELTA False: delta is not read (returned as zeros; the caller computes it)."""
     m_m = o_m < seqlen_q
     lse = tl.load(LSE + row_base + o_m, mask=m_m, other=float("inf"))                 # [BLOCK]
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-    delta = tl.load(DELTA + row_base + o_m, mask=m_m, other=0.0)                      # [BLOCK]
+    if LOAD_DELTA:
+        delta = tl.load(DELTA + row_base + o_m, mask=m_m, other=0.0)                  # [BLOCK]
+    else:
+        delta = tl.zeros_like(lse2)
     return lse2, delta
 
 
@@ -265,22 +274,26 @@ def _bwd_dq_inner(
 @triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "causal_shift", "window_left", "window_right",
                              "rng_stride_bh", "rng_stride_m"])
 def _bwd_dq(
-    Q, K, V, DO, LSE, DELTA, DQ, ALIBI, CU_Q, CU_K, SEED,
+    Q, K, V, DO, LSE, DELTA, DQ, ALIBI, CU_Q, CU_K, SEED, O,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_dob, stride_dom, stride_doh,
     stride_dqb, stride_dqm, stride_dqh,
     stride_lb, stride_lh, stride_ab, stride_ah,
+    stride_ob, stride_om, stride_oh,
     nheads, seqlen_q, seqlen_k, causal_shift, window_left, window_right, kv_group,
     qk_scale, sm_scale, softcap_scale, softcap2, dropout_p, rng_stride_bh, rng_stride_m,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr = False, FLAT_GRID: tl.constexpr = False,
+    FUSE_DELTA: tl.constexpr = False,
 ):
     """dQ of one Q block of one (batch, head). USE_TMA (sm90+): the K and V blocks of the inner
     loop move through tensor descriptors. Grid: (Q blocks, batch*heads), or one flat axis of both
-    past 65535 batch*heads (FLAT_GRID, ``common.block_grid``)."""
+    past 65535 batch*heads (FLAT_GRID, ``common.block_grid``). FUSE_DELTA: the program computes
+    its rows' delta = rowsum(dO ∘ O) from O (``_bwd_preprocess``'s arithmetic), uses it and stores
+    it into DELTA for the dK/dV kernel launched after this one; else it reads DELTA and O is None."""
     pid_m, pid_bh = block_ids(seqlen_q, BLOCK_M, HAS_RIGHT, FLAT_GRID)  # causal: heaviest Q blocks first
     off_b = (pid_bh // nheads).to(tl.int64)
     off_h = (pid_bh % nheads).to(tl.int64)
@@ -302,7 +315,13 @@ def _bwd_dq(
     p_do = DO + off_b * stride_dob + off_h * stride_doh + row0 * stride_dom + o_mb[:, None] * stride_dom + o_d[None, :]
     b_q = tl.load(p_q, mask=m_md, other=0.0)                                          # [BLOCK_M, BLOCK_D]
     b_do = tl.load(p_do, mask=m_md, other=0.0)                                        # [BLOCK_M, BLOCK_D]
-    lse2, delta = _load_lse2(LSE, DELTA, off_b * stride_lb + off_h * stride_lh + q_start, o_m, seqlen_q)
+    row_lse = off_b * stride_lb + off_h * stride_lh + q_start
+    lse2, delta = _load_lse2(LSE, DELTA, row_lse, o_m, seqlen_q, LOAD_DELTA=not FUSE_DELTA)
+    if FUSE_DELTA:
+        p_o = O + off_b * stride_ob + off_h * stride_oh + row0 * stride_om + o_mb[:, None] * stride_om + o_d[None, :]
+        b_o = tl.load(p_o, mask=m_md, other=0.0)                                      # [BLOCK_M, BLOCK_D]
+        delta = tl.sum(b_o.to(tl.float32) * b_do.to(tl.float32), 1)                   # [BLOCK_M]
+        tl.store(DELTA + row_lse + o_m, delta, mask=o_m < seqlen_q)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)                               # [BLOCK_M, BLOCK_D]
 
     k_base = K + off_b * stride_kb + off_hk * stride_kh + k_start * stride_kn
@@ -482,9 +501,13 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
             dq_done = backward_sm90.backward_dq(*g_in, lse, delta, dq, softmax_scale, causal) is not None
         if gluon_done and dq_done:
             return dq, dk, dv
-    if delta is None:
+    # the Triton kernels. Without a delta yet, the dQ kernel computes it (FUSE_DELTA) and runs
+    # before the dK/dV kernel, as the Gluon route does; TILEFLASH_DQ_DELTA=0 runs the delta kernel.
+    fuse_delta = delta is None and backward_sm90.delta_in_dq_enabled() and out.stride(-1) == 1
+    if fuse_delta:
+        delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+    elif delta is None:
         delta = _delta(out, dout, lse, varlen, nheads, head_dim)
-    # the Triton kernels
     use_tma = bwd_tma_requested(config, q.device, head_dim) and tma_supported(q, k, v, dout)
     if use_tma and q.is_cuda:
         _ensure_tma_allocator()
@@ -497,8 +520,21 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
     tail = (sc["window_left"], sc["window_right"], nheads // nheads_k,
             softmax_scale * LOG2E, softmax_scale, sc["softcap_scale"], sc["softcap2"], float(dropout_p),
             *rng_strides(seqlen_q, seqlen_k))
-    c = config["dkdv"]
+    def run_dq():
+        c = config["dq"]
+        grid, flat = block_grid(cdiv(seqlen_q, c["BLOCK_M"]), batch * nheads)
+        _bwd_dq[grid](
+            q, k, v, dout, lse, delta, dq, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seed,
+            out if fuse_delta else None,
+            *strides3(q, varlen), *strides3(k, varlen), *strides3(v, varlen), *strides3(dout, varlen),
+            *strides3(dq, varlen), *lse_strides, *alibi_strides, *(strides3(out, varlen) if fuse_delta else (0, 0, 0)),
+            nheads, seqlen_q, seqlen_k, causal_shift, *tail, **common, **c, FLAT_GRID=flat, FUSE_DELTA=fuse_delta,
+        )
+
+    if fuse_delta:
+        run_dq()  # first: it writes delta, which the dK/dV kernel reads
     if not gluon_done:
+        c = config["dkdv"]
         grid, flat = block_grid(cdiv(seqlen_k, c["BLOCK_N"]), batch * nheads_k)
         _bwd_dkdv[grid](
             q, k, v, dout, lse, delta, dk, dv, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seed,
@@ -506,14 +542,6 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
             *strides3(dk, varlen), *strides3(dv, varlen), *lse_strides, *alibi_strides,
             nheads, nheads_k, seqlen_q, seqlen_k, causal_shift, *tail, **common, **c, FLAT_GRID=flat,
         )
-    if dq_done:
-        return dq, dk, dv  # the Gluon dQ kernel ran; only dK/dV fell back to the Triton kernel
-    c = config["dq"]
-    grid, flat = block_grid(cdiv(seqlen_q, c["BLOCK_M"]), batch * nheads)
-    _bwd_dq[grid](
-        q, k, v, dout, lse, delta, dq, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seed,
-        *strides3(q, varlen), *strides3(k, varlen), *strides3(v, varlen), *strides3(dout, varlen),
-        *strides3(dq, varlen), *lse_strides, *alibi_strides,
-        nheads, seqlen_q, seqlen_k, causal_shift, *tail, **common, **c, FLAT_GRID=flat,
-    )
+    if not dq_done and not fuse_delta:  # (dq_done: the Gluon dQ kernel ran; only dK/dV fell back here)
+        run_dq()
     return dq, dk, dv

@@ -1561,8 +1561,15 @@ def dq_computes_delta(head_dim: int, causal: bool) -> bool:
     """Whether ``flash_attn_backward`` runs the Gluon dQ kernel first, computing delta itself
     (:func:`backward_dq` with ``out``), and the dK/dV kernel after it, instead of a delta kernel,
     the dK/dV kernel, then the dQ kernel. Not for ``SPLIT_D`` (D = 256: each consumer holds half a
-    row) nor for an opt-in ``PDL`` config (its overlap assumes the dK/dV kernel runs first).
-    ``TILEFLASH_DQ_DELTA=0`` keeps the delta kernel (a switch for comparisons)."""
+    row) nor for an opt-in ``PDL`` config (its overlap assumes the dK/dV kernel runs first), nor
+    with ``TILEFLASH_DQ_DELTA=0`` (:func:`delta_in_dq_enabled`)."""
     cfg = dq_config_for(head_dim, causal)
-    return (os.environ.get("TILEFLASH_DQ_DELTA", "1") != "0" and not cfg.get("SPLIT_D", False)
-            and not cfg.get("PDL", False))
+    return delta_in_dq_enabled() and not cfg.get("SPLIT_D", False) and not cfg.get("PDL", False)
+
+
+def delta_in_dq_enabled() -> bool:
+    """Whether the backward's dQ kernels (this module's Gluon one, :func:`dq_computes_delta`, and
+    ``tileflash.ops.backward``'s Triton one) compute delta = rowsum(dO∘O) themselves and run before
+    the dK/dV kernel (the default), rather than after a delta kernel. ``TILEFLASH_DQ_DELTA=0``
+    turns it off, for comparisons."""
+    return os.environ.get("TILEFLASH_DQ_DELTA", "1") != "0"
