@@ -688,6 +688,7 @@ def test_three_consumer_kernel_through_public_route(case, dtype, layout, gluon_c
     dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=8, LOOKAHEAD=True),
     dict(BLOCK_M=128, BLOCK_N=64, STAGES=4, num_warps=8, LOOKAHEAD=True),
     dict(BLOCK_M=64, BLOCK_N=64, STAGES=3, num_warps=4, LOOKAHEAD=False),
+    dict(BLOCK_M=64, BLOCK_N=64, STAGES=2, num_warps=4, LOOKAHEAD=False),
     dict(BLOCK_M=128, BLOCK_N=64, STAGES=3, num_warps=8, LOOKAHEAD=False),
     dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=4, WS=True),
     dict(BLOCK_M=128, BLOCK_N=64, STAGES=4, num_warps=4, WS=True),
@@ -695,7 +696,7 @@ def test_three_consumer_kernel_through_public_route(case, dtype, layout, gluon_c
     dict(BLOCK_M=192, BLOCK_N=64, STAGES=4, num_warps=4, WS=True, CONSUMERS=3, CONSUMER_REGS=160),
     dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=4, WS=True, PERSISTENT=True),
     dict(BLOCK_M=192, BLOCK_N=128, STAGES=2, num_warps=4, WS=True, CONSUMERS=3, CONSUMER_REGS=160, PERSISTENT=True),
-], ids=["la-128-128", "la-128-64", "64-64", "128-64", "ws-128-128", "ws-128-64", "c3-192-128", "c3-192-64",
+], ids=["la-128-128", "la-128-64", "64-64", "64-64-2", "128-64", "ws-128-128", "ws-128-64", "c3-192-128", "c3-192-64",
         "ws-128-128-persistent", "c3-192-128-persistent"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])

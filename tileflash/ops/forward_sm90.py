@@ -659,7 +659,9 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int | None 
     * D = 64 otherwise: the single-partition kernel, 8 warps on 128-row blocks, 64-key blocks, a
       4-slot ring (non-causal 399 / 411 / 425 / 425, where the ping-pong kernel gave 350 / 384 /
       406 / 419; at Sk <= 1024 replaced by the persistent kernel below); causal with Sq <= 1024:
-      64-row blocks on 4 warps (312-319 against 253).
+      64-row blocks on 4 warps (312-319 against 253), with a 2-slot ring since the twenty-fourth
+      session (run 3, fp16, N = 1k: 331 TFLOP/s against 309 with 3 slots and 263 with 4; 64/128
+      with 2 slots 328; cuDNN 334).
 
     * D = 128, non-causal, Sk <= 1024: the same kernel in its persistent mode (``PERSISTENT``: one
       program per SM over the tiles; each Q slice is reloaded for the next tile as soon as its last
@@ -716,7 +718,8 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int | None 
     if causal and seqlen_q >= 4096:
         return dict(BLOCK_M=128, BLOCK_N=128, STAGES=3, num_warps=4, WS=True)
     if causal and seqlen_q <= 1024:
-        return dict(BLOCK_M=64, BLOCK_N=64, STAGES=3, num_warps=4)
+        # 2 slots: 331 TFLOP/s at N = 1k against 309 with 3 (fp16; twenty-fourth session, run 3)
+        return dict(BLOCK_M=64, BLOCK_N=64, STAGES=2, num_warps=4)
     return dict(BLOCK_M=128, BLOCK_N=64, STAGES=4, num_warps=8)
 
 
