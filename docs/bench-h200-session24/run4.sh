@@ -6,7 +6,7 @@ set -u
 export PYTHONPATH=.:scripts
 export TILEFLASH_GIT=${TILEFLASH_GIT:-unknown}
 mkdir -p $OUT/run4
-timeout 120 python3 -m pytest -q -n 12 tests/test_forward_sm90.py -k "64-64 or matches_reference or routing or causal" > $OUT/run4/tests.log 2>&1
+timeout 120 python3 -m pytest -q -n 12 tests/test_forward_sm90.py -k "64-64 or matches_reference" > $OUT/run4/tests.log 2>&1
 echo "tests rc=$?"; tail -n 1 $OUT/run4/tests.log
 for dt in float16 bfloat16; do
   timeout 60 python3 scripts/gluon_check.py --dtype $dt --d 64 --causal yes --sizes 512 1024 --configs 64/64/3/4 64/64/2/4 \
