@@ -17,25 +17,10 @@ from collections import defaultdict
 import torch
 import torch.nn.functional as Fn
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
 
 import tileflash
-
-
-def kernel_us(fn, iters=10):
-    """Mean GPU time per call of each kernel launched by fn, by kernel name (µs)."""
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    out = defaultdict(float)
-    for ev in prof.key_averages():
-        if ev.self_device_time_total > 0:
-            out[ev.key] += ev.self_device_time_total / iters
-    return dict(out)
+from kernel_times import kernel_us
 
 
 def main():

@@ -15,31 +15,15 @@ flops (2.5 x 4·B·H·N²·D, x0.5 causal) for every variant, so the columns com
 
 import argparse
 import os
-from collections import defaultdict
 
 os.environ["TILEFLASH_GLUON_BWD"] = "1"
 
 import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from tileflash.ops import backward as B  # noqa: E402
 from tileflash.ops import backward_sm90 as GB  # noqa: E402
 from tileflash.ops import forward as F  # noqa: E402
-
-
-def kernel_us(fn, iters=10):
-    """Mean GPU time per call of each kernel launched by fn, by kernel name (µs)."""
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    out = defaultdict(float)
-    for ev in prof.key_averages():
-        if ev.self_device_time_total > 0:
-            out[ev.key] += ev.self_device_time_total / iters
-    return dict(out)
+from kernel_times import kernel_us  # noqa: E402 (earlier run scripts import it from here)
 
 
 def main():
