@@ -520,6 +520,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
     tail = (sc["window_left"], sc["window_right"], nheads // nheads_k,
             softmax_scale * LOG2E, softmax_scale, sc["softcap_scale"], sc["softcap2"], float(dropout_p),
             *rng_strides(seqlen_q, seqlen_k))
+
     def run_dq():
         c = config["dq"]
         grid, flat = block_grid(cdiv(seqlen_q, c["BLOCK_M"]), batch * nheads)
