@@ -455,8 +455,8 @@ CASES = [  # (batch, seqlen_q, seqlen_k, nheads, nheads_k)
 @needs_sm90
 def test_repeated_backward_calls_take_the_cached_launchers(monkeypatch, gluon_bwd_calls):
     """The second backward call of a layout launches its two kernels (dQ, which computes delta,
-    then dK/dV; no delta kernel runs) through the cached compiled launchers; its gradients are bitwise those of the first call (JIT path)
-    and right against the reference, on fresh NaN-poisoned buffers. Every call gets its own copies
+    then dK/dV; no delta kernel runs) through the cached compiled launchers; its gradients are
+    bitwise those of the first call (JIT path) and right against the reference, on fresh NaN-poisoned buffers. Every call gets its own copies
     of the inputs, and the earlier calls' tensors stay alive, so a launcher that kept an earlier
     call's addresses would read or write the wrong memory. A dq buffer whose pointer is not
     16-byte aligned (the JIT specializes on it) sends the dQ kernel through the JIT again."""
@@ -944,9 +944,9 @@ def test_gluon_dq_kernel_checks_out():
 def test_gluon_dq_kernel_computes_delta(case, d, causal):
     """backward_dq with ``out``: the dQ kernel computes delta = rowsum(dO∘O) itself. Every element
     of a NaN-poisoned delta buffer is written and equals the fp32 rowsum within fp32 summation
-    order; dq (NaN-poisoned) is the kernel's result without ``out`` fed the delta kernel's value,
-    within the rounding that delta's last bits can move; both meet the fp32 rule with the default
-    dK/dV kernel. D = 96 runs on copies padded to 128 (O keeps its 96 columns: D_OUT)."""
+    order; dq (NaN-poisoned) is the same bits as the kernel's result without ``out`` reading that
+    stored delta back; dQ, and dK/dV from the default kernel fed that delta, meet the fp32 rule.
+    D = 96 runs on copies padded to 128 (O keeps its 96 columns: D_OUT)."""
     b, sq, sk, h, hk = case
     q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.float16, "cuda", seed=sq + 7 * d)
     do = torch.randn_like(q)
