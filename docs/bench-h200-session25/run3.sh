@@ -1,0 +1,19 @@
+#!/bin/bash
+# Session 25, run 3: tile sweep for the forward's weakest grid cells (run 1: D = 64 causal 2k / 4k,
+# D = 64 non-causal 1k / 2k, all within 0.98-1.03x cuDNN): ring depth of the persistent pair kernel
+# (causal; default 3 slots), the three-consumer kernel with 3 slots or persistent, the 2-consumer
+# persistent kernel at 2k and with 3 slots at 1k. gluon_check checks each tile's output against the
+# Triton kernel on NaN-poisoned buffers and times it beside the default, cuDNN and SDPA-flash.
+set -u
+export PYTHONPATH=.:scripts
+mkdir -p $OUT/run3
+for dt in float16 bfloat16; do
+  timeout 80 python3 scripts/gluon_check.py --dtype $dt --d 64 --causal yes --sizes 2048 4096 \
+      --configs 128/128/2/4/ws/p 128/128/4/4/ws/p > $OUT/run3/c64-$dt.log 2>&1; echo "c64 $dt rc=$?"
+  timeout 80 python3 scripts/gluon_check.py --dtype $dt --d 64 --causal no --sizes 1024 \
+      --configs 128/128/3/4/ws/p 192/128/2/4/c3/p > $OUT/run3/n64-1k-$dt.log 2>&1; echo "n64 1k $dt rc=$?"
+  timeout 80 python3 scripts/gluon_check.py --dtype $dt --d 64 --causal no --sizes 2048 \
+      --configs 128/128/2/4/ws/p 192/128/3/4/c3 192/128/2/4/c3/p > $OUT/run3/n64-2k-$dt.log 2>&1; echo "n64 2k $dt rc=$?"
+done
+grep -h "gluon .*/\|^| 64" $OUT/run3/*.log | cut -c1-120
+cd $OUT && tar czf run3.tgz run3 && rm -rf run3
