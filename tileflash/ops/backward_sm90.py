@@ -228,9 +228,14 @@ if _f90.HAVE_GLUON:
         return n_m, lo, mask_end, per_head, total
 
     @gluon.jit
+    def _lse_rows(LSE, row_lse, offs_m):
+        """The base-2 LSE of rows offs_m ([BLOCK_M])."""
+        return gl.load(LSE + row_lse + offs_m) * 1.4426950408889634                       # [BLOCK_M] base 2
+
+    @gluon.jit
     def _lse_delta(LSE, DELTA, row_lse, offs_m):
         """The base-2 LSE and delta of rows offs_m ([BLOCK_M] each)."""
-        lse = gl.load(LSE + row_lse + offs_m) * 1.4426950408889634                        # [BLOCK_M] base 2
+        lse = _lse_rows(LSE, row_lse, offs_m)                                             # [BLOCK_M] base 2
         delta = gl.load(DELTA + row_lse + offs_m)                                         # [BLOCK_M]
         return lse, delta
 
@@ -926,7 +931,7 @@ if _f90.HAVE_GLUON:
         offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))               # [BLOCK_N]
         if FUSE_DELTA:
             o_c = _load_o_rows(o_rows, off_b, off_h, start_m + C * HALF_M, HALF_M, HEAD_DIM, D_OUT)  # [HALF_M, HEAD_DIM]
-            lse = gl.load(LSE + row_lse + offs_m) * 1.4426950408889634                   # [HALF_M] base 2
+            lse = _lse_rows(LSE, row_lse, offs_m)                                         # [HALF_M] base 2
         else:
             lse, delta = _lse_delta(LSE, DELTA, row_lse, offs_m)                          # [HALF_M] each
         s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, s_layout)
