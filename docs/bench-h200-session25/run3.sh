@@ -8,11 +8,11 @@ set -u
 export PYTHONPATH=.:scripts
 mkdir -p $OUT/run3
 for dt in float16 bfloat16; do
-  timeout 70 python3 scripts/gluon_check.py --dtype $dt --d 64 --causal yes --sizes 2048 4096 \
+  timeout 60 python3 scripts/gluon_check.py --dtype $dt --d 64 --causal yes --sizes 2048 4096 \
       --configs 128/128/2/4/ws/p 128/128/4/4/ws/p > $OUT/run3/c64-$dt.log 2>&1; echo "c64 $dt rc=$?"
-  timeout 70 python3 scripts/gluon_check.py --dtype $dt --d 64 --causal no --sizes 1024 \
+  timeout 60 python3 scripts/gluon_check.py --dtype $dt --d 64 --causal no --sizes 1024 \
       --configs 128/128/3/4/ws/p 192/128/2/4/c3/p > $OUT/run3/n64-1k-$dt.log 2>&1; echo "n64 1k $dt rc=$?"
-  timeout 70 python3 scripts/gluon_check.py --dtype $dt --d 64 --causal no --sizes 2048 \
+  timeout 60 python3 scripts/gluon_check.py --dtype $dt --d 64 --causal no --sizes 2048 \
       --configs 128/128/2/4/ws/p 192/128/3/4/c3 192/128/2/4/c3/p > $OUT/run3/n64-2k-$dt.log 2>&1; echo "n64 2k $dt rc=$?"
 done
 grep -h "gluon .*/\|^| 64" $OUT/run3/*.log | cut -c1-120
