@@ -418,3 +418,90 @@ def attention_backward_cpu(
         dk_out.to(k.dtype).contiguous(),
         dv_out.to(v.dtype).contiguous(),
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# Glue for the custom ops (``tileflash.ops.route``): varlen one sequence at a time, dropout's
+# counters, and KV-cache decoding over gathered cache rows.
+# ----------------------------------------------------------------------------------------------
+
+def _dropout_kw(kw, b0=0):
+    if kw["dropout_p"] <= 0:
+        return {}
+    rng = dict(dropout_p=kw["dropout_p"], dropout_seed=int(kw["seed"].item()), rng_batch_offset=b0)
+    if kw["cu_seqlens_q"] is not None:
+        rng["rng_seqlens"] = (kw["max_seqlen_q"], kw["max_seqlen_k"])  # disjoint counters per sequence
+    return rng
+
+
+def _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes):
+    """Per-sequence (index, q rows, k rows, alibi) of a varlen batch, run one sequence at a time."""
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(cq) - 1):
+        slopes = alibi_slopes
+        if alibi_slopes is not None and alibi_slopes.dim() == 2:
+            slopes = alibi_slopes[b]
+        yield b, slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1]), slopes
+
+
+def forward(q, k, v, softmax_scale, causal, causal_shift, kw):
+    """The op-level forward on CPU tensors: dense, or varlen (``kw`` holds the feature arguments of
+    ``tileflash::fwd``: window, softcap, alibi_slopes, cu_seqlens_q/k, max_seqlen_q/k, dropout_p, seed)."""
+    feats = dict(window_size=kw["window"], softcap=kw["softcap"])
+    if kw["cu_seqlens_q"] is None:
+        return attention_forward_cpu(q, k, v, softmax_scale, causal, causal_shift=causal_shift,
+                                     alibi_slopes=kw["alibi_slopes"], **feats, **_dropout_kw(kw))
+    out = torch.zeros_like(q)
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=lse_dtype)
+    for b, sq, sk, slopes in _sequences(kw["cu_seqlens_q"], kw["cu_seqlens_k"], kw["alibi_slopes"]):
+        o, l_ = attention_forward_cpu(q[None, sq], k[None, sk], v[None, sk], softmax_scale, causal,
+                                      alibi_slopes=slopes, **feats, **_dropout_kw(kw, b))
+        out[sq], lse[:, sq] = o[0], l_[0]
+    return out, lse
+
+
+def backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw):
+    """The op-level backward on CPU tensors (arguments as :func:`forward`)."""
+    feats = dict(window_size=kw["window"], softcap=kw["softcap"])
+    if kw["cu_seqlens_q"] is None:
+        return attention_backward_cpu(dout, q, k, v, out, lse, softmax_scale, causal,
+                                      causal_shift=causal_shift, alibi_slopes=kw["alibi_slopes"], **feats,
+                                      **_dropout_kw(kw))
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for b, sq, sk, slopes in _sequences(kw["cu_seqlens_q"], kw["cu_seqlens_k"], kw["alibi_slopes"]):
+        g = attention_backward_cpu(dout[None, sq], q[None, sq], k[None, sk], v[None, sk], out[None, sq],
+                                   lse[None, :, sq], softmax_scale, causal, alibi_slopes=slopes, **feats,
+                                   **_dropout_kw(kw, b))
+        dq[sq], dk[sk], dv[sk] = g[0][0], g[1][0], g[2][0]
+    return dq, dk, dv
+
+
+def gather_cache(cache, b, n, cache_batch_idx=None, block_table=None):
+    """The first n rows of batch entry b's cache as (1, n, nheads_k, d)."""
+    if block_table is None:
+        cb = int(cache_batch_idx[b]) if cache_batch_idx is not None else b
+        return cache[cb: cb + 1, :n]
+    ps = cache.shape[1]
+    pages = block_table[b, : -(-n // ps)].long()
+    return cache[pages].reshape(-1, *cache.shape[2:])[:n][None]
+
+
+def kvcache_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, softcap, alibi_slopes,
+                    cache_batch_idx, block_table, max_seqlen_k, cache_leftpad):
+    """Attention over a contiguous or paged KV cache on the CPU: one batch entry at a time over its
+    gathered cache rows (arguments as ``tileflash.ops.attention.kvcache_forward``)."""
+    out = torch.empty_like(q)
+    lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    lengths = seqlens_k.tolist() if seqlens_k is not None else [max_seqlen_k] * q.shape[0]
+    firsts = cache_leftpad.tolist() if cache_leftpad is not None else [0] * q.shape[0]
+    for b, n in enumerate(lengths):
+        # keys [first, n): bottom-right alignment and relative distances only depend on the end
+        first = min(max(firsts[b], 0), n)
+        kb = gather_cache(k_cache, b, n, cache_batch_idx, block_table)[:, first:]
+        vb = gather_cache(v_cache, b, n, cache_batch_idx, block_table)[:, first:]
+        slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
+        o, l_ = attention_forward_cpu(q[b: b + 1], kb, vb, softmax_scale, causal, window_size=window,
+                                      softcap=softcap, alibi_slopes=slopes)
+        out[b], lse[b] = o[0], l_[0]
+    return out, lse

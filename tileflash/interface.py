@@ -10,8 +10,11 @@ import os
 import torch
 from torch import Tensor
 
-from tileflash.ops.attention import PackedAttention, attention, kvcache_forward, kvcache_fwd, use_triton
-from tileflash.ops.decode import apply_rotary, check_grid, row_block_count
+from tileflash.ops.attention import PackedAttention, attention, kvcache_forward, kvcache_fwd
+from tileflash.ops.route import use_triton
+from tileflash.ops.triton.decode import check_grid, row_block_count
+from tileflash.ops.utils import apply_rotary
+from tileflash.options import resolve
 
 MAX_HEADDIM = 256
 _GPU_DTYPES = (torch.float16, torch.bfloat16)
@@ -90,8 +93,10 @@ def _default_scale(softmax_scale, head_dim):
     return float(softmax_scale)
 
 
-def _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, deterministic, batch, nheads):
-    """Validate flash-attn 2's optional features; returns the op's keyword arguments."""
+def _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, deterministic, batch, nheads,
+                    options=None):
+    """Validate flash-attn 2's optional features and tileflash's ``options``; returns the op's
+    keyword arguments."""
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if not isinstance(deterministic, bool):
@@ -116,7 +121,7 @@ def _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, de
             raise ValueError(f"alibi_slopes must have shape (nheads,) = ({nheads},) or (batch, nheads) = "
                              f"({batch}, {nheads}), got {tuple(alibi_slopes.shape)}")
     feats = dict(window_left=int(window_size[0]), window_right=int(window_size[1]), softcap=float(softcap),
-                 alibi_slopes=alibi_slopes)
+                 alibi_slopes=alibi_slopes, options=resolve(options).encode())
     if dropout_p > 0.0:
         # One 62-bit Philox seed per call, drawn from torch's generator on q's device, so
         # torch.manual_seed makes dropout reproducible; the backward reuses it (never a stored mask).
@@ -170,7 +175,7 @@ def _check_cu_seqlens(name, cu, total, batch, max_seqlen, max_name, device):
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                           alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                           alibi_slopes=None, deterministic=False, return_attn_probs=False, options=None):
     """Exact attention over a batch of sequences of different lengths, packed without padding.
 
     Same semantics as :func:`flash_attn_func`, applied to each sequence on its own (no token
@@ -211,7 +216,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     max_seqlen_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], batch, max_seqlen_k, "max_seqlen_k",
                                      q.device)
     feats = _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, deterministic,
-                            batch=batch, nheads=q.shape[1])
+                            batch=batch, nheads=q.shape[1], options=options)
     scale = _default_scale(softmax_scale, q.shape[-1])
     q, k, v = (_unit_last_stride(t) for t in (q, k, v))
     out, lse = attention(q, k, v, scale, causal, 0, **feats, cu_seqlens_q=cu_seqlens_q,
@@ -222,7 +227,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, options=None):
     """Exact attention, ``softmax(q kᵀ · softmax_scale) v``, without materialising the score matrix.
 
     Argument names, order and semantics follow flash-attn 2's ``flash_attn_func``.
@@ -311,7 +316,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     """
     _check_qkv(q, k, v)
     feats = _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, deterministic,
-                            batch=q.shape[0], nheads=q.shape[2])
+                            batch=q.shape[0], nheads=q.shape[2], options=options)
     scale = _default_scale(softmax_scale, q.shape[-1])
     q, k, v = (_unit_last_stride(t) for t in (q, k, v))
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
@@ -322,7 +327,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-                                 scale=None, enable_gqa=False):
+                                 scale=None, enable_gqa=False, options=None):
     """Drop-in for ``torch.nn.functional.scaled_dot_product_attention``, computed by tileflash.
 
     Same layout and semantics as torch's function: ``query`` is
@@ -371,7 +376,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     _check_qkv(q, k, v, names=("query", "key", "value"), layout="(batch, nheads, seqlen, headdim)")
     sc = _default_scale(scale, q.shape[-1])
     q, k, v = (_unit_last_stride(t) for t in (q, k, v))
-    out, _ = attention(q, k, v, sc, is_causal, 0)
+    out, _ = attention(q, k, v, sc, is_causal, 0, options=resolve(options).encode())
     return out.transpose(1, 2)
 
 
@@ -410,14 +415,14 @@ def _packed(q_or_qkv, kv, dim, dropout_p, softmax_scale, causal, window_size, so
     if q_or_qkv.stride(-1) != 1 or (kv is not None and kv.stride(-1) != 1):
         raise ValueError("packed tensors need a unit stride on headdim; call .contiguous() on them")
     feats = _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, deterministic,
-                            batch=batch, nheads=nheads)
+                            batch=batch, nheads=nheads, options=options)
     scale = _default_scale(softmax_scale, q.shape[-1])
     out, lse = PackedAttention.apply(q_or_qkv, kv, dim, scale, causal, shift, {**feats, **extra})
     return (out, lse, None) if return_attn_probs else out
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, options=None):
     """:func:`flash_attn_func` on ``qkv`` of shape (batch, seqlen, 3, nheads, headdim).
 
     Equivalent to ``flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], ...)`` but the
@@ -426,11 +431,11 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
     """
     _check_packed("qkv", qkv, 5, 3, "(batch, seqlen, 3, nheads, headdim)")
     return _packed(qkv, None, 2, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                   deterministic, return_attn_probs)
+                   deterministic, return_attn_probs, options=options)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, options=None):
     """:func:`flash_attn_func` with ``kv`` of shape (batch, seqlen_k, 2, nheads_k, headdim).
 
     q is (batch, seqlen_q, nheads, headdim); GQA/MQA as in flash_attn_func. dk and dv are
@@ -438,29 +443,30 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
     """
     _check_packed("kv", kv, 5, 2, "(batch, seqlen_k, 2, nheads_k, headdim)")
     return _packed(q, kv, 2, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                   deterministic, return_attn_probs)
+                   deterministic, return_attn_probs, options=options)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
                                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False):
+                                     return_attn_probs=False, options=None):
     """:func:`flash_attn_varlen_func` on ``qkv`` of shape (total, 3, nheads, headdim), with
     one ``cu_seqlens`` (batch + 1,) int32 and ``max_seqlen`` for q, k and v."""
     _check_packed("qkv", qkv, 4, 3, "(total_tokens, 3, nheads, headdim)")
     return _packed(qkv, None, 1, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                   deterministic, return_attn_probs, varlen=(cu_seqlens, cu_seqlens, max_seqlen, max_seqlen))
+                   deterministic, return_attn_probs, varlen=(cu_seqlens, cu_seqlens, max_seqlen, max_seqlen), options=options)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False, options=None):
     """:func:`flash_attn_varlen_func` with ``kv`` of shape (total_k, 2, nheads_k, headdim)."""
     for name, t in (("q", q),):
         if not isinstance(t, Tensor) or t.dim() != 3:
             raise ValueError(f"{name} must be a 3-D tensor (total_q, nheads, headdim)")
     _check_packed("kv", kv, 4, 2, "(total_k, 2, nheads_k, headdim)")
     return _packed(q, kv, 1, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                   deterministic, return_attn_probs, varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+                   deterministic, return_attn_probs, varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+                   options=options)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -557,7 +563,7 @@ def _check_kvcache_values(sl, seqlens, seqlen_new, seqlen_q, capacity, num_cache
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False, options=None):
     """Attention of new query tokens against a KV cache (decoding), flash-attn 2's signature.
 
     If ``k`` and ``v`` are given, they are first **written in place** into the cache at positions
@@ -667,7 +673,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                              f"headdim = {d}; got {tuple(rotary_cos.shape)} and {tuple(rotary_sin.shape)}")
     if not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(f"num_splits must be an int >= 0 (0 = automatic), got {num_splits!r}")
-    feats = _check_features(q, 0.0, causal, window_size, softcap, alibi_slopes, False, batch=batch, nheads=nheads)
+    feats = _check_features(q, 0.0, causal, window_size, softcap, alibi_slopes, False, batch=batch, nheads=nheads,
+                            options=options)
     scale = _default_scale(softmax_scale, d)
 
     # -- value checks, all before any write --------------------------------------------------------
@@ -720,5 +727,5 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     out, lse = fwd(q, k_cache, v_cache, seqlens, scale, causal,
                            feats["window_left"], feats["window_right"], feats["softcap"], feats["alibi_slopes"],
                            cache_batch_idx, block_table, num_splits,
-                           max(sl, default=0) + seqlen_new if sl is not None else -1, cache_leftpad)
+                           max(sl, default=0) + seqlen_new if sl is not None else -1, cache_leftpad, feats["options"])
     return (out, lse) if return_softmax_lse else out

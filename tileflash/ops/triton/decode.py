@@ -22,7 +22,6 @@ i.e. rel = t + shift − j with shift = seqlen_k_b − seqlen_q (bottom-right ca
 from __future__ import annotations
 
 import functools
-import os
 import threading
 
 import torch
@@ -30,8 +29,10 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from tileflash.ops.common import GRID_YZ_MAX, cdiv, next_pow2, score_mods, visible
-from tileflash.ops.forward import LOG2E, block_d_for, feature_args, interpreting
+from tileflash.ops.triton.common import LN2_C, LOG2E_C, score_mods, visible
+from tileflash.ops.triton.forward import block_d_for, interpreting
+from tileflash.ops.utils import GRID_YZ_MAX, LOG2E, cdiv, feature_args, next_pow2
+from tileflash.options import DEBUG
 
 # GPU launch defaults of the split kernel, from the H200 sweeps of scripts/decode_sweep.py (bf16,
 # Hq 32, Hkv 8, D 128; docs/testing.md, fourth and ninth sessions). waves: target programs per SM
@@ -172,7 +173,7 @@ def _merge_splits(O, LSE, O_PART, LSE_PART, part0, part_step, row0, n_rows, off_
                              cache_modifier=".cg")                                    # [S_CHUNK, MERGE_ROWS, BLOCK_D]
             acc += tl.sum(w[:, :, None] * o_part, 0)
         t_safe = tl.where(total == 0.0, 1.0, total)
-        lse = tl.where(total == 0.0, float("-inf"), (m_use + tl.math.log2(t_safe)) * 0.6931471805599453)
+        lse = tl.where(total == 0.0, float("-inf"), (m_use + tl.math.log2(t_safe)) * LN2_C)
         h = off_hk * KV_GROUP + rr // seqlen_q                                        # [MERGE_ROWS] query head
         t = rr % seqlen_q                                                             # [MERGE_ROWS] new token
         tl.store(O + off_b * stride_ob + t[:, None].to(tl.int64) * stride_om + h[:, None] * stride_oh + o_d[None, :],
@@ -266,7 +267,7 @@ def _decode_split(
     b_q = tl.load(p_q, mask=m_r[:, None] & m_d[None, :], other=0.0)                  # [BLOCK_M, BLOCK_D]
     slope2 = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_ALIBI:
-        slope2 = tl.load(ALIBI + off_b * stride_ab + o_h * stride_ah, mask=m_r, other=0.0) * 1.4426950408889634
+        slope2 = tl.load(ALIBI + off_b * stride_ab + o_h * stride_ah, mask=m_r, other=0.0) * LOG2E_C
 
     if HAS_BATCH_IDX:
         cache_b = tl.minimum(tl.maximum(tl.load(BATCH_IDX + off_b), 0), num_cache - 1).to(tl.int64)
@@ -398,7 +399,7 @@ def _decode_split(
     else:
         p_o = O + off_b * stride_ob + o_t[:, None].to(tl.int64) * stride_om + o_h[:, None] * stride_oh + o_d[None, :]
         tl.store(p_o, out.to(O.dtype.element_ty), mask=m_r[:, None] & m_d[None, :])
-        tl.store(LSE + (off_b * nheads + o_h) * seqlen_q + o_t, lse2 * 0.6931471805599453, mask=m_r)
+        tl.store(LSE + (off_b * nheads + o_h) * seqlen_q + o_t, lse2 * LN2_C, mask=m_r)
 
 
 # Ticket counters are zero between calls: the program that merges a (batch·kv head, row block)
@@ -482,18 +483,13 @@ def pdl_trigger(device, default: int) -> int:
     """Programmatic dependent launch (PDL) for a split launch: 0 (off) or where the kernel lets the
     next one be scheduled (1, 2, 3: see ``_decode_split``). Off unless the device is a CUDA device
     of compute capability 9.0 or more (Hopper: the ``griddepcontrol`` instructions); there, the
-    environment variable ``TILEFLASH_PDL`` (0-3) if set, else `default` (the config's ``pdl``).
+    debug switch ``pdl`` (0-3, ``tileflash.options.DEBUG``) if set, else `default` (the config's ``pdl``).
     With PDL, back-to-back decode calls (e.g. the layers of a captured decode step) overlap each
     launch with the previous kernel's tail; each program still waits for the previous kernel's
     completion before touching memory."""
     if not pdl_supported(device):
         return 0
-    env = os.environ.get("TILEFLASH_PDL", "")
-    if env:
-        if env not in ("0", "1", "2", "3"):
-            raise ValueError(f"TILEFLASH_PDL={env!r}: use 0 (off), 1, 2 or 3 (where the trigger goes)")
-        return int(env)
-    return int(default)
+    return DEBUG.pdl if DEBUG.pdl >= 0 else int(default)
 
 
 def table_lookup_asm(page_tile: bool, block_n: int) -> bool:
@@ -601,7 +597,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     a tile span several whole pages (``pages_per_tile``), table_vec=False keeps their lookups one
     entry per load; merge_rows (a power of two) sets the merge's rows per load; pdl 0-3 sets
     programmatic dependent launch (0 off; 1, 2, 3: see ``_decode_split``; ignored where the GPU
-    has no PDL, and overridden by ``TILEFLASH_PDL``; see ``pdl_trigger``); skew 0-3 sets the
+    has no PDL, and overridden by the debug switch ``pdl``; see ``pdl_trigger``); skew 0-3 sets the
     order of each program's tiles (default SKEW at batch > 1, else 0; see ``_decode_split``).
     """
     if seqlens_k is None and max_seqlen_k < 0:
@@ -679,7 +675,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     table_vec = (ppt % 4 == 0 and table_asm and cfg.get("table_vec", True) and block_table.dtype == torch.int32
                  and block_table.shape[1] >= ppt and block_table.shape[1] % ppt == 0 and block_table.stride(1) == 1
                  and block_table.stride(0) % 4 == 0 and block_table.data_ptr() % 16 == 0)
-    pdl = pdl_trigger(q.device, cfg.get("pdl", 0))   # TILEFLASH_PDL, if set, wins over the config
+    pdl = pdl_trigger(q.device, cfg.get("pdl", 0))   # the debug switch pdl, if set, wins over the config
     if paged and block_table.shape[1] == 0:
         # no pages: every length clamps to capacity 0, but the pipeliner's prologue still reads
         # entry 0 of a row (see _decode_split), so hand it a one-entry table
@@ -709,33 +705,3 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         BH_AXIS0=bh_axis0,
     )
     return out, lse
-
-
-def apply_rotary(x, cos, sin, pos, interleaved: bool):
-    """Rotary embedding of x (batch, seqlen, nheads, d) at integer positions pos (batch, seqlen).
-
-    cos/sin: (seqlen_ro, rotary_dim / 2); the first rotary_dim channels rotate, the rest pass.
-    interleaved=True (GPT-J) rotates channel pairs (0, 1), (2, 3), ...; False (GPT-NeoX) rotates
-    channel i with channel i + rotary_dim / 2.
-    """
-    rd = cos.shape[1] * 2
-    c = cos[pos].unsqueeze(2).float()  # (batch, seqlen, 1, rd/2)
-    s = sin[pos].unsqueeze(2).float()
-    xr = x[..., :rd].float()
-    if interleaved:
-        x1, x2 = xr[..., 0::2], xr[..., 1::2]
-        rot = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
-    else:
-        x1, x2 = xr[..., : rd // 2], xr[..., rd // 2:]
-        rot = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
-    return torch.cat((rot.to(x.dtype), x[..., rd:]), dim=-1)
-
-
-def gather_cache(cache, b, n, cache_batch_idx=None, block_table=None):
-    """The first n rows of batch entry b's cache as (1, n, nheads_k, d) (the CPU path's view)."""
-    if block_table is None:
-        cb = int(cache_batch_idx[b]) if cache_batch_idx is not None else b
-        return cache[cb: cb + 1, :n]
-    ps = cache.shape[1]
-    pages = block_table[b, : cdiv(n, ps)].long()
-    return cache[pages].reshape(-1, *cache.shape[2:])[:n][None]

@@ -10,32 +10,11 @@ on that side (``HAS_LEFT`` / ``HAS_RIGHT`` false), and causal is ``right = 0``.
 import triton
 import triton.language as tl
 
+from tileflash.ops.utils import LN2, LOG2E
 
-def cdiv(a: int, b: int) -> int:
-    """Host-side ceil(a / b) for launch arithmetic (``triton.cdiv`` is a JIT function: about 1.5 us
-    per host call, and a decode call makes ten of them)."""
-    return -(-a // b)
-
-
-def next_pow2(n: int) -> int:
-    """Host-side ``triton.next_power_of_2`` (0 for 0), without its JIT-call overhead."""
-    return 1 << (n - 1).bit_length() if n > 0 else 0
-
-
-# CUDA's grid: x up to 2**31 - 1 programs, y and z up to 65535
-GRID_YZ_MAX = 65535
-
-
-def block_grid(n_blocks: int, batch_heads: int) -> tuple:
-    """The launch grid of a (block, batch·head) kernel and its ``FLAT_GRID`` constexpr: (n_blocks,
-    batch_heads) with the blocks fastest, or, where batch·heads exceeds a grid's y limit (65535),
-    one flat axis of n_blocks·batch_heads programs in the same order (:func:`block_ids`)."""
-    if batch_heads <= GRID_YZ_MAX:
-        return (n_blocks, batch_heads), False
-    if n_blocks * batch_heads >= 2 ** 31:
-        raise ValueError(f"tileflash: {n_blocks} blocks x {batch_heads} batch*heads programs exceed CUDA's grid "
-                         f"limit of 2**31 - 1; split the batch into smaller calls")
-    return (n_blocks * batch_heads,), True
+# the host constants as compile-time constants of the kernels
+LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)
+LN2_C: tl.constexpr = tl.constexpr(LN2)
 
 
 @triton.jit
@@ -181,7 +160,7 @@ def head_scalars(ALIBI, SEED, off_b, off_h, stride_ab, stride_ah, HAS_ALIBI: tl.
     """Per-(batch, head) scalars: the ALiBi slope ×log2(e) (0 without ALiBi) and the dropout seed."""
     slope2 = 0.0
     if HAS_ALIBI:
-        slope2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah) * 1.4426950408889634
+        slope2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah) * LOG2E_C
     seed = 0
     if HAS_DROPOUT:
         seed = tl.load(SEED)

@@ -16,20 +16,14 @@ Three steps, no atomics, so the result is bitwise deterministic:
 By default step 1 is folded into step 3 (``FUSE_DELTA``): the dQ kernel, which loads its rows of
 dO anyway, also loads O, computes their delta, uses it and stores it, and runs first; the dK/dV
 kernel reads the stored delta after it. Two launches, and dO is read once less.
-``TILEFLASH_DQ_DELTA=0`` runs step 1 as its own kernel (``_bwd_preprocess``, one program per (Q
-block, batch·head)) and then steps 2 and 3.
+The debug switch ``dq_delta=0`` (``tileflash.options.DEBUG``) runs step 1 as its own kernel
+(``_bwd_preprocess``, one program per (Q block, batch·head)) and then steps 2 and 3.
 
-On Hopper, dense fp16/bf16 calls at head dim 64/128/256 replace steps 2 and 3 with the Gluon dK/dV
-and dQ kernels of ``tileflash.ops.backward_sm90`` (same math, their own tiles, asynchronous
-wgmma; ``TILEFLASH_GLUON_DQ=0`` keeps step 3 in Triton). The Gluon dQ kernel folds step 1 in
-the same way (``backward_sm90.dq_computes_delta``; not at D = 256, where the delta kernel runs
-first). Head dims between 64 and
-128 (e.g. 96) take them too, on copies zero-padded to 128, and between 128 and 256 (e.g. 192) on
-copies padded to 256 (``backward_sm90.padded_head_dim``). ``TILEFLASH_GLUON_FUSED=1``
-instead runs one fused Gluon kernel for steps 2 and 3, whose dQ sums are ordered TMA reductions
-(still bitwise deterministic; on the H200 0.72–1.02× the split kernels' speed, docs/perf-notes.md §30).
+On Hopper, ``tileflash.ops.route`` runs the Gluon kernels of ``tileflash.ops.gluon.backward``
+first where they take the call, and hands this launcher only what they could not take
+(``run_dkdv`` / ``run_dq``, with the ``delta`` they computed).
 
-Numerics follow ``tileflash.ops.forward``: scores in base 2 (``qk_scale = scale·log2 e``), the
+Numerics follow ``tileflash.ops.triton.forward``: scores in base 2 (``qk_scale = scale·log2 e``), the
 natural-log LSE is converted on load. A row that saw no key (lse = -inf) and rows past seqlen_q
 get lse = +inf here, so their recomputed P is exactly 0 and they contribute nothing.
 Rows/columns past the ragged ends are loaded as zeros: a zero key row or zero dO row adds
@@ -38,18 +32,16 @@ nothing to any stored gradient, so only the causal diagonal needs an element mas
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from tileflash.ops import backward_sm90, forward_sm90
-from tileflash.ops.common import (block_grid, block_ids, cdiv, dropout_keep, head_scalars, kv_block_range, next_pow2,
-                                   q_block_range, score_mods, seq_bounds, visible)
-from tileflash.ops.forward import (LOG2E, _copy_cols, _ensure_tma_allocator, _pad_head_dim, block_d_for,  # noqa: F401
-                                   feature_args, interpreting, problem_dims, rng_strides, strides3, tma_requested,
-                                   tma_supported)
+from tileflash.ops.launch import Launch
+from tileflash.ops.triton.common import (LOG2E_C, block_ids, dropout_keep, head_scalars, kv_block_range,
+                                         q_block_range, score_mods, seq_bounds, visible)
+from tileflash.ops.triton.forward import _ensure_tma_allocator, block_d_for, interpreting, tma_requested, tma_supported
+from tileflash.ops.utils import LOG2E, block_grid, cdiv, feature_args, problem_dims, rng_strides, strides3
+from tileflash.options import DEBUG
 
 
 @triton.jit(do_not_specialize=["seqlen_q"])
@@ -80,7 +72,7 @@ def _load_lse2(LSE, DELTA, row_base, o_m, seqlen_q, LOAD_DELTA: tl.constexpr = T
     LOAD_DELTA False: delta is not read (returned as zeros; the caller computes it)."""
     m_m = o_m < seqlen_q
     lse = tl.load(LSE + row_base + o_m, mask=m_m, other=float("inf"))                 # [BLOCK]
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E_C)
     if LOAD_DELTA:
         delta = tl.load(DELTA + row_base + o_m, mask=m_m, other=0.0)                  # [BLOCK]
     else:
@@ -400,24 +392,24 @@ def default_bwd_config(head_dim: int, causal: bool = False) -> dict:
 BWD_TMA_HEAD_DIMS = frozenset({128, 256})
 
 
-def bwd_tma_requested(config=None, device=None, head_dim: int = 128) -> bool:
+def bwd_tma_requested(config=None, device=None, head_dim: int = 128, use_tma=None) -> bool:
     """Whether the backward asks for tensor descriptors: ``config["USE_TMA"]`` if given, else
-    ``TILEFLASH_TMA=0/1``, else for head dims in BWD_TMA_HEAD_DIMS where the forward would use
-    them (``forward.tma_requested``: compiled kernels on Hopper)."""
+    ``use_tma`` (``Options.use_tma``) if not None, else for head dims in BWD_TMA_HEAD_DIMS where
+    the forward would use them (``forward.tma_requested``: compiled kernels on Hopper)."""
     if config is not None and "USE_TMA" in config:
         return bool(config["USE_TMA"])
-    if os.environ.get("TILEFLASH_TMA", "") in ("0", "1"):
-        return os.environ["TILEFLASH_TMA"] == "1"
+    if use_tma is not None:
+        return bool(use_tma)
     return head_dim in BWD_TMA_HEAD_DIMS and tma_requested(None, device)
 
 
-# (layout key) -> forward_sm90._Launch of _bwd_preprocess
+# (layout key) -> ops.launch.Launch of _bwd_preprocess
 _PRE_LAUNCHES: dict = {}
 
 
-def _delta(out, dout, lse, varlen: bool, nheads: int, head_dim: int):
+def compute_delta(out, dout, lse, varlen: bool, nheads: int, head_dim: int):
     """delta = rowsum(dO * O) in fp32, laid out like the (contiguous) LSE; varlen is one "batch" of
-    total_q rows. The launch is kept per layout (``forward_sm90._Launch``: on a GPU, later calls
+    total_q rows. The launch is kept per layout (``ops.launch.Launch``: on a GPU, later calls
     skip triton's argument binding; host time, perf-notes §25)."""
     delta = torch.empty(lse.shape, dtype=torch.float32, device=out.device)
     o4, do4 = (out[None], dout[None]) if varlen else (out, dout)
@@ -428,7 +420,7 @@ def _delta(out, dout, lse, varlen: bool, nheads: int, head_dim: int):
         pre_m = 64 if not interpreting() else 32
         ints = (o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0), do4.stride(1), do4.stride(2), nheads, pre_s)
         grid, flat = block_grid(cdiv(pre_s, pre_m), pre_b * nheads)
-        launch = forward_sm90._Launch(_bwd_preprocess, grid, (), 3, ints, 0,
+        launch = Launch(_bwd_preprocess, grid, (), 3, ints, 0,
                                       dict(HEAD_DIM=head_dim, BLOCK_D=block_d_for(head_dim), BLOCK_M=pre_m,
                                            FLAT_GRID=flat))
         if len(_PRE_LAUNCHES) >= 1024:
@@ -442,14 +434,18 @@ def _delta(out, dout, lse, varlen: bool, nheads: int, head_dim: int):
 def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool,
                         causal_shift: int | None = None, *, window=(-1, -1), softcap: float = 0.0,
                         alibi_slopes=None, dropout_p: float = 0.0, seed=None, cu_seqlens_q=None, cu_seqlens_k=None,
-                        max_seqlen_q=None, max_seqlen_k=None, config: dict | None = None, dq=None, dk=None, dv=None):
-    """Launch the three backward kernels. Returns (dq, dk, dv) in the input shapes and dtypes.
+                        max_seqlen_q=None, max_seqlen_k=None, config: dict | None = None, dq=None, dk=None, dv=None,
+                        use_tma: bool | None = None, delta=None, run_dkdv: bool = True, run_dq: bool = True):
+    """Launch the Triton backward kernels. Returns (dq, dk, dv) in the input shapes and dtypes.
 
     Layouts and feature arguments as in ``flash_attn_forward``; ``lse`` is the forward's
     natural-log LSE. ``dq``/``dk``/``dv`` may be given preallocated (tests pass NaN-filled buffers).
     ``config``: {"dkdv": tiles, "dq": tiles} and optionally "USE_TMA"; the inner loops' Q/dO and
     K/V blocks move through tensor descriptors where the forward would use them
-    (``forward.tma_requested`` / ``tma_supported``: by default on Hopper).
+    (``forward.tma_requested`` / ``tma_supported``: by default on Hopper; ``use_tma`` overrides).
+    ``delta`` (rowsum(dO∘O), fp32, laid out like the LSE) if already computed; ``run_dkdv`` /
+    ``run_dq`` False skip a kernel whose gradients another kernel wrote (``tileflash.ops.route``
+    runs the Hopper Gluon kernels first and hands over what they could not take).
     """
     varlen, batch, seqlen_q, seqlen_k, _, lse_strides = problem_dims(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
     nheads, head_dim, nheads_k = q.shape[-2], q.shape[-1], k.shape[-2]
@@ -468,47 +464,14 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
     flags, sc, alibi_strides = feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch, dropout_p,
                                             seqlen_q + abs(causal_shift), seqlen_k + abs(causal_shift))
     seed = seed if dropout_p > 0 else None
-    gluon = backward_sm90.supported(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen,
-                                    config, dk=dk, dv=dv)
-    delta = None
-    gluon_done = dq_done = False
-    if gluon:
-        # Hopper. 64 < D < 128 (128 < D < 256) runs the Gluon kernels at D = 128 (256) on copies of
-        # dO, q, k and v zero-padded to that width; they store the gradients' own D columns (D_OUT),
-        # and delta is the same either way (backward_sm90.padded_head_dim says why that is exact).
-        width = backward_sm90.padded_head_dim(head_dim)
-        g_in = (dout, q, k, v) if width == head_dim else tuple(_pad_head_dim(t, width) for t in (dout, q, k, v))
-        if backward_sm90.fused_enabled() and width <= 128 and dq.stride(-1) == 1:
-            delta = _delta(out, dout, lse, varlen, nheads, head_dim)
-            if backward_sm90.backward(*g_in, lse, delta, dq, dk, dv, softmax_scale, causal,
-                                      backward_sm90.fused_config_for(width, causal)) is not None:
-                return dq, dk, dv  # fused: one Gluon kernel wrote dQ, dK and dV
-        # dQ by the Gluon dQ kernel (TILEFLASH_GLUON_DQ=0 turns it off; None: it did not compile,
-        # the Triton dQ kernel runs). By default it runs first and computes delta itself, which the
-        # dK/dV kernel then reads: no delta kernel (backward_sm90.dq_computes_delta).
-        dq_gluon = backward_sm90.dq_enabled() and backward_sm90.dq_supported(g_in[1], g_in[2], dq, causal)
-        if (dq_gluon and delta is None and backward_sm90.dq_computes_delta(width, causal)
-                and backward_sm90.out_supported(out, g_in[1], dq)):
-            delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
-            dq_done = backward_sm90.backward_dq(*g_in, lse, delta, dq, softmax_scale, causal, out=out) is not None
-            if not dq_done:
-                delta = None
-        if delta is None:
-            delta = _delta(out, dout, lse, varlen, nheads, head_dim)
-        # the Gluon kernel writes dK and dV (None: it did not compile, the Triton kernel runs)
-        gluon_done = backward_sm90.backward(*g_in, lse, delta, dq, dk, dv, softmax_scale, causal) is not None
-        if gluon_done and dq_gluon and not dq_done:
-            dq_done = backward_sm90.backward_dq(*g_in, lse, delta, dq, softmax_scale, causal) is not None
-        if gluon_done and dq_done:
-            return dq, dk, dv
-    # the Triton kernels. Without a delta yet, the dQ kernel computes it (FUSE_DELTA) and runs
-    # before the dK/dV kernel, as the Gluon route does; TILEFLASH_DQ_DELTA=0 runs the delta kernel.
-    fuse_delta = delta is None and backward_sm90.delta_in_dq_enabled() and out.stride(-1) == 1
+    # Without a delta yet, the dQ kernel computes it (FUSE_DELTA) and runs before the dK/dV kernel,
+    # as the Gluon route does; the debug switch dq_delta=0 runs the delta kernel instead.
+    fuse_delta = delta is None and run_dq and DEBUG.dq_delta and out.stride(-1) == 1
     if fuse_delta:
         delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
     elif delta is None:
-        delta = _delta(out, dout, lse, varlen, nheads, head_dim)
-    use_tma = bwd_tma_requested(config, q.device, head_dim) and tma_supported(q, k, v, dout)
+        delta = compute_delta(out, dout, lse, varlen, nheads, head_dim)
+    use_tma = bwd_tma_requested(config, q.device, head_dim, use_tma) and tma_supported(q, k, v, dout)
     if use_tma and q.is_cuda:
         _ensure_tma_allocator()
     if config is None or "dkdv" not in config:
@@ -521,7 +484,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
             softmax_scale * LOG2E, softmax_scale, sc["softcap_scale"], sc["softcap2"], float(dropout_p),
             *rng_strides(seqlen_q, seqlen_k))
 
-    def run_dq():
+    def launch_dq():
         c = config["dq"]
         grid, flat = block_grid(cdiv(seqlen_q, c["BLOCK_M"]), batch * nheads)
         _bwd_dq[grid](
@@ -533,8 +496,8 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
         )
 
     if fuse_delta:
-        run_dq()  # first: it writes delta, which the dK/dV kernel reads
-    if not gluon_done:
+        launch_dq()  # first: it writes delta, which the dK/dV kernel reads
+    if run_dkdv:
         c = config["dkdv"]
         grid, flat = block_grid(cdiv(seqlen_k, c["BLOCK_N"]), batch * nheads_k)
         _bwd_dkdv[grid](
@@ -543,6 +506,6 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: b
             *strides3(dk, varlen), *strides3(dv, varlen), *lse_strides, *alibi_strides,
             nheads, nheads_k, seqlen_q, seqlen_k, causal_shift, *tail, **common, **c, FLAT_GRID=flat,
         )
-    if not dq_done and not fuse_delta:  # (dq_done: the Gluon dQ kernel ran; only dK/dV fell back here)
-        run_dq()
+    if run_dq and not fuse_delta:
+        launch_dq()
     return dq, dk, dv

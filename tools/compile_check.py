@@ -4,9 +4,9 @@ Catches code that the CPU interpreter accepts but the GPU compiler (e.g. triton 
 rejects. It does not run anything: a kernel that compiles can still be wrong or slow, so kernel
 changes still need a GPU run. Usage (any triton version, no GPU needed):
 
-    python scripts/compile_check.py            # head dims 64, 128, 256, 40; fp16 and bf16
-    python scripts/compile_check.py --gluon    # only the Hopper Gluon forward's configs
-    python scripts/compile_check.py --ptx-digests F.json   # also write each case's PTX digest
+    python tools/compile_check.py            # head dims 64, 128, 256, 40; fp16 and bf16
+    python tools/compile_check.py --gluon    # only the Hopper Gluon forward's configs
+    python tools/compile_check.py --ptx-digests F.json   # also write each case's PTX digest
                                                            # (debug lines stripped), to compare trees
 """
 
@@ -86,11 +86,11 @@ def compile_one(fn, dtype, constexprs, num_warps, num_stages):
 
 
 def compile_gluon(d, causal, cfg, dtype="fp16"):
-    """Compile the Hopper Gluon forward (tileflash.ops.forward_sm90) for sm_90 at one config."""
+    """Compile the Hopper Gluon forward (tileflash.ops.gluon.forward) for sm_90 at one config."""
     import torch
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from tileflash.ops import forward_sm90 as G
+    from tileflash.ops.gluon import forward as G
 
     ws = cfg.get("WS", False)
     bm, bn, tdt = cfg["BLOCK_M"], cfg["BLOCK_N"], getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[dtype])
@@ -127,7 +127,7 @@ def _compile_gluon_sm90(fn, const, dtype, d, desc_rows, ptr_types, fp32_descs=()
     import torch
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from tileflash.ops import forward_sm90 as G
+    from tileflash.ops.gluon import forward as G
 
     tdt = getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[dtype])
     sig = {}
@@ -153,8 +153,8 @@ def _compile_gluon_sm90(fn, const, dtype, d, desc_rows, ptr_types, fp32_descs=()
 
 
 def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
-    """Compile the Hopper Gluon dK/dV backward (tileflash.ops.backward_sm90) for sm_90 at one config."""
-    from tileflash.ops import backward_sm90 as GB
+    """Compile the Hopper Gluon dK/dV backward (tileflash.ops.gluon.backward) for sm_90 at one config."""
+    from tileflash.ops.gluon import backward as GB
 
     ws = cfg.get("WS", False)
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
@@ -184,8 +184,8 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
 
 
 def compile_gluon_bwd_dq(d, causal, cfg, dtype="fp16"):
-    """Compile the Gluon dQ kernel (tileflash.ops.backward_sm90) for sm_90."""
-    from tileflash.ops import backward_sm90 as GB
+    """Compile the Gluon dQ kernel (tileflash.ops.gluon.backward) for sm_90."""
+    from tileflash.ops.gluon import backward as GB
 
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     const = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
@@ -198,10 +198,10 @@ def compile_gluon_bwd_dq(d, causal, cfg, dtype="fp16"):
 
 
 def main():
-    # imported here, so that compile_one/signature also serve older trees (scripts/spill_check.py)
-    from tileflash.ops import backward as B
-    from tileflash.ops import decode as DEC
-    from tileflash.ops import forward as F
+    # imported here, so that compile_one/signature also serve older trees (tools/spill_check.py)
+    from tileflash.ops.triton import backward as B
+    from tileflash.ops.triton import decode as DEC
+    from tileflash.ops.triton import forward as F
 
     failures = 0
     gluon_only = "--gluon" in sys.argv
@@ -284,9 +284,9 @@ def main():
                         failures += 1
                         print(f"FAIL {dtype} D={d} {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
     # the Hopper Gluon kernels: every config the dispatcher picks, plus the backward's other modes
-    from tileflash.ops import forward_sm90 as G
-    if G.HAVE_GLUON:
-        from tileflash.ops import backward_sm90 as GB
+    from tileflash.ops.route import gluon_modules
+    if gluon_modules() is not None:
+        G, GB = gluon_modules()
         cases = []  # (tag, d, causal, cfg, build)
         for d in (64, 128):
             for causal in (False, True):

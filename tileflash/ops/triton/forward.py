@@ -23,18 +23,15 @@ seen through a transpose, so it needs no copy either.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from tileflash.ops import forward_sm90
-from tileflash.ops.common import (block_grid, block_ids, cdiv, dropout_keep, head_scalars, kv_block_range, next_pow2,
-                                  score_mods, seq_bounds, visible)
-
-LOG2E = 1.4426950408889634
-
+from tileflash.ops.triton.common import (LN2_C, block_ids, dropout_keep, head_scalars, kv_block_range, score_mods,
+                                         seq_bounds, visible)
+from tileflash.ops.utils import (LOG2E, block_grid, cdiv, feature_args, next_pow2, problem_dims, rng_strides,
+                                 strides3)
 
 @triton.jit
 def _fwd_inner(
@@ -210,7 +207,7 @@ def _attn_fwd(
     # Epilogue: normalise; a row with no visible key has l_i = 0 and acc = 0 -> out = 0.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)                                           # [BLOCK_M]
     b_o = acc / l_safe[:, None]                                                       # [BLOCK_M, BLOCK_D]
-    lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)  # [BLOCK_M] natural log
+    lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2_C)  # [BLOCK_M] natural log
     if USE_TMA:
         o_rows = O + off_b * stride_ob + off_h * stride_oh + q_start * stride_om
         o_desc = tl.make_tensor_descriptor(o_rows, shape=[seqlen_q, HEAD_DIM], strides=[stride_om, 1],
@@ -258,11 +255,6 @@ def default_config(head_dim: int, causal: bool = False, tma: bool = False) -> di
     if head_dim <= 128:
         return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
     return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
-
-
-def autotune_enabled() -> bool:
-    """TILEFLASH_AUTOTUNE=1 benchmarks FWD_CONFIGS once per (length bucket, head dim, causal, dtype)."""
-    return os.environ.get("TILEFLASH_AUTOTUNE", "0") == "1"
 
 
 # Shared memory we allow a config to plan for (H100/H200 offer 227 KB per block).
@@ -326,20 +318,19 @@ def _cc_major(device_index) -> int:
     return torch.cuda.get_device_capability(device_index)[0]
 
 
-def tma_requested(config=None, device=None) -> bool:
+def tma_requested(config=None, device=None, use_tma=None) -> bool:
     """Whether the forward asks for tensor descriptors (TMA); :func:`tma_supported` then decides
     per call (16-byte aligned layouts, sm90+, a triton with ``tl.make_tensor_descriptor``),
     falling back to pointers otherwise.
 
-    ``config["USE_TMA"]`` if given; else ``TILEFLASH_TMA=1`` (on) / ``TILEFLASH_TMA=0`` (off);
-    else on for compiled kernels on Hopper (sm90, where it measured faster: docs/perf-notes.md),
-    and off elsewhere: in the CPU interpreter, so CI keeps covering the pointer path (the TMA
-    tests opt in), and on other GPUs, where it was never measured."""
+    ``config["USE_TMA"]`` if given; else ``use_tma`` (``Options.use_tma``) if not None; else on
+    for compiled kernels on Hopper (sm90, where it measured faster: docs/perf-notes.md), and off
+    elsewhere: in the CPU interpreter, so CI keeps covering the pointer path (the TMA tests opt
+    in), and on other GPUs, where it was never measured."""
     if config is not None and "USE_TMA" in config:
         return bool(config["USE_TMA"])
-    env = os.environ.get("TILEFLASH_TMA", "")
-    if env in ("0", "1"):
-        return env == "1"
+    if use_tma is not None:
+        return bool(use_tma)
     if interpreting() or device is None or device.type != "cuda":
         return False
     return _cc_major(device.index if device.index is not None else torch.cuda.current_device()) == 9
@@ -380,53 +371,6 @@ def _ensure_tma_allocator():
         triton.set_allocator(_torch_scratch)
 
 
-def strides3(t, varlen: bool):
-    """(batch, row, head) strides; varlen tensors are (total, nheads, d) with no batch stride."""
-    return (0, t.stride(0), t.stride(1)) if varlen else (t.stride(0), t.stride(1), t.stride(2))
-
-
-def problem_dims(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
-    """(varlen, batch, seqlen_q, seqlen_k, lse_shape, lse_strides) of a dense or varlen call.
-
-    Varlen lengths are the maxima (they size the grid); the LSE is (nheads, total_q) there and
-    (batch, nheads, seqlen_q) for dense inputs, addressed with (batch, head) strides.
-    """
-    nheads = q.shape[-2]
-    if cu_seqlens_q is not None:
-        total_q = q.shape[0]
-        return True, cu_seqlens_q.shape[0] - 1, int(max_seqlen_q), int(max_seqlen_k), (nheads, total_q), (0, total_q)
-    batch, seqlen_q = q.shape[0], q.shape[1]
-    return False, batch, seqlen_q, k.shape[1], (batch, nheads, seqlen_q), (nheads * seqlen_q, seqlen_q)
-
-
-def rng_strides(seqlen_q: int, seqlen_k: int):
-    """Dropout's Philox counter for (batch·head, i, j) is bh·Sq·Sk + i·Sk + j (max lengths)."""
-    return seqlen_q * seqlen_k, seqlen_k
-
-
-def feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch, dropout_p=0.0,
-                 seqlen_q=0, seqlen_k=0):
-    """Host-side flags and scalars shared by every launcher (see tileflash.ops.common)."""
-    left, right = window
-    # |i + shift - j| < seqlen_q + seqlen_k: a wider window is unbounded (and would overflow the
-    # block-range arithmetic in the kernels)
-    span = seqlen_q + seqlen_k
-    left = -1 if left >= span else left
-    right = -1 if right >= span else right
-    if causal:
-        right = 0  # flash-attn: causal means window_size[1] = 0
-    alibi_strides = (0, 0)
-    if alibi_slopes is not None:
-        alibi_strides = (alibi_slopes.stride(0), alibi_slopes.stride(1)) if alibi_slopes.dim() == 2 \
-            else (0, alibi_slopes.stride(0))
-    flags = dict(HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, HAS_SOFTCAP=softcap > 0,
-                 HAS_ALIBI=alibi_slopes is not None, HAS_DROPOUT=dropout_p > 0)
-    scalars = dict(window_left=max(left, 0), window_right=max(right, 0),
-                   softcap_scale=softmax_scale / softcap if softcap > 0 else 0.0,
-                   softcap2=softcap * LOG2E)
-    return flags, scalars, alibi_strides
-
-
 @triton.jit
 def _copy_head_cols(
     SRC, DST,
@@ -438,7 +382,7 @@ def _copy_head_cols(
 ):
     """DST[b, s, h, :DST_COLS] = SRC[b, s, h, :DST_COLS], zeros past SRC_COLS: the zero-padded
     copies of a padded head dim's Gluon forward and backward, and the forward's output copied
-    back (:func:`_copy_cols`). Grid: (S blocks, batch*heads),
+    back (:func:`copy_cols`). Grid: (S blocks, batch*heads),
     ``common.block_grid``."""
     pid_s, pid_bh = block_ids(seqlen, BLOCK_S, False, FLAT_GRID)
     off_b = (pid_bh // nheads).to(tl.int64)
@@ -452,7 +396,7 @@ def _copy_head_cols(
     tl.store(p_dst, x, mask=m_s & (o_c < DST_COLS)[None, :])
 
 
-def _copy_cols(src, dst):
+def copy_cols(src, dst):
     """dst (B, S, H, Dd) = the first Dd columns of src (B, S, H, Ds), zeros where Dd > Ds, in one
     launch (torch's copies into column slices ran at 1.4 TB/s on the H200, this kernel at 3.5;
     session 22, runs 2-3). dst's columns must be contiguous."""
@@ -466,37 +410,19 @@ def _copy_cols(src, dst):
                           BLOCK_C=next_pow2(max(cols, src.shape[-1])), BLOCK_S=block_s, FLAT_GRID=flat)
 
 
-def _pad_head_dim(t, width: int):
+def pad_head_dim(t, width: int):
     """A (B, S, H, width) contiguous copy of t (B, S, H, D), D <= width, whose columns past D are 0
-    (``forward_sm90.padded_head_dim``)."""
+    (``tileflash.ops.route``)."""
     padded = torch.empty(t.shape[:-1] + (width,), dtype=t.dtype, device=t.device)
-    _copy_cols(t, padded)
+    copy_cols(t, padded)
     return padded
-
-
-def _gluon_forward_padded(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, config, width) -> bool:
-    """A head dim between the Gluon kernels' widths (``forward_sm90.padded_head_dim``): the Gluon
-    forward at ``width`` on zero-padded copies of q, k and v, into a padded output whose first
-    columns are copied into ``out``; lse is written in place. True if it ran; False (nothing
-    written) if the Gluon kernel does not take the padded call or did not compile."""
-    qp, kp, vp = (torch.empty(t.shape[:-1] + (width,), dtype=t.dtype, device=t.device) for t in (q, k, v))
-    outp = torch.empty(out.shape[:-1] + (width,), dtype=out.dtype, device=out.device)
-    plan = forward_sm90.plan_for(qp, kp, vp, outp, lse, softmax_scale, causal, causal_shift, flags, False, config)
-    if plan is None:
-        return False
-    for t, padded in ((q, qp), (k, kp), (v, vp)):
-        _copy_cols(t, padded)
-    if forward_sm90.forward(qp, kp, vp, outp, lse, softmax_scale, causal, plan=plan) is None:
-        return False
-    _copy_cols(outp, out)  # the first head_dim columns (the rest are 0)
-    return True
 
 
 def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int | None = None, *,
                        window=(-1, -1), softcap: float = 0.0, alibi_slopes=None, dropout_p: float = 0.0,
                        seed=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
                        config: dict | None = None, out: torch.Tensor | None = None,
-                       lse: torch.Tensor | None = None):
+                       lse: torch.Tensor | None = None, use_tma: bool | None = None, autotune: bool = False):
     """Launch the forward kernel. Inputs are validated by ``tileflash.interface``.
 
     Dense: q (batch, seqlen_q, nheads, headdim); k, v (batch, seqlen_k, nheads_k, headdim);
@@ -508,14 +434,13 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift
     seqlen_k - seqlen_q, flash-attn's bottom-right; 0 is torch's top-left), varlen: per sequence.
     ``config`` pins BLOCK_M/BLOCK_N (and optionally num_warps/num_stages) instead of autotuning;
     Q/K/V/O move through tensor descriptors (TMA) where :func:`tma_supported` allows it (sm90+,
-    16-byte aligned layouts), by default on Hopper (sm90); ``config["USE_TMA"]`` or ``TILEFLASH_TMA=0/1``
-    overrides (:func:`tma_requested`).
+    16-byte aligned layouts), by default on Hopper (sm90); ``config["USE_TMA"]`` or ``use_tma``
+    overrides (:func:`tma_requested`). ``autotune``: benchmark FWD_CONFIGS once per (length bucket,
+    head dim, flags, dtype) instead of :func:`default_config`.
     ``out``/``lse`` may be given preallocated (tests pass NaN-filled buffers to prove that the
     kernel writes every element).
-    On Hopper, plain dense fp16/bf16 calls run the Gluon kernel of ``forward_sm90`` instead; at a
-    head dim between its widths (64 < D < 128, 128 < D < 256) it runs on copies of q, k and v
-    zero-padded to the next width, and out gets the padded output's first D columns
-    (``forward_sm90.padded_head_dim``; ``TILEFLASH_GLUON_PAD=0`` keeps those calls on Triton).
+    This launcher runs the Triton kernel only; ``tileflash.ops.route`` decides when the Gluon
+    kernels run instead.
     """
     varlen, batch, seqlen_q, seqlen_k, lse_shape, lse_strides = problem_dims(q, k, cu_seqlens_q, max_seqlen_q,
                                                                              max_seqlen_k)
@@ -533,18 +458,6 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift
         return out.zero_(), lse.fill_(float("-inf"))
     flags, sc, alibi_strides = feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch, dropout_p,
                                             seqlen_q + abs(causal_shift), seqlen_k + abs(causal_shift))
-    plan = forward_sm90.plan_for(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen, config)
-    if plan is not None:
-        # Hopper, plain dense call, aligned lengths: the Gluon kernel (asynchronous wgmma); None if it
-        # did not compile with this triton (warned once), and then the Triton kernel below runs
-        done = forward_sm90.forward(q, k, v, out, lse, softmax_scale, causal, plan=plan)
-        if done is not None:
-            return done
-    elif not varlen and q.is_cuda and forward_sm90.enabled() and forward_sm90.pad_enabled():
-        width = forward_sm90.padded_head_dim(head_dim)
-        if width is not None and width != head_dim and out.stride(-1) == 1 and \
-                _gluon_forward_padded(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, config, width):
-            return out, lse
     args = (
         q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seed if dropout_p > 0 else None,
         *strides3(q, varlen), *strides3(k, varlen), *strides3(v, varlen), *strides3(out, varlen),
@@ -560,7 +473,7 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift
         RAW_MAX=softmax_scale > 0 and not flags["HAS_SOFTCAP"] and not flags["HAS_ALIBI"],
     )
     # TMA path (falls back to pointers where descriptors are not possible)
-    use_tma = tma_requested(config, q.device) and tma_supported(q, k, v, out)
+    use_tma = tma_requested(config, q.device, use_tma) and tma_supported(q, k, v, out)
     if use_tma and q.is_cuda:
         _ensure_tma_allocator()
     meta["USE_TMA"] = use_tma
@@ -568,7 +481,7 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift
         config = {key: val for key, val in config.items() if key != "USE_TMA"} or None
     if config is None and interpreting():
         config = INTERPRET_FWD_CONFIG
-    if config is None and not autotune_enabled():
+    if config is None and not autotune:
         config = default_config(head_dim, causal=flags["HAS_RIGHT"], tma=use_tma)
     # batch*heads on grid axis 1, or one flat axis past its limit (65535)
     meta["FLAT_GRID"] = block_grid(1, batch * nheads)[1]

@@ -1,0 +1,193 @@
+"""Kernel launch plans shared by the Triton and Gluon families: a launch built once per call
+layout (:class:`Launch`), the compiled-launcher shortcut for TMA descriptors (:class:`DescRunner`),
+and the fall-back rule for a kernel that does not compile with the installed triton."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import warnings
+
+import torch
+import triton
+
+from tileflash.options import DEBUG
+
+
+def compile_error(e: Exception) -> bool:
+    """Whether e is triton failing to build a kernel (a frontend CompilationError, or the MLIR
+    pass manager's RuntimeError), as opposed to an error of this call's inputs or of the GPU."""
+    from triton.compiler.errors import CompilationError
+
+    return isinstance(e, CompilationError) or (isinstance(e, RuntimeError) and "PassManager" in str(e))
+
+
+def launch_or_fall_back(broken: set, key, what: str, hint: str, launch) -> bool:
+    """Run launch() (every launch may compile: triton specializes on argument values, e.g. a GQA
+    group of 1). True if it ran. If triton fails to build the kernel (Gluon's API changes between
+    releases), warn, record key in `broken` (the callers' routing then skips that configuration)
+    and return False, so that the caller runs its Triton kernel; any other error propagates."""
+    try:
+        launch()
+    except Exception as e:  # noqa: BLE001  (anything but a compile failure is re-raised)
+        if not compile_error(e):
+            raise
+        broken.add(key)
+        warnings.warn(f"tileflash: {what} failed to compile with triton {triton.__version__} "
+                      f"({type(e).__name__}: {str(e)[:200]}); {hint}", RuntimeWarning, stacklevel=4)
+        return False
+    return True
+
+
+class Launch:
+    """One kernel launch whose grid, integer arguments and constexprs follow from a call's layout
+    (shapes, strides, dtypes, device), built once per layout so that a repeated call pays for
+    neither the argument binding of triton's JIT nor the validation of its tensor descriptors
+    (host time, perf-notes §24-25). The forward's :class:`_Plan` is one; the backward keeps one
+    per kernel (``backward_sm90``, ``backward._bwd_preprocess``).
+
+    A call passes ``tensors`` (the descriptors' tensors, in ``templates``' order), ``ptrs`` (the
+    raw tensor arguments after the descriptors) and ``scales`` (the floats after ``ints``): the
+    kernel's runtime parameters are exactly descriptors, ptrs, ints, scales, in that order, and
+    the rest are constexprs (``tail``: their values, defaults included, positionally). The first
+    launch goes through triton's JIT, which compiles or finds the kernel and checks every
+    specialization; later ones, with ``cacheable`` true, through the compiled kernel's own
+    launcher (``runner``: the CUDA device it was made on, and the launcher). That is sound only
+    when every value triton specializes on is fixed by the layout key or by the caller's
+    ``cacheable`` test (raw pointers' 16-byte alignment), and the current CUDA device is the one
+    the runner was made on (its function handle is that device's). Triton's launch hooks (profilers) still run, since the runner reads them at every
+    launch; a change of triton's compile options (e.g. its debug knob) after a layout's first call
+    is not seen by that layout.
+
+    ``templates`` are validated ``TensorDescriptor`` objects with ``base=None`` (a launch holds no
+    tensor); :meth:`descriptors` copies them onto the call's tensors."""
+
+    __slots__ = ("kernel", "grid", "templates", "ints", "constexprs", "tail", "runner")
+
+    def __init__(self, kernel, grid, templates, n_ptrs: int, ints: tuple, n_scales: int, constexprs: dict):
+        for t in templates:
+            t.base = None
+        self.kernel, self.templates, self.ints, self.constexprs = kernel, tuple(templates), ints, constexprs
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))  # CompiledKernel[grid] indexes all three
+        # the constexpr parameters in the kernel's order (defaults included): the compiled kernel's
+        # launcher takes every parameter positionally and skips the constexprs
+        # (the CPU interpreter's kernels have no params: they never get a runner)
+        params = getattr(kernel, "params", ())[len(templates) + n_ptrs + len(ints) + n_scales:]
+        self.tail = tuple(constexprs[p.name] if p.name in constexprs else p.default for p in params)
+        self.runner = None  # (CUDA device index, the compiled kernel's launcher on it): one attribute, so
+        # that a thread never pairs one device's launcher with another's index
+
+    def descriptors(self, *tensors):
+        return tuple(rebase(t, x) for t, x in zip(self.templates, tensors))
+
+    def __call__(self, tensors, ptrs, scales, cacheable: bool):
+        # scales as floats: triton would specialize an integer 1 into a constexpr, and the cached
+        # launcher skips constexpr slots
+        args = (*self.descriptors(*tensors), *ptrs, *self.ints, *(float(x) for x in scales))
+        runner = self.runner
+        if runner is not None and cacheable and torch.cuda.current_device() == runner[0]:
+            runner[1](*args, *self.tail)
+            return
+        kernel = self.kernel[self.grid](*args, **self.constexprs)
+        if hasattr(kernel, "result"):  # triton's asynchronous compile mode hands back a future
+            kernel = kernel.result()
+        if cacheable and hasattr(kernel, "__getitem__"):
+            runner = kernel[self.grid]  # (this also loads the kernel's handles, which DescRunner reads)
+            self.runner = (torch.cuda.current_device(),
+                           DescRunner.make(kernel, runner, self.grid, len(self.templates)) or runner)
+
+
+class DescRunner:
+    """A compiled kernel's launcher that converts each TMA descriptor once per base address.
+
+    triton's launcher turns every host-side ``TensorDescriptor`` argument into a ``CUtensorMap``
+    (``make_tensordesc_arg``: a ``cuTensorMapEncodeTiled`` call and Python around it) at every
+    launch (perf-notes §25, §28: most of the backward's per-launch host time). Within one
+    :class:`Launch` a descriptor's shape, strides, block, dtype and swizzle are fixed by the
+    layout key, so the encoded map depends on the base address alone: this runner keeps the maps
+    per (descriptor slot, address), encodes a new address with triton's own code, and calls the C
+    launcher that triton's wrapper would call, with the same arguments. A map kept for an address
+    whose tensor was freed is only used again if a tensor of the same layout sits at that address,
+    for which it is the right map. At most ``MAX_PER_SLOT`` addresses per slot (then emptied).
+
+    Built by :meth:`make` only when this triton's CUDA launcher has the structure it was written
+    against (triton 3.6: ``CudaLauncher.launch`` wrapping the C launcher with the descriptors
+    first among the arguments, lowered to ``CUtensorMap``, and no scratch memory); else None,
+    and the caller keeps triton's runner. Launch hooks (triton's profiling knobs) make it hand
+    the launch to triton's runner."""
+
+    MAX_PER_SLOT = 64
+    __slots__ = ("fallback", "raw", "metas", "encode", "maps", "grid", "function", "packed", "coop", "pdl",
+                 "n_desc", "device")
+
+    @classmethod
+    def make(cls, compiled, fallback, grid, n_desc):
+        """The runner of `compiled` (a loaded ``CompiledKernel``) for a 3-D `grid` whose first
+        `n_desc` arguments are tensor descriptors, or None; `fallback` is triton's runner
+        (``compiled[grid]``), used whenever a launch hook is set."""
+        if n_desc == 0:
+            return None
+        try:
+            from triton.backends.nvidia import driver as nv_driver
+
+            launcher = compiled.run
+            inner = launcher.launch
+            names = inner.__code__.co_freevars
+            if set(names) != {"launcher", "tensordesc_indices", "tensordesc_meta"}:
+                return None
+            cells = dict(zip(names, (c.cell_contents for c in inner.__closure__)))
+            metas, indices = cells["tensordesc_meta"], cells["tensordesc_indices"]
+            # triton 3.6's C launcher: grid x/y/z, stream, function, cooperative, pdl, two scratch
+            # buffers, packed metadata, launch metadata, enter and exit hooks, then the kernel's arguments
+            if (sorted(indices) != list(range(n_desc)) or len(metas) != n_desc or any(m is None for m in metas)
+                    or launcher.global_scratch_size or launcher.profile_scratch_size
+                    or getattr(launcher, "num_ctas", 1) != 1 or nv_driver._BASE_ARGS_FORMAT != "iiiKKppOOOOOO"
+                    or len(inspect.signature(nv_driver.make_tensordesc_arg).parameters) != 2):
+                return None
+            self = object.__new__(cls)
+            self.fallback = fallback
+            self.raw, self.metas, self.encode = cells["launcher"], tuple(metas), nv_driver.make_tensordesc_arg
+            self.maps = tuple({} for _ in range(n_desc))
+            self.grid, self.function, self.packed = grid, compiled.function, compiled.packed_metadata
+            self.coop, self.pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
+            self.n_desc, self.device = n_desc, torch.cuda.current_device()
+            return self
+        except Exception:  # noqa: BLE001 -- another triton: keep its own runner
+            return None
+
+    def __call__(self, *args):
+        knobs = triton.knobs.runtime  # hooks: None or a HookChain (triton 3.6), empty unless a profiler set one
+        enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook
+        if getattr(enter, "calls", enter) or getattr(leave, "calls", leave) or not DEBUG.desc_cache:
+            return self.fallback(*args)
+        expanded = []
+        for desc, maps, meta in zip(args[:self.n_desc], self.maps, self.metas):
+            addr = desc.base.data_ptr()
+            m = maps.get(addr)
+            if m is None:
+                if len(maps) >= self.MAX_PER_SLOT:
+                    maps.clear()
+                m = maps[addr] = tuple(self.encode(desc, meta))
+            expanded += m
+        g = self.grid
+        self.raw(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(self.device), self.function, self.coop,
+                 self.pdl, None, None, self.packed, None, None, None, *expanded, *args[self.n_desc:])
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device) -> int:
+    """Streaming multiprocessors of a CUDA device (1 elsewhere: CPU tensors only build plans in tests)."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def rebase(template, t):
+    """``template`` (a validated descriptor) on tensor t's memory, without re-running the checks of
+    ``TensorDescriptor.__post_init__`` (t has the template's layout: the plan's key says so)."""
+    d = object.__new__(type(template))
+    d.__dict__.update(template.__dict__)
+    d.base = t
+    return d
+
+

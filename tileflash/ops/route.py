@@ -1,0 +1,288 @@
+"""Routing: the one place that decides which implementation runs a call.
+
+Below the custom ops (``tileflash.ops.attention``) every call comes here:
+
+* CPU tensors, ``TRITON_INTERPRET`` unset at import -> the tiled PyTorch path (``tileflash.cpu``);
+* CPU tensors, ``TRITON_INTERPRET=1`` set before import -> the Triton kernels in Triton's
+  interpreter (how CI tests them; bf16 runs in fp32 there, since the interpreter gets bf16 wrong);
+* CUDA tensors -> the Hopper Gluon kernels (``tileflash.ops.gluon``) where they can take the call
+  and ``Options.backend`` allows, else the portable Triton kernels (``tileflash.ops.triton``).
+
+The two kernel families never import each other; each says what it can take (the Gluon
+modules' ``plan_for`` / ``supported`` / ``dq_supported``), and this module strings them together:
+for a head dim between the Gluon kernels' widths it pads the inputs (a Triton copy kernel) and runs
+the Gluon kernels at the next width; for a backward whose dK/dV went to Gluon but whose dQ could
+not, it hands the Triton launcher the rest (``run_dkdv`` / ``run_dq``, with the delta computed).
+A Gluon kernel that fails to compile with the installed triton warns once and the Triton kernel
+runs instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+from tileflash import cpu
+from tileflash.ops.triton import backward as tr_bwd
+from tileflash.ops.triton import decode as tr_dec
+from tileflash.ops.triton import forward as tr_fwd
+from tileflash.ops.utils import feature_args, problem_dims
+from tileflash.options import DEBUG, DEFAULT, Options
+
+# Triton decides interpreter-or-GPU when a kernel is decorated, i.e. at import.
+_KERNELS_INTERPRETED = tr_fwd.interpreting()
+
+_GLUON = None  # (forward module, backward module) once imported; False where this triton has no Gluon
+
+
+def gluon_modules():
+    """The Gluon kernel modules, imported on first use (None where this triton has no Gluon)."""
+    global _GLUON
+    if _GLUON is None:
+        try:
+            from tileflash.ops.gluon import backward as gb
+            from tileflash.ops.gluon import forward as gf
+            _GLUON = (gf, gb)
+        except ImportError:  # triton < 3.5
+            _GLUON = False
+    return _GLUON or None
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """Whether the Triton kernels serve tensors on ``t``'s device (see the module docstring)."""
+    if t.is_cuda:
+        return True
+    if os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return False
+    if not _KERNELS_INTERPRETED:
+        raise RuntimeError(
+            "TRITON_INTERPRET=1 was set after tileflash (and triton) were imported, so the kernels "
+            "were built for the GPU. Set TRITON_INTERPRET=1 in the environment before importing "
+            "tileflash, or unset it to use the tiled PyTorch CPU path."
+        )
+    return True
+
+
+def _interpreter_dtype(t: torch.Tensor) -> torch.dtype:
+    # Triton's interpreter computes bf16 loads/stores/dots wrongly (docs/testing.md): run bf16 in
+    # fp32 there and cast the result back.
+    return torch.float32 if t.dtype == torch.bfloat16 else t.dtype
+
+
+def _device(t):
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def _gluon_refused(what: str, why: str):
+    raise ValueError(f"tileflash: Options(backend='gluon') but the Hopper Gluon {what} cannot take this call: {why}. "
+                     f"Use backend='auto' to fall back to the Triton kernels.")
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward
+# ----------------------------------------------------------------------------------------------
+
+def forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int | None = None, *, window=(-1, -1),
+            softcap: float = 0.0, alibi_slopes=None, dropout_p: float = 0.0, seed=None, cu_seqlens_q=None,
+            cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, config: dict | None = None, out=None, lse=None,
+            options: Options = DEFAULT):
+    """Attention forward -> (out, lse). Arguments as ``tileflash.ops.triton.forward.flash_attn_forward``
+    (``out``/``lse``: preallocated outputs, which tests poison with NaN); ``options`` picks the kernel."""
+    kw = dict(window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed,
+              cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+              max_seqlen_k=max_seqlen_k)
+    if not use_triton(q):
+        res_out, res_lse = cpu.forward(q, k, v, softmax_scale, causal, causal_shift, kw)
+        return _into(res_out, out), _into(res_lse, lse)
+    if not q.is_cuda:  # the interpreter
+        dt = _interpreter_dtype(q)
+        res_out, res_lse = tr_fwd.flash_attn_forward(q.to(dt), k.to(dt), v.to(dt), softmax_scale, causal, causal_shift,
+                                                     **kw, config=config, use_tma=options.use_tma,
+                                                     autotune=options.autotune,
+                                                     out=out if out is not None and out.dtype == dt else None, lse=lse)
+        return _into(res_out.to(q.dtype), out), res_lse
+    with torch.cuda.device(q.device):
+        if options.backend != "triton":
+            done = _gluon_forward(q, k, v, softmax_scale, causal, causal_shift, kw, config, out, lse, options)
+            if done is not None:
+                return done
+        return tr_fwd.flash_attn_forward(q, k, v, softmax_scale, causal, causal_shift, **kw, config=config, out=out,
+                                         lse=lse, use_tma=options.use_tma, autotune=options.autotune)
+
+
+def _into(res, buf):
+    """``res`` written into the caller's buffer ``buf`` (if any)."""
+    if buf is None or buf is res:
+        return res
+    return buf.copy_(res)
+
+
+def _gluon_forward(q, k, v, softmax_scale, causal, causal_shift, kw, config, out, lse, options):
+    """The Hopper Gluon forward if it takes this call: (out, lse), else None (nothing written)."""
+    mods = gluon_modules()
+    if mods is None:
+        if options.backend == "gluon":
+            _gluon_refused("forward", f"this triton ({__import__('triton').__version__}) has no Gluon")
+        return None
+    gf = mods[0]
+    varlen, batch, seqlen_q, seqlen_k, lse_shape, _ = problem_dims(q, k, kw["cu_seqlens_q"], kw["max_seqlen_q"],
+                                                                   kw["max_seqlen_k"])
+    if varlen or q.numel() == 0 or seqlen_k == 0:
+        if options.backend == "gluon":
+            _gluon_refused("forward", "varlen or empty inputs")
+        return None
+    if causal_shift is None:
+        causal_shift = seqlen_k - seqlen_q
+    flags, _, _ = feature_args(softmax_scale, causal, kw["window"], kw["softcap"], kw["alibi_slopes"], batch,
+                               kw["dropout_p"], seqlen_q + abs(causal_shift), seqlen_k + abs(causal_shift))
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    head_dim = q.shape[-1]
+    width = gf.padded_head_dim(head_dim)
+    if width == head_dim:
+        plan = gf.plan_for(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, False, config)
+        # None from forward(): it did not compile with this triton (warned once); the Triton kernel runs
+        done = None if plan is None else gf.forward(q, k, v, out, lse, softmax_scale, causal, plan=plan)
+    elif width is not None and options.pad_head_dim and out.stride(-1) == 1:
+        done = _gluon_forward_padded(gf, q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, config, width)
+    else:
+        done = None
+    if done is None and options.backend == "gluon":
+        _gluon_refused("forward", "its scope is dense fp16/bf16 on sm90, head dim 64-256, no window/softcap/ALiBi/"
+                                  "dropout, lengths that are multiples of its tiles (tileflash.ops.gluon.forward)")
+    return done
+
+
+def _gluon_forward_padded(gf, q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, config, width):
+    """A head dim between the Gluon kernels' widths (``gluon.forward.padded_head_dim``): the Gluon
+    forward at ``width`` on zero-padded copies of q, k and v, into a padded output whose first
+    columns are copied into ``out``; lse is written in place. (out, lse) if it ran; None (nothing
+    written) if the Gluon kernel does not take the padded call or did not compile."""
+    qp, kp, vp = (torch.empty(t.shape[:-1] + (width,), dtype=t.dtype, device=t.device) for t in (q, k, v))
+    outp = torch.empty(out.shape[:-1] + (width,), dtype=out.dtype, device=out.device)
+    plan = gf.plan_for(qp, kp, vp, outp, lse, softmax_scale, causal, causal_shift, flags, False, config)
+    if plan is None:
+        return None
+    for t, padded in ((q, qp), (k, kp), (v, vp)):
+        tr_fwd.copy_cols(t, padded)
+    if gf.forward(qp, kp, vp, outp, lse, softmax_scale, causal, plan=plan) is None:
+        return None
+    tr_fwd.copy_cols(outp, out)  # the first head_dim columns (the rest are 0)
+    return out, lse
+
+
+# ----------------------------------------------------------------------------------------------
+# Backward
+# ----------------------------------------------------------------------------------------------
+
+def backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, causal_shift: int | None = None, *,
+             window=(-1, -1), softcap: float = 0.0, alibi_slopes=None, dropout_p: float = 0.0, seed=None,
+             cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, config: dict | None = None,
+             dq=None, dk=None, dv=None, options: Options = DEFAULT):
+    """Attention backward -> (dq, dk, dv), written into dq/dk/dv when given. Arguments as
+    ``tileflash.ops.triton.backward.flash_attn_backward``; ``options`` picks the kernels."""
+    kw = dict(window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed,
+              cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+              max_seqlen_k=max_seqlen_k)
+    if not use_triton(q):
+        grads = cpu.backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw)
+        return tuple(_into(g, buf) for g, buf in zip(grads, (dq, dk, dv)))
+    if not q.is_cuda:  # the interpreter
+        dt = _interpreter_dtype(q)
+        grads = tr_bwd.flash_attn_backward(*(t.to(dt) for t in (dout, q, k, v, out)), lse, softmax_scale, causal,
+                                           causal_shift, **kw, config=config, use_tma=options.use_tma)
+        return tuple(_into(g.to(q.dtype), buf) for g, buf in zip(grads, (dq, dk, dv)))
+    with torch.cuda.device(q.device):
+        return _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw, config, dq, dk, dv,
+                              options)
+
+
+def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw, config, dq, dk, dv, options):
+    mods = gluon_modules() if options.backend != "triton" and DEBUG.gluon_bwd else None
+    varlen, batch, seqlen_q, seqlen_k, _, _ = problem_dims(q, k, kw["cu_seqlens_q"], kw["max_seqlen_q"],
+                                                           kw["max_seqlen_k"])
+    empty = q.numel() == 0 or k.numel() == 0 or batch == 0
+    if mods is None or empty:
+        if options.backend == "gluon":
+            _gluon_refused("backward", "no Gluon in this triton (or the debug switch gluon_bwd=0)" if mods is None
+                           else "empty inputs")
+        return tr_bwd.flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, **kw,
+                                          config=config, dq=dq, dk=dk, dv=dv, use_tma=options.use_tma)
+    gb = mods[1]
+    nheads, head_dim = q.shape[-2], q.shape[-1]
+    if causal_shift is None:
+        causal_shift = seqlen_k - seqlen_q
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()  # e.g. the expanded ones of loss = out.sum()
+    lse = lse.contiguous()
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if dq is None else dq
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device) if dk is None else dk
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device) if dv is None else dv
+    flags, _, _ = feature_args(softmax_scale, causal, kw["window"], kw["softcap"], kw["alibi_slopes"], batch,
+                               kw["dropout_p"], seqlen_q + abs(causal_shift), seqlen_k + abs(causal_shift))
+    delta = None
+    gluon_done = dq_done = False
+    if gb.supported(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen, config, dk=dk, dv=dv):
+        # 64 < D < 128 (128 < D < 256) runs the Gluon kernels at D = 128 (256) on copies of dO, q, k
+        # and v zero-padded to that width; they store the gradients' own D columns (D_OUT), and delta
+        # is the same either way (gluon.forward.padded_head_dim says why that is exact).
+        width = gb._f90.padded_head_dim(head_dim)
+        g_in = (dout, q, k, v) if width == head_dim else tuple(tr_fwd.pad_head_dim(t, width) for t in (dout, q, k, v))
+        if DEBUG.gluon_fused and width <= 128 and dq.stride(-1) == 1:
+            delta = tr_bwd.compute_delta(out, dout, lse, varlen, nheads, head_dim)
+            if gb.backward(*g_in, lse, delta, dq, dk, dv, softmax_scale, causal,
+                           gb.fused_config_for(width, causal)) is not None:
+                return dq, dk, dv  # fused: one Gluon kernel wrote dQ, dK and dV
+        # dQ by the Gluon dQ kernel (None: it did not compile, the Triton dQ kernel runs). By default
+        # it runs first and computes delta itself, which the dK/dV kernel then reads: no delta kernel.
+        dq_gluon = DEBUG.gluon_dq and gb.dq_supported(g_in[1], g_in[2], dq, causal)
+        if (dq_gluon and delta is None and gb.dq_computes_delta(width, causal)
+                and gb.out_supported(out, g_in[1], dq)):
+            delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+            dq_done = gb.backward_dq(*g_in, lse, delta, dq, softmax_scale, causal, out=out) is not None
+            if not dq_done:
+                delta = None
+        if delta is None:
+            delta = tr_bwd.compute_delta(out, dout, lse, varlen, nheads, head_dim)
+        # the Gluon kernel writes dK and dV (None: it did not compile, the Triton kernel runs)
+        gluon_done = gb.backward(*g_in, lse, delta, dq, dk, dv, softmax_scale, causal) is not None
+        if gluon_done and dq_gluon and not dq_done:
+            dq_done = gb.backward_dq(*g_in, lse, delta, dq, softmax_scale, causal) is not None
+        if gluon_done and dq_done:
+            return dq, dk, dv
+    if options.backend == "gluon" and not (gluon_done or dq_done):
+        _gluon_refused("backward", "its scope is dense fp16/bf16 on sm90, head dim 64-256, no window/softcap/ALiBi/"
+                                   "dropout, lengths that are multiples of its tiles (tileflash.ops.gluon.backward)")
+    # the Triton kernels take what the Gluon ones did not
+    return tr_bwd.flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, **kw,
+                                      config=config, dq=dq, dk=dk, dv=dv, use_tma=options.use_tma, delta=delta,
+                                      run_dkdv=not gluon_done, run_dq=not dq_done)
+
+
+# ----------------------------------------------------------------------------------------------
+# KV-cache decoding (forward only)
+# ----------------------------------------------------------------------------------------------
+
+def kvcache(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, window=(-1, -1), softcap=0.0,
+            alibi_slopes=None, cache_batch_idx=None, block_table=None, num_splits=0, max_seqlen_k=-1,
+            cache_leftpad=None, options: Options = DEFAULT):
+    """Attention of q over a contiguous or paged KV cache -> (out, lse): the Triton split-KV decode
+    kernel (GPU or interpreter), or the tiled CPU path. (No Gluon decode kernel: ``options.backend``
+    = "gluon" is refused.)"""
+    if options.backend == "gluon" and q.is_cuda:
+        _gluon_refused("kernels", "there is no Gluon decode kernel; KV-cache calls run the Triton kernel")
+    if not use_triton(q):
+        return cpu.kvcache_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, softcap,
+                                   alibi_slopes, cache_batch_idx, block_table, max_seqlen_k, cache_leftpad)
+    dt = q.dtype if q.is_cuda else _interpreter_dtype(q)
+    conv = (lambda t: t) if dt == q.dtype else (lambda t: t.to(dt))
+    with _device(q):
+        out, lse = tr_dec.decode_forward(conv(q), conv(k_cache), conv(v_cache), seqlens_k, softmax_scale, causal,
+                                         window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                                         cache_batch_idx=cache_batch_idx, block_table=block_table,
+                                         num_splits=num_splits, max_seqlen_k=max_seqlen_k, cache_leftpad=cache_leftpad)
+    return out.to(q.dtype), lse

@@ -1,0 +1,129 @@
+"""Kernel options: how a call is run, never what it computes.
+
+Every public function takes ``options=`` (an :class:`Options`, or None for the defaults), in the
+spirit of FlexAttention's ``kernel_options``. The result is the same attention whichever options
+are chosen (to rounding: different kernels sum in different orders); options pick the kernel and
+its launch.
+
+Kernel developers' A/B switches are not options: they live in :data:`DEBUG`, read once from the
+environment variable ``TILEFLASH_DEBUG`` when tileflash is imported (see :class:`Debug`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Optional
+
+BACKENDS = ("auto", "triton", "gluon")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How tileflash runs a call on a CUDA device (CPU tensors always take the tiled PyTorch path,
+    or the Triton kernels in Triton's interpreter when ``TRITON_INTERPRET=1`` was set before import).
+
+    Args:
+        backend: ``"auto"`` (default): the Hopper Gluon kernels where they take the call (sm90,
+            dense fp16/bf16, head dim 64-256, no window/softcap/ALiBi/dropout, lengths that are
+            multiples of their tiles), the portable Triton kernels everywhere else.
+            ``"triton"``: the portable Triton kernels only. ``"gluon"``: the Gluon kernels, and a
+            ``ValueError`` naming the reason where they cannot take the call.
+        use_tma: Triton kernels only: move tiles through TMA tensor descriptors. None (default):
+            on Hopper (sm90) where the layout allows (16-byte aligned base and strides); True /
+            False force it on / off (on falls back to pointers where descriptors are impossible).
+        autotune: Triton kernels only: benchmark a small list of tiles once per (length bucket,
+            head dim, flags, dtype) instead of the fixed per-head-dim default. The first call of
+            each bucket then costs seconds.
+        pad_head_dim: run a head dim between the Gluon kernels' widths (64 < D < 128, 128 < D < 256)
+            on copies zero-padded to the next width (exact: zero columns add nothing). False keeps
+            such calls on the Triton kernels. Default True.
+    """
+
+    backend: str = "auto"
+    use_tma: Optional[bool] = None
+    autotune: bool = False
+    pad_head_dim: bool = True
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise ValueError(f"Options.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.use_tma not in (None, True, False):
+            raise ValueError(f"Options.use_tma must be None, True or False, got {self.use_tma!r}")
+        for name in ("autotune", "pad_head_dim"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Options.{name} must be a bool, got {getattr(self, name)!r}")
+
+    def encode(self) -> str:
+        """The options as one string: the custom ops' schema takes it (``decode`` inverts it)."""
+        return f"{self.backend},{ {None: -1, False: 0, True: 1}[self.use_tma]},{int(self.autotune)},{int(self.pad_head_dim)}"
+
+    @staticmethod
+    @functools.lru_cache(maxsize=64)
+    def decode(text: str) -> "Options":
+        if not text:
+            return DEFAULT
+        backend, tma, autotune, pad = text.split(",")
+        return Options(backend, {-1: None, 0: False, 1: True}[int(tma)], autotune == "1", pad == "1")
+
+
+DEFAULT = Options()
+
+
+def resolve(options) -> Options:
+    """``options`` as an :class:`Options`: None gives the defaults; a dict is ``Options(**dict)``."""
+    if options is None:
+        return DEFAULT
+    if isinstance(options, Options):
+        return options
+    if isinstance(options, dict):
+        return Options(**options)
+    raise TypeError(f"options must be a tileflash.Options, a dict of its fields or None, got {type(options).__name__}")
+
+
+@dataclasses.dataclass
+class Debug:
+    """A/B switches for kernel development, read once from ``TILEFLASH_DEBUG`` at import, as
+    comma-separated ``name=value`` pairs, e.g. ``TILEFLASH_DEBUG=gluon_fused=1,desc_cache=0``.
+    Tests change them with ``monkeypatch.setattr(tileflash.options.DEBUG, name, value)``.
+
+    Args:
+        gluon_fused: Hopper backward as one fused Gluon kernel (dQ by ordered TMA reductions)
+            instead of the split dK/dV + dQ kernels. Default 0.
+        gluon_bwd: the Gluon dK/dV kernel on Hopper. Default 1.
+        gluon_dq: the Gluon dQ kernel on Hopper (0: the Triton dQ kernel after the Gluon dK/dV). Default 1.
+        dq_delta: the dQ kernel computes delta = rowsum(dO * O) itself (0: a separate delta kernel). Default 1.
+        desc_cache: the compiled launcher caches encoded TMA descriptors per address. Default 1.
+        pdl: decode's programmatic-dependent-launch trigger, 0 (off) to 3; -1 (default) keeps the
+            launch config's own.
+    """
+
+    gluon_fused: bool = False
+    gluon_bwd: bool = True
+    gluon_dq: bool = True
+    dq_delta: bool = True
+    desc_cache: bool = True
+    pdl: int = -1
+
+    @classmethod
+    def from_env(cls, text: Optional[str] = None) -> "Debug":
+        text = os.environ.get("TILEFLASH_DEBUG", "") if text is None else text
+        dbg = cls()
+        for item in filter(None, (s.strip() for s in text.split(","))):
+            name, sep, value = item.partition("=")
+            if not sep or name not in cls.__dataclass_fields__:
+                raise ValueError(f"TILEFLASH_DEBUG: {item!r} is not name=value with a name among "
+                                 f"{sorted(cls.__dataclass_fields__)}")
+            if name == "pdl":
+                if value not in ("-1", "0", "1", "2", "3"):
+                    raise ValueError(f"TILEFLASH_DEBUG: pdl={value!r}: use -1 (the config's), 0 (off), 1, 2 or 3")
+                setattr(dbg, name, int(value))
+            elif value in ("0", "1"):
+                setattr(dbg, name, value == "1")
+            else:
+                raise ValueError(f"TILEFLASH_DEBUG: {name}={value!r}: use 0 or 1")
+        return dbg
+
+
+DEBUG = Debug.from_env()
