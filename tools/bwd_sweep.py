@@ -9,8 +9,8 @@ import sys
 import torch
 from triton.testing import do_bench
 
-from tileflash.ops import backward as B
-from tileflash.ops import forward as F
+from tileflash.ops.triton import backward as B
+from tileflash.ops.triton import forward as F
 
 DKDV = [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2), (32, 64, 4, 2),
         (64, 128, 4, 2), (64, 64, 4, 2), (64, 64, 8, 3), (128, 64, 8, 2), (32, 128, 8, 3)]

@@ -6,7 +6,7 @@ exceeds twice the 60 MB L2. Every time is a CUDA-graph replay of at least 8 call
 rotated caches (kernels only, as a serving loop that captures its decode step runs them; before
 the eleventh session, one call per cache); the public call is also timed from Python. SDPA flash / cuDNN are timed the same way in the same run.
 
-Usage: PYTHONPATH=. python3 scripts/decode_sweep.py [--defaults-only] [--pages 16 64 256]
+Usage: PYTHONPATH=. python3 tools/decode_sweep.py [--defaults-only] [--pages 16 64 256]
        [--shapes 16:8192 1:131072]
 """
 
@@ -21,7 +21,7 @@ from triton.testing import do_bench
 
 import tileflash
 from tileflash.bench.bench import _graph_of, _to_paged
-from tileflash.ops import decode as dec
+from tileflash.ops.triton import decode as dec
 
 
 def timed(calls, sets, graph_calls=8, rep=40):

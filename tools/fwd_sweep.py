@@ -1,6 +1,6 @@
 """Forward block-config sweep on the GPU, pointer loads against tensor descriptors (TMA).
 
-Usage: PYTHONPATH=. python3 scripts/fwd_sweep.py D CAUSAL(0/1) N [N ...] [--dtype bfloat16] [--tma-only]
+Usage: PYTHONPATH=. python3 tools/fwd_sweep.py D CAUSAL(0/1) N [N ...] [--dtype bfloat16] [--tma-only]
 For each (BLOCK_M, BLOCK_N, warps, stages) x {pointers, TMA} prints the forward TFLOP/s and the
 max difference from the default config's output, with cuDNN SDPA timed in the same run; the best
 config per path is printed last. Shapes follow gpu_check: B*N = 16k tokens, H = 2048 / D.
@@ -14,7 +14,7 @@ import torch.nn.functional as Fn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
-from tileflash.ops import forward as F
+from tileflash.ops.triton import forward as F
 
 TILES = [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 4, 3), (128, 128, 4, 3),
          (64, 64, 4, 3), (64, 128, 4, 3), (128, 32, 4, 4)]

@@ -1,6 +1,6 @@
 """The Hopper Gluon forward against the Triton kernel, cuDNN and SDPA-flash, in one run.
 
-Usage: PYTHONPATH=. python3 scripts/gluon_check.py [--dtype float16] [--sizes 1024 4096 16384] [--d 64 128]
+Usage: PYTHONPATH=. python3 tools/gluon_check.py [--dtype float16] [--sizes 1024 4096 16384] [--d 64 128]
        [--causal both|yes|no] [--configs 128/128/2/4/ws/p ...]
 For each (D, causal, N): checks the Gluon output against the Triton kernel's (max difference) and
 times both, cuDNN SDPA and SDPA-flash with do_bench (median). Shapes follow gpu_check:
@@ -14,8 +14,8 @@ import torch.nn.functional as Fn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
-from tileflash.ops import forward as F
-from tileflash.ops import forward_sm90 as G
+from tileflash.ops.triton import forward as F
+from tileflash.ops.gluon import forward as G
 
 
 def main():

@@ -27,26 +27,17 @@ def sdpa_with(backend):
     return fn
 
 
-def tileflash_with_env(name, value):
-    """tileflash.flash_attn_func with one environment switch set for the call, then restored."""
-    def fn(q, k, v, causal):
-        prev = os.environ.get(name)
-        os.environ[name] = value
-        try:
-            return tileflash.flash_attn_func(q, k, v, causal=causal)
-        finally:
-            if prev is None:
-                os.environ.pop(name)
-            else:
-                os.environ[name] = prev
-    return fn
+def tileflash_with(**options):
+    """tileflash.flash_attn_func with these tileflash.Options fields."""
+    opts = tileflash.Options(**options)
+    return lambda q, k, v, causal: tileflash.flash_attn_func(q, k, v, causal=causal, options=opts)
 
 
 PROVIDERS = {
     "tileflash": lambda q, k, v, causal: tileflash.flash_attn_func(q, k, v, causal=causal),
-    "tileflash_at": tileflash_with_env("TILEFLASH_AUTOTUNE", "1"),
+    "tileflash_at": tileflash_with(autotune=True, backend="triton"),
     # the forward without tensor descriptors, the path GPUs before sm90 take (same backward kernels)
-    "tileflash_ptr": tileflash_with_env("TILEFLASH_TMA", "0"),
+    "tileflash_ptr": tileflash_with(use_tma=False, backend="triton"),
     "cudnn": sdpa_with(SDPBackend.CUDNN_ATTENTION),
     "sdpa_flash": sdpa_with(SDPBackend.FLASH_ATTENTION),
 }
@@ -60,7 +51,7 @@ def main():
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--modes", nargs="+", default=["fwd", "bwd"])
     ap.add_argument("--no-autotune-row", action="store_true")
-    ap.add_argument("--pointer-row", action="store_true", help="also time the forward forced onto pointers (TILEFLASH_TMA=0); use with --modes fwd (the "
+    ap.add_argument("--pointer-row", action="store_true", help="also time the forward forced onto pointers (Options(use_tma=False)); use with --modes fwd (the "
                          "backward is the same kernels)")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
@@ -138,12 +129,12 @@ def run_mode(mode, args, dtype):
 
 
 def table(rows):
-    from tileflash.ops.forward import _attn_fwd_tuned
+    from tileflash.ops.triton.forward import _attn_fwd_tuned
     for key_, cfg in getattr(_attn_fwd_tuned, "cache", {}).items():
         print("autotuned", key_[:5], cfg)
     print("\n| mode | D | causal | N | tileflash | cuDNN | SDPA-flash | tf/cuDNN | tf/flash | tf err | cudnn err | tf MiB | flash MiB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    # (tileflash = default config table; tileflash_at = TILEFLASH_AUTOTUNE=1, in the JSON)
+    # (tileflash = default config table; tileflash_at = Options(autotune=True), in the JSON)
     key = lambda r: (r["mode"], r["d"], r["causal"], r["n"])  # noqa: E731
     by = {}
     for r in rows:

@@ -2,12 +2,12 @@
 
 First run: 2026-11-29 on the H200 (docs/io-model.md has the table). Usage on the GPU machine:
 
-    PYTHONPATH=. python3 scripts/io_measure.py --seqlens 1024 2048 4096 8192 --out io.json
+    PYTHONPATH=. python3 tools/io_measure.py --seqlens 1024 2048 4096 8192 --out io.json
 
 For each (provider, N) it starts a child process under
 
     ncu --clock-control none --profile-from-start off --csv \\
-        --metrics dram__bytes_read.sum,dram__bytes_write.sum python3 scripts/io_measure.py --child ...
+        --metrics dram__bytes_read.sum,dram__bytes_write.sum python3 tools/io_measure.py --child ...
 
 The child warms up (compiles), then calls torch.cuda.profiler.start(), runs one forward,
 synchronizes and stops, so only that call's kernels are profiled (ncu flushes the caches

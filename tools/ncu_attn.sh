@@ -1,7 +1,7 @@
 #!/bin/bash
 # Nsight Compute on the H200: pipe utilizations, issue activity and warp stall reasons of the
-# attention kernels (Gluon forward, cuDNN, the backward), one profile per case (scripts/ncu_target.py).
-# Usage: OUT=dir bash scripts/ncu_attn.sh [case ...]   (cases below; default: all)
+# attention kernels (Gluon forward, cuDNN, the backward), one profile per case (tools/ncu_target.py).
+# Usage: OUT=dir bash tools/ncu_attn.sh [case ...]   (cases below; default: all)
 # Writes $OUT/ncu-<case>.txt; prints the summary lines. Needs ncu (Nsight Compute) with counters.
 set -u
 export PYTHONPATH=${PYTHONPATH:-.}
@@ -11,7 +11,7 @@ run() {  # name kernel-regex target-args...
   local name=$1 kre=$2; shift 2
   ncu --clock-control none -k "regex:$kre" --profile-from-start off \
       --section SpeedOfLight --section WarpStateStats --section SchedulerStats --metrics "$M" \
-      python3 scripts/ncu_target.py "$@" > "$OUT/ncu-$name.txt" 2>&1
+      python3 tools/ncu_target.py "$@" > "$OUT/ncu-$name.txt" 2>&1
   echo "== $name"; grep -E "^  [a-zA-Z_].*\\(|Duration|pct_of_peak|stalled|Issue Slots|No Eligible|Active Warps Per|Eligible Warps|Warp Cycles Per Issued" "$OUT/ncu-$name.txt" | sed 's/  */ /g' | head -60
 }
 CASES=${*:-"g64 g64ws c64 g128 c128 bwd128 cbwd128"}
@@ -25,6 +25,6 @@ for c in $CASES; do case $c in
   cbwd128) run cbwd128 '.' cudnn-bwd --d 128 --n 8192 ;;
   bwd64)  run bwd64 '_attn_bwd_sm90|_bwd_dq' bwd --d 64 --n 8192 ;;
   # the fused backward (opt-in, perf-notes §22): one kernel, dQ by ordered TMA reductions
-  fbwd128) export TILEFLASH_GLUON_FUSED=1; run fbwd128 '_attn_bwd_sm90' bwd --d 128 --n 8192; unset TILEFLASH_GLUON_FUSED ;;
+  fbwd128) export TILEFLASH_DEBUG=gluon_fused=1; run fbwd128 '_attn_bwd_sm90' bwd --d 128 --n 8192; unset TILEFLASH_DEBUG ;;
   cbwd64) run cbwd64 '.' cudnn-bwd --d 64 --n 8192 ;;
 esac; done

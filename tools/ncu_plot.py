@@ -1,6 +1,6 @@
-"""Bar chart of the units' utilization in Nsight Compute profiles (scripts/ncu_attn.sh output).
+"""Bar chart of the units' utilization in Nsight Compute profiles (tools/ncu_attn.sh output).
 
-Usage: python scripts/ncu_plot.py OUT.png NAME=FILE[:KERNEL_REGEX] ...
+Usage: python tools/ncu_plot.py OUT.png NAME=FILE[:KERNEL_REGEX] ...
 Each NAME=FILE names one profile text file; KERNEL_REGEX picks the kernel in files that hold
 several (default: the first). Plots tensor pipe, XU (MUFU: exp2) and issue-slot activity
 (percent of peak, per active SM cycle), and prints them as a table.

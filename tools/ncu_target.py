@@ -1,9 +1,9 @@
-"""One attention call, run a few times, for Nsight Compute to profile (scripts/ncu_attn.sh).
+"""One attention call, run a few times, for Nsight Compute to profile (tools/ncu_attn.sh).
 
-Usage: PYTHONPATH=. python3 scripts/ncu_target.py PROVIDER --d 64 --n 8192 [--causal] [--cfg JSON]
+Usage: PYTHONPATH=. python3 tools/ncu_target.py PROVIDER --d 64 --n 8192 [--causal] [--cfg JSON]
 PROVIDER: gluon (the Hopper Gluon forward, tiles from --cfg or config_for), cudnn / flash (SDPA's
 forward), bwd (tileflash's backward as routed: the Gluon dK/dV and dQ kernels, or the fused
-kernel when TILEFLASH_GLUON_FUSED=1 is set, as ncu_attn.sh's fbwd128 case does), cudnn-bwd (SDPA cuDNN, forward
+kernel when TILEFLASH_DEBUG=gluon_fused=1 is set, as ncu_attn.sh's fbwd128 case does), cudnn-bwd (SDPA cuDNN, forward
 and backward). Shapes as in gluon_check: B·N = 16k tokens, H = 2048 / D, fp16. The call runs three
 times, then once between cudaProfilerStart/Stop: profile with `ncu --profile-from-start off`.
 """
@@ -16,7 +16,7 @@ import torch.nn.functional as Fn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tileflash import flash_attn_func
-from tileflash.ops import forward_sm90 as G
+from tileflash.ops.gluon import forward as G
 
 
 def main():

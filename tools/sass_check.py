@@ -1,14 +1,14 @@
 """What ptxas made of the Hopper Gluon kernels, without a GPU: wgmma waits and loop sizes in the SASS.
 
 Compiles each dispatched configuration of the Gluon forward and backward for sm_90 with the
-installed triton (scripts/compile_check.py) and disassembles the cubin with the cuobjdump that
+installed triton (tools/compile_check.py) and disassembles the cubin with the cuobjdump that
 ships with triton. Per kernel it prints:
   hgmma   the number of HGMMA (wgmma) instructions;
   waits0  the number of `WARPGROUP.DEPBAR.LE gsb0, 0x0` (wait until no wgmma is in flight). When
           ptxas serializes the wgmmas (its advisory C7515) there is one after every HGMMA, so
           waits0 == hgmma; an asynchronous schedule has a few (docs/perf-notes.md §16);
   loop    instructions per iteration of the largest innermost loop (the per-block work).
-Usage: PYTHONPATH=. python scripts/sass_check.py [--json]   (also run by tests/test_backward_sm90.py)
+Usage: PYTHONPATH=. python tools/sass_check.py [--json]   (also run by tests/test_backward_sm90.py)
 """
 
 import json
@@ -54,8 +54,8 @@ def summary(text: str) -> dict:
 
 
 def cases():
-    from tileflash.ops import backward_sm90 as GB
-    from tileflash.ops import forward_sm90 as G
+    from tileflash.ops.gluon import backward as GB
+    from tileflash.ops.gluon import forward as G
 
     for d in (64, 128):
         for causal in (False, True):

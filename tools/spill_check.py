@@ -3,8 +3,8 @@
 Compiles `_bwd_dkdv` / `_bwd_dq` for sm_90 with the installed triton and runs triton's bundled
 `ptxas -v` on the PTX. Works on older trees too (it detects the pre-feature signature), which
 is how the spill growth behind the backward regression was found (docs/perf-notes.md).
-Usage: PYTHONPATH=<tree> python scripts/spill_check.py HEAD_DIM CAUSAL(0/1)
-       PYTHONPATH=<tree> python scripts/spill_check.py --gluon
+Usage: PYTHONPATH=<tree> python tools/spill_check.py HEAD_DIM CAUSAL(0/1)
+       PYTHONPATH=<tree> python tools/spill_check.py --gluon
 (with triton 3.6, e.g. the venv /tmp/t36 described in docs/testing.md; newer triton releases
 emit PTX newer than the ptxas they bundle).
 
@@ -22,7 +22,7 @@ import triton
 
 from compile_check import compile_one  # same directory: the kernel signature rules live there
 
-from tileflash.ops import backward as B
+from tileflash.ops.triton import backward as B
 
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas")
 
@@ -47,8 +47,8 @@ def gluon_report():
     """Registers, spills and performance advisories of the Gluon kernels' configurations."""
     from compile_check import compile_gluon, compile_gluon_bwd, compile_gluon_bwd_dq
 
-    from tileflash.ops import backward_sm90 as GB
-    from tileflash.ops import forward_sm90 as G
+    from tileflash.ops.gluon import backward as GB
+    from tileflash.ops.gluon import forward as G
 
     cases = []
     for d in (64, 128):

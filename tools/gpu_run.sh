@@ -1,0 +1,38 @@
+#!/bin/bash
+# One device call on a CUDA machine: versions, then the stages named on the command line, each
+# under its own time limit, logs and results under $OUT (the device tool brings them back).
+#
+#   tests        the CUDA test suite (pytest -n 14; every CPU-only case skips itself there)
+#   grid-DTYPE   the D 64/128 x N 1k-16k x causal grid, forward and backward, against cuDNN and
+#                SDPA-flash (and FA4 when it imports: see tools/fa4_env.sh), then tools/grid_report.py
+#   ptx          tools/compile_check.py --ptx-digests with the machine's triton (compare trees)
+#
+# Usage (repository root): OUT=dir bash tools/gpu_run.sh tests grid-float16 grid-bfloat16
+set -u
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export TILEFLASH_GIT=${TILEFLASH_GIT:-unknown}
+mkdir -p "$OUT"
+python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())" \
+    | tee "$OUT/versions.txt"
+providers="tileflash sdpa_cudnn sdpa_flash"
+python3 -c "import flash_attn.cute" 2>/dev/null && providers="$providers fa4"
+for stage in "$@"; do
+  case $stage in
+    tests)
+      timeout ${TESTS_LIMIT:-400} python3 -m pytest -q -n 14 -p no:cacheprovider tests > "$OUT/tests.log" 2>&1
+      echo "tests rc=$? $(tail -n 1 "$OUT/tests.log")" ;;
+    grid-*)
+      dt=${stage#grid-}
+      for mode in fwd bwd; do
+        timeout ${BENCH_LIMIT:-200} python3 -m tileflash bench --modes $mode --dtype $dt --providers $providers \
+            --seqlens 1024 2048 4096 8192 16384 --head-dim 64 128 --out "$OUT/$mode-$dt" > "$OUT/$mode-$dt.log" 2>&1
+        echo "bench $mode $dt rc=$?"
+        python3 tools/grid_report.py "$OUT/$mode-$dt" > "$OUT/report-$mode-$dt.md" 2>&1
+        tail -n 3 "$OUT/report-$mode-$dt.md"
+      done ;;
+    ptx)
+      timeout ${PTX_LIMIT:-400} python3 tools/compile_check.py --ptx-digests "$OUT/ptx.json" > "$OUT/ptx.log" 2>&1
+      echo "ptx rc=$? $(tail -n 1 "$OUT/ptx.log")" ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+done
