@@ -17,7 +17,7 @@ import math
 import torch
 
 import tileflash
-from tileflash.ops.decode import apply_rotary
+from tileflash.ops.utils import apply_rotary
 
 
 class TinyDecoder(torch.nn.Module):

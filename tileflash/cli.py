@@ -30,7 +30,7 @@ SUBCOMMANDS = [
         "benchmark providers (tileflash, eager, SDPA backends, FlexAttention, flash-attn): time, TFLOP/s, memory",
     ),
     ("plot", "tileflash.bench.plot", "redraw the PNG plots of a `tileflash bench --out DIR` run from DIR/results.json"),
-    ("io", "tileflash.bench.io_model", "HBM traffic model: standard attention vs FlashAttention (seed 002's IO argument)"),
+    ("io", "tileflash.bench.io_model", "HBM traffic model: standard attention vs FlashAttention (FlashAttention's IO-complexity argument)"),
 ]
 
 

@@ -1,7 +1,7 @@
 """Sweep backward block configs on the GPU (one kernel family at a time, the other at its default).
 
 Prints, per (D, causal), the backward TFLOP/s (×2.5 convention) of each candidate. Used to fill
-``default_bwd_config``; results are recorded in docs/results.md.
+``default_bwd_config`` (tileflash/ops/triton/backward.py).
 """
 
 import sys

@@ -211,7 +211,7 @@ def main():
                 flags = dict(feats, HAS_RIGHT=causal)
                 bd = F.block_d_for(d)
                 cases = []
-                # pointers (GPUs before sm90, TILEFLASH_TMA=0) and tensor descriptors (the default on
+                # pointers (GPUs before sm90, Options(use_tma=False)) and tensor descriptors (the default on
                 # Hopper), each with its own default tiles; RAW_MAX as the launcher sets it
                 raw_max = not (feats["HAS_SOFTCAP"] or feats["HAS_ALIBI"])
                 for tma in (False, True):

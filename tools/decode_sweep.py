@@ -1,10 +1,10 @@
 """Sweep the split-KV decode kernel's launch config on the GPU; print the best per shape last.
 
-Shapes: the issue's decode targets (bf16, Hq=32, Hkv=8, D=128): B=16 at L=8k and 64k, B=1 at 8k
+Shapes: the decode targets (bf16, Hq=32, Hkv=8, D=128): B=16 at L=8k and 64k, B=1 at 8k
 and 128k, contiguous and (with --pages) paged. Several caches are rotated so that their total
 exceeds twice the 60 MB L2. Every time is a CUDA-graph replay of at least 8 calls cycling the
-rotated caches (kernels only, as a serving loop that captures its decode step runs them; before
-the eleventh session, one call per cache); the public call is also timed from Python. SDPA flash / cuDNN are timed the same way in the same run.
+rotated caches (kernels only, as a serving loop that captures its decode step runs them); the public call is
+also timed from Python. SDPA flash / cuDNN are timed the same way in the same run.
 
 Usage: PYTHONPATH=. python3 tools/decode_sweep.py [--defaults-only] [--pages 16 64 256]
        [--shapes 16:8192 1:131072]

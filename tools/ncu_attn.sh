@@ -24,7 +24,7 @@ for c in $CASES; do case $c in
   bwd128) run bwd128 '_attn_bwd_sm90|_bwd_dq' bwd --d 128 --n 8192 ;;
   cbwd128) run cbwd128 '.' cudnn-bwd --d 128 --n 8192 ;;
   bwd64)  run bwd64 '_attn_bwd_sm90|_bwd_dq' bwd --d 64 --n 8192 ;;
-  # the fused backward (opt-in, perf-notes §22): one kernel, dQ by ordered TMA reductions
+  # the fused backward (opt-in, docs/perf-notes.md): one kernel, dQ by ordered TMA reductions
   fbwd128) export TILEFLASH_DEBUG=gluon_fused=1; run fbwd128 '_attn_bwd_sm90' bwd --d 128 --n 8192; unset TILEFLASH_DEBUG ;;
   cbwd64) run cbwd64 '.' cudnn-bwd --d 64 --n 8192 ;;
 esac; done

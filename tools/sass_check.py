@@ -6,7 +6,7 @@ ships with triton. Per kernel it prints:
   hgmma   the number of HGMMA (wgmma) instructions;
   waits0  the number of `WARPGROUP.DEPBAR.LE gsb0, 0x0` (wait until no wgmma is in flight). When
           ptxas serializes the wgmmas (its advisory C7515) there is one after every HGMMA, so
-          waits0 == hgmma; an asynchronous schedule has a few (docs/perf-notes.md §16);
+          waits0 == hgmma; an asynchronous schedule has a few (docs/perf-notes.md, "Lessons");
   loop    instructions per iteration of the largest innermost loop (the per-block work).
 Usage: PYTHONPATH=. python tools/sass_check.py [--json]   (also run by tests/test_backward_sm90.py)
 """

@@ -5,12 +5,12 @@ Compiles `_bwd_dkdv` / `_bwd_dq` for sm_90 with the installed triton and runs tr
 is how the spill growth behind the backward regression was found (docs/perf-notes.md).
 Usage: PYTHONPATH=<tree> python tools/spill_check.py HEAD_DIM CAUSAL(0/1)
        PYTHONPATH=<tree> python tools/spill_check.py --gluon
-(with triton 3.6, e.g. the venv /tmp/t36 described in docs/testing.md; newer triton releases
+(with triton 3.6, e.g. in a separate virtual environment, see docs/testing.md; newer triton releases
 emit PTX newer than the ptxas they bundle).
 
 --gluon: the Hopper Gluon kernels instead (forward and backward, every dispatched configuration
 plus the backward's fused, CARRY_DK-flipped and PINGPONG modes, and the dQ kernel), with ptxas's performance advisories: C7515
-("wgmma ... serialized") means the asynchronous schedule is not what runs (docs/perf-notes.md §15).
+("wgmma ... serialized") means the asynchronous schedule is not what runs (docs/perf-notes.md, "Lessons").
 """
 import os
 import re

@@ -73,8 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--graph-calls", type=int, default=8,
                    help="with --decode on CUDA: calls per captured graph, cycling the rotated caches (default 8), "
                         "so that the graph's own launch is shared by several calls, as in a captured decode step "
-                        "of many layers; 1 gives as many calls as rotated caches (the method before the tenth "
-                        "session: one call per graph for caches of 240 MB or more)")
+                        "of many layers; 1 gives as many calls as rotated caches (one call per graph for caches "
+                        "of 240 MB or more)")
 
 
 def _shapes(args, device):

@@ -5,7 +5,7 @@ Eager attention computes softmax(q kᵀ · scale) v with PyTorch ops and materia
 max abs error against a higher-precision reference, the median time, the peak memory
 of one call, and then the speedup, the memory ratio and the FLOP rate.
 
-On a CUDA GPU it runs the seed's shape (batch 1, 8 heads, head dim 64, float16,
+On a CUDA GPU it runs the reference benchmark shape (batch 1, 8 heads, head dim 64, float16,
 N = 1k ... 16k) and the Triton kernel. Without one it runs tileflash's tiled PyTorch
 CPU path in float32 at smaller sizes.
 """
@@ -32,7 +32,7 @@ import torch
 
 PROVIDERS = ("eager", "tileflash")
 
-# The seed benchmark's shape on the GPU; a smaller one on the CPU, sized so that the whole
+# The reference benchmark shape on the GPU; a smaller one on the CPU, sized so that the whole
 # default CPU demo takes well under 2 minutes on 2 cores.
 CUDA_CONFIG = dict(batch=1, nheads=8, headdim=64, dtype=torch.float16, sizes=[1024, 2048, 4096, 8192, 16384])
 CPU_CONFIG = dict(batch=1, nheads=4, headdim=64, dtype=torch.float32, sizes=[256, 512, 1024, 2048, 4096])
@@ -54,7 +54,7 @@ CPU_NOTICE = "No CUDA GPU found: running the CPU version (tiled PyTorch path) at
 
 
 def standard_attention(q, k, v):
-    """Standard attention, as in the seed benchmark: materialises the (N, N) matrix."""
+    """Standard attention, the eager baseline: materialises the (N, N) matrix."""
     scale = q.shape[-1] ** -0.5
     attn = torch.matmul(q, k.transpose(-2, -1)) * scale
     attn = torch.softmax(attn, dim=-1)
@@ -304,7 +304,7 @@ def environment(device: str) -> dict:
     else:
         name = f"{_cpu_name()} ({torch.get_num_threads()} threads)"
     # TILEFLASH_GIT names the commit where git cannot tell, e.g. a copy of the tree whose .git
-    # is stale (the GPU machine's copy carried the session-start .git: rows read d4d5e21-dirty)
+    # is stale (rows would name the stale commit, marked -dirty)
     forced = os.environ.get("TILEFLASH_GIT")
     status = None if forced else _git("status", "--porcelain")
     return {

@@ -4,7 +4,7 @@ Counts the bytes that cross between HBM and the chip (reads + writes), per the o
 of the eager baseline tileflash benchmarks against and per tileflash's forward kernel
 (one program per Q block of BLOCK_M rows, K and V streamed once per Q block). This is a
 model; docs/io-model.md gives the derivation and its check against Nsight Compute's DRAM
-byte counters on an H200 (scripts/io_measure.py; plot with write_measured_plot).
+byte counters on an H200 (tools/io_measure.py; plot with write_measured_plot).
 
 Examples:
   tileflash io                          # d=64 fp16, one head, tileflash's BLOCK_M
@@ -101,7 +101,7 @@ def resolve_blocks(head_dim: int, elem_bytes: int = 2, block_m: BlockM = None, b
     """The ``(block_m, block_n)`` the model uses.
 
     * ``block_m=None``: tileflash's untuned forward config,
-      ``tileflash.ops.forward.default_config(head_dim)`` (128 for d ≤ 128, 64 above; the
+      ``tileflash.ops.triton.forward.default_config(head_dim)`` (128 for d ≤ 128, 64 above; the
       non-causal tiles, which the TMA path shares; its causal D=128 tiles have BLOCK_M 64);
       ``block_n`` defaults to that config's ``BLOCK_N``.
     * ``block_m="sram"``: :func:`sram_tile_sizes` (``block_m = B_c``, ``block_n`` defaults to ``B_r``).
@@ -114,7 +114,7 @@ def resolve_blocks(head_dim: int, elem_bytes: int = 2, block_m: BlockM = None, b
         bm, bn_default = b_c, b_r
     else:
         _check_positive(block_m=block_m)
-        from tileflash.ops.forward import default_config
+        from tileflash.ops.triton.forward import default_config
 
         cfg = default_config(head_dim)
         bm = cfg["BLOCK_M"] if block_m is None else block_m
@@ -254,7 +254,7 @@ def write_plot(rows: List[Dict], path: str, title: str) -> None:
 
 
 def write_measured_plot(measured: Dict, path: str) -> None:
-    """Model against Nsight Compute measurement (the JSON written by scripts/io_measure.py):
+    """Model against Nsight Compute measurement (the JSON written by tools/io_measure.py):
     measured DRAM bytes of eager and tileflash beside the plain and L2 model figures. PNG."""
     plt = _import_pyplot()
     if plt is None:

@@ -2,7 +2,8 @@
 
 Three PNGs, one panel per (mode, head dim, causal):
   * tflops.png  — TFLOP/s against seqlen, one line per provider;
-  * memory.png  — peak extra memory (MiB) against seqlen: seed 002's chart, measured;
+  * memory.png  — peak extra memory (MiB) against seqlen: standard attention's
+    quadratic memory against FlashAttention's linear, measured;
   * speedup.png — time of a baseline / time of each provider, against seqlen. The baseline is
     the first of eager, sdpa_math, sdpa_flash, sdpa_cudnn that the results hold (a GPU grid run
     without eager gets speedups over SDPA-flash); the y-axis names it.

@@ -31,7 +31,7 @@ def _tileflash(q, k, v, causal):
 
 
 def eager_attention(q, k, v, causal):
-    """Standard attention as seed 002 writes it: S and P materialised, one kernel per op.
+    """Standard attention as the textbook writes it: S and P materialised, one kernel per op.
 
     ``S = (q kᵀ) * scale`` -> (causal: masked_fill) -> ``P = softmax(S)`` -> ``O = P v``, in the
     input dtype. GQA repeats K/V to the query heads (a real eager implementation's cost).

@@ -197,7 +197,7 @@ class _EagerAttention(torch.autograd.Function):
         out, lse = _attention_fwd_body(*inputs)
         _setup_context(ctx, inputs, (out, lse))
         # the LSE's gradient is ignored: let autograd pass None rather than build zeros for it (a
-        # fill kernel and an allocation per backward, perf-notes §28)
+        # fill kernel and an allocation per backward)
         ctx.set_materialize_grads(False)
         return out, lse  # lse stays differentiable-looking with no gradient, as from the op
 

@@ -43,8 +43,8 @@ class Launch:
     """One kernel launch whose grid, integer arguments and constexprs follow from a call's layout
     (shapes, strides, dtypes, device), built once per layout so that a repeated call pays for
     neither the argument binding of triton's JIT nor the validation of its tensor descriptors
-    (host time, perf-notes §24-25). The forward's :class:`_Plan` is one; the backward keeps one
-    per kernel (``backward_sm90``, ``backward._bwd_preprocess``).
+    (host time; docs/perf-notes.md, "Host path"). The forward's :class:`_Plan` is one; the
+    backward keeps one per kernel (``gluon.backward``, ``triton.backward._bwd_preprocess``).
 
     A call passes ``tensors`` (the descriptors' tensors, in ``templates``' order), ``ptrs`` (the
     raw tensor arguments after the descriptors) and ``scales`` (the floats after ``ints``): the
@@ -102,7 +102,7 @@ class DescRunner:
 
     triton's launcher turns every host-side ``TensorDescriptor`` argument into a ``CUtensorMap``
     (``make_tensordesc_arg``: a ``cuTensorMapEncodeTiled`` call and Python around it) at every
-    launch (perf-notes §25, §28: most of the backward's per-launch host time). Within one
+    launch (most of the backward's per-launch host time). Within one
     :class:`Launch` a descriptor's shape, strides, block, dtype and swizzle are fixed by the
     layout key, so the encoded map depends on the base address alone: this runner keeps the maps
     per (descriptor slot, address), encodes a new address with triton's own code, and calls the C

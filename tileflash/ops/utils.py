@@ -65,7 +65,7 @@ def rng_strides(seqlen_q: int, seqlen_k: int):
 
 def feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch, dropout_p=0.0,
                  seqlen_q=0, seqlen_k=0):
-    """Host-side flags and scalars shared by every launcher (see tileflash.ops.common)."""
+    """Host-side flags and scalars shared by every launcher (see tileflash.ops.triton.common)."""
     left, right = window
     # |i + shift - j| < seqlen_q + seqlen_k: a wider window is unbounded (and would overflow the
     # block-range arithmetic in the kernels)

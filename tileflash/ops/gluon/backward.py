@@ -1,8 +1,8 @@
 """Hopper (sm90) backward in Gluon: a warp-specialized dK/dV kernel (default), an 8-warp dK/dV
 kernel, and the 8-warp kernel fused with ordered dQ sums.
 
-Why a second backward. In ``tileflash.ops.backward`` (plain Triton), as in the forward
-(``forward_sm90``), every ``tl.dot`` on Hopper waits for its result, so the elementwise work
+Why a second backward. In ``tileflash.ops.triton.backward`` (plain Triton), as in the Triton
+forward (see ``gluon.forward``), every ``tl.dot`` on Hopper waits for its result, so the elementwise work
 never overlaps the tensor cores. These kernels use asynchronous wgmma: one program per (K/V
 block, batch·kv head) keeps K, V and the fp32 dK, dV accumulators on chip and streams the Q and
 dO blocks of every query head of its GQA group through a TMA ring. Per Q block (transposed form,
@@ -29,29 +29,29 @@ in the same order, so their dK and dV are the same bits (GPU-tested).
 (performance advisory C7515: a wait after each HGMMA in the SASS), so the overlap above does not
 happen. Waiting for dK within the block removes that; it measured 6–10% faster at D = 128 and is
 the default there, while at D = 64 with 128-row Q blocks it spills and is slower, so D = 64
-non-causal keeps the carry; D = 64 causal uses 64-row Q blocks without it (docs/perf-notes.md
-§16–17).
+non-causal keeps the carry; D = 64 causal uses 64-row Q blocks without it (docs/perf-notes.md,
+"Lessons").
 
 A third kernel, ``_attn_bwd_dq_sm90_ws`` (:func:`backward_dq`), computes dQ with the forward's
 warp-specialized structure (Q-stationary, K/V streamed). It is the default dQ path with the
 Gluon dK/dV kernel (debug switch ``gluon_dq=0``: the Triton dQ kernel instead), and by default it
 runs first and computes delta = rowsum(dO∘O) itself (``FUSE_DELTA``, :func:`dq_computes_delta`),
-which the dK/dV kernel then reads: no delta kernel (twenty-fourth session: the backward 4.5–5.5%
-faster at N = 1k, docs/perf-notes.md §33). On the H200 it
+which the dK/dV kernel then reads: no delta kernel (the backward 4.5–5.6% faster at
+N = 1k, H200, fp16, 2026-12-03). On the H200 it
 runs at 1061–1165 TFLOP/s-equivalent alone at D = 128, N = 4k–16k, where the Triton dQ kernel
-ran at ~1020 (derived from the whole backward; docs/perf-notes.md §17).
+ran at ~1020 (derived from the whole backward).
 
-D = 256 (``SPLIT_D``, docs/perf-notes.md §32). One warpgroup cannot hold 64 keys of dK and dV
+D = 256 (``SPLIT_D``). One warpgroup cannot hold 64 keys of dK and dV
 across 256 columns (256 fp32 registers per thread), so at D = 256 both kernels run with the two
 consumer warpgroups on the same 64 keys (dK/dV) or 64 rows (dQ), each owning one column half of
 the accumulators. The block's two score matmuls are split between them instead: consumer 0
 computes S and P, consumer 1 dP and, from P (passed through shared memory in fp32), dS, which it
 passes back in the input dtype (``_bwd_ws_split_consumer``, ``_dq_ws_split_consumer``). Each
-consumer issues half the multiply-adds. On the H200 (twenty-third session, fp16, N = 4k
-non-causal) the dK/dV kernel took 2114 µs against the Triton dK/dV kernel's 3785, and the dQ
+consumer issues half the multiply-adds. On the H200 (fp16, N = 4k
+non-causal, 2026-12-03) the dK/dV kernel took 2114 µs against the Triton dK/dV kernel's 3785, and the dQ
 kernel 1468 against the Triton dQ kernel's 1950.
 
-Launch order (docs/perf-notes.md §27). The default dK/dV grid runs a head's K/V blocks together
+Launch order. The default dK/dV grid runs a head's K/V blocks together
 (``PER_HEAD``), so that they share the head's Q and dO in L2; the fused mode keeps the 2-D grid
 with heads fastest, since its ordered dQ sums take their turn from ``program_id(1)``. An opt-in
 overlap (off by default: its A/B was within noise, and its ordering is not established): the
@@ -61,12 +61,12 @@ launched with programmatic dependent launch (``PDL`` in its config), without a
 
 Two modes (``WITH_DQ``, a constexpr):
 
-* ``False``, the default (:func:`config_for`): dK and dV only. ``tileflash.ops.backward`` then
-  runs the Gluon dQ kernel above (or its Triton dQ kernel where that one does not apply), which
+* ``False``, the default (:func:`config_for`): dK and dV only. ``tileflash.ops.triton.backward``
+  then runs the Gluon dQ kernel above (or its Triton dQ kernel where that one does not apply), which
   recomputes S and dP per (Q block, K block): 7 matmuls per
-  pair in all, no atomics, bitwise deterministic. At D=128 the first Gluon dK/dV kernel measured
-  17–27% faster than the Triton dK/dV kernel (session 6), and the default is 9–13% faster than
-  that one (session 7, run 9; docs/perf-notes.md §15–16).
+  pair in all, no atomics, bitwise deterministic. At D=128 the first (8-warp) Gluon dK/dV kernel
+  measured 17–27% faster than the Triton dK/dV kernel, and the warp-specialized default is 9–13%
+  faster than that one (H200, fp16).
 * ``True``, the fused FA2/FA3 schedule (5 matmuls per pair): the fp32 dQ buffer is shared by
   every K block, so its updates are atomic adds. By default they are **ordered** (FA3's
   deterministic mode): the program of K block n adds to Q block m only after the programs of K
@@ -78,11 +78,11 @@ Two modes (``WITH_DQ``, a constexpr):
     debug switch ``gluon_fused=1``), with FA3's layout of the dQ step: both consumers write their
     keys of dSᵀ to one shared buffer, each computes one column half of the Q block's dQ part over
     all the block's keys and stages it in shared memory, and a writer warp adds the halves with
-    TMA bulk reductions and keeps the order, so no consumer waits on it. On the H200 (twenty-first
-    session, docs/perf-notes.md §30) the whole backward measured 0.72–1.02× the split default
-    ordered at D = 128 (1.02× only at non-causal 16k; session 13's per-consumer layout, which it
-    replaces: 0.58–0.76×), so it is off by default;
-  - the 8-warp one (``WS=False``): per-thread vector atomics; slower still (session 6), reachable
+    TMA bulk reductions and keeps the order, so no consumer waits on it. On the H200 (fp16,
+    2026-12-02) the whole backward measured 0.72–1.02× the split default ordered at D = 128
+    (1.02× only at non-causal 16k; an earlier layout with a dQ part per consumer: 0.58–0.76×), so
+    it is off by default;
+  - the 8-warp one (``WS=False``): per-thread vector atomics; slower still, reachable
     through ``backward(..., cfg=dict(..., WITH_DQ=True, WS=False))`` only.
 
   Both are correct and bitwise reproducible when ordered (GPU-tested).
@@ -93,7 +93,7 @@ window/softcap/ALiBi/dropout, causal only bottom-right with Sq <= Sk, Sq a multi
 of the dK/dV kernel's key block (128; 64 at D = 256),
 16-byte aligned memory in the (B, S, H, D) or (B, H, S, D) layouts. Everything else runs the
 Triton backward, which stays the reference (and the CPU-interpreter path). Numerics follow
-``tileflash.ops.backward``: base-2 scores with the scale folded in, the natural-log LSE
+``tileflash.ops.triton.backward``: base-2 scores with the scale folded in, the natural-log LSE
 converted on load, fp32 accumulation, P and dS cast to the input dtype for their matmuls.
 """
 
@@ -171,7 +171,7 @@ def _let_dependents_launch():
     run this (or exited). The dQ kernel after the dK/dV kernel reads nothing the dK/dV kernel
     writes and runs no griddepcontrol.wait: it takes the SMs the dK/dV kernel's last programs
     free. Opt-in (PDL_TRIGGER / PDL): that a kernel after the dQ kernel also waits for the
-    dK/dV kernel is assumed from CUDA's stream order, not established (perf-notes §27)."""
+    dK/dV kernel is assumed from CUDA's stream order, not established."""
     gl.inline_asm_elementwise("griddepcontrol.launch_dependents;\n\tmov.b32 $0, 0;", "=r,r", [gl.program_id(0)],
                               dtype=gl.int32, is_pure=False, pack=1)
 
@@ -267,7 +267,7 @@ def _store_dkdv(DK, DV, dk, dv, start_k, off_b, off_hk, sm_scale,
 @gluon.jit
 def _attn_bwd_sm90(
     q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ, SEM, DK, DV,
-    q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,       # 2-D view offsets (forward_sm90._view_params)
+    q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,       # 2-D view offsets (gluon.forward._view_params)
     stride_lb, stride_lh, dq_stride,
     stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
     nheads, nheads_k, kv_group, seqlen_q, seqlen_k, qk_scale, sm_scale,
@@ -388,8 +388,8 @@ def _attn_bwd_sm90(
 # 4-warp consumers own the two 64-key halves of the K/V block. Each consumer releases a ring
 # slot through an mbarrier when its last matmul on it retires, instead of a CTA-wide barrier
 # per Q block, so the two warpgroups drift apart and one's softmax overlaps the other's matmuls
-# (the barrier was the largest stall of _attn_bwd_sm90 under Nsight Compute, docs/perf-notes.md §16).
-# The fused mode (WITH_DQ) adds a 1-warp writer partition for the dQ reductions (perf-notes §30).
+# (the barrier was the largest stall of _attn_bwd_sm90 under Nsight Compute).
+# The fused mode (WITH_DQ) adds a 1-warp writer partition for the dQ reductions.
 # ------------------------------------------------------------------------------------------
 @gluon.jit
 def _bwd_ws_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
@@ -738,8 +738,7 @@ def _bwd_ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, off_b, off_hk, k
     added theirs to the Q block (a counter per (b, h, Q block) at SEM), and counts this one once
     its reductions have completed, so the fp32 sums are the same bits on every run; the consumers
     never wait on the order, only on a free staging slot (FA3's deterministic mode). DQ_MODE 1 (a
-    plain TMA store) and 2 (no global write) are wrong on purpose, to time the reductions' cost
-    (scripts/fused_bwd_check.py --modes)."""
+    plain TMA store) and 2 (no global write) are wrong on purpose, to time the reductions' cost."""
     DQ_D: gl.constexpr = HEAD_DIM // 2
     for it in range(total):
         base = (it % DQ_BUFS) * 2
@@ -1102,79 +1101,71 @@ def _attn_bwd_dq_sm90_ws(
 
 
 def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
-    """Tiles and mode of the Gluon backward, from ``scripts/gluon_bwd_probe.py`` /
-    ``gluon_bwd_check.py`` on the H200 (testing.md, sixth session, runs 1, 2 and 4; fp16):
+    """Tiles and mode of the Gluon dK/dV kernel. Measured on the H200 (fp16, the kernel alone;
+    TFLOP/s-equivalent = whole-backward flops over this kernel's time; N = 4k / 16k unless stated;
+    docs/perf-notes.md, "Hopper backward (Gluon)"):
 
-    * ``WITH_DQ=False`` (the default): the kernel computes dK and dV only, and a dQ kernel runs
-      after it (the Gluon one of :func:`backward_dq`; the Triton dQ kernel of
-      ``tileflash.ops.backward`` in session 6, when these timings were taken). Kernel time at
-      D=128, N = 4k / 16k: 2092 / 7924 µs against 2518 / 10163 for the Triton dK/dV kernel (non-causal), 1210 / 4119
-      against 1651 / 5650 (causal). The fused mode (``WITH_DQ=True``, dQ summed in fp32 by
-      ordered atomic adds) took 5570 / 21353 µs: its dQ matmul, with dS staged through shared
+    * ``WITH_DQ=False`` (the default): dK and dV only; a dQ kernel runs separately (the Gluon one of
+      :func:`backward_dq`, or the Triton dQ kernel). The first (8-warp) Gluon dK/dV kernel took
+      2092 / 7924 µs at D=128 against 2518 / 10163 for the Triton dK/dV kernel (non-causal),
+      1210 / 4119 against 1651 / 5650 (causal). The fused mode (``WITH_DQ=True``, dQ summed in fp32
+      by ordered atomic adds) took 5570 / 21353 µs: its dQ matmul, with dS staged through shared
       memory, doubled the kernel time (4119 -> 8275 µs even with the adds replaced by stores).
     * 128 keys per program (two warpgroups of 64 rows), 64-row Q blocks, a 2-slot Q/dO ring (a
       3-slot ring: 231 / 247 against 236 / 255 TFLOP/s, fused mode); dQ added with 2-wide vector
       reductions in the fused mode (one add per element: the same speed).
-    * D = 64: 128-row Q blocks (run 6): the dK/dV kernel alone 435 / 480 / 532 TFLOP/s-equivalent
-      non-causal and 317 / 440 / 519 causal (N = 1k / 4k / 16k), against 377 / 431 / 460 and
-      272 / 372 / 426 with 64-row blocks. At D = 128, 128-row blocks would need 256 registers of
-      accumulators per thread (dK, dV, Sᵀ, dPᵀ).
-    * ``WS=True``: the warp-specialized dK/dV kernel (``_attn_bwd_sm90_ws``: a producer warp, two
-      64-key consumer warpgroups that release ring slots through mbarriers) instead of the 8-warp
-      kernel whose two warpgroups meet at a CTA barrier per Q block. Same arithmetic per element,
-      so the same bits. Kernel alone (seventh session, run 4, TFLOP/s-equivalent, N = 4k / 16k):
-      D = 64 non-causal 515 / 565 against 495 / 548, causal 460 / 538 against 444 / 527; D = 128
-      non-causal 621 / 644 against 613 / 637, causal 577 / 622 against 546 / 634. The fused mode
-      needs ``WS=False``.
+    * D = 64: 128-row Q blocks: 435 / 480 / 532 non-causal and 317 / 440 / 519 causal
+      (N = 1k / 4k / 16k), against 377 / 431 / 460 and 272 / 372 / 426 with 64-row blocks. At
+      D = 128, 128-row blocks would need 256 registers of accumulators per thread (dK, dV, Sᵀ, dPᵀ).
+    * ``WS=True``: the warp-specialized kernel (``_attn_bwd_sm90_ws``: a producer warp, two 64-key
+      consumer warpgroups that release ring slots through mbarriers) instead of the 8-warp kernel
+      whose two warpgroups meet at a CTA barrier per Q block. Same arithmetic per element, so the
+      same bits. D = 64 non-causal 515 / 565 against 495 / 548, causal 460 / 538 against
+      444 / 527; D = 128 non-causal 621 / 644 against 613 / 637, causal 577 / 622 against 546 / 634.
     * ``CARRY_DK``: at D = 128 dK is waited for at the end of each block (False). Carrying it in
       flight into the next block makes ptxas serialize every wgmma (advisory C7515; in the SASS a
-      wait follows each of the 48 HGMMAs, against 4 without the carry). Run 9 of the seventh
-      session, kernel alone, N = 4k / 16k: non-causal 673 / 709 against 629 / 670, causal
-      634 / 692 against 576 / 654. At D = 64 the carry stays (True): without it ptxas spills
-      56-216 bytes and the kernel measured 2-5% slower (490 / 547 against 516 / 558 non-causal).
-    * D = 64 causal: 64-row Q blocks without the carry (no spills, 4 full waits for 32 HGMMAs).
-      Eighth session, run 1, N = 4k / 16k: 481 / 562 against 404 / 485 with the carry at 64 rows
-      and 460 / 528 for 128 rows with the carry (run 9 of the seventh session); non-causal it
-      measured 473 / 514, below the 128-row kernel, which stays the non-causal default.
-    * D = 128: a 3-slot Q/dO ring (eighth session, run 4, N = 1k / 4k / 16k): non-causal
-      532 / 590 / 712 against 530 / 573 / 695 with 2 slots, causal 413 / 568 / 701 against
-      423 / 565 / 681. Causal keeps 2 slots: the gains were within noise there (−2% to +3%), and
-      the third slot raises the causal kernel's spills from 72 to 100 bytes (ptxas, triton 3.6;
-      non-causal: none with either). At D = 64 a third slot was mixed (non-causal
-      429 / 491 / 569 against 440 / 511 / 554; causal 331 / 407 / 555 against 333 / 471 / 549):
-      2 slots stay.
+      wait follows each of the 48 HGMMAs, against 4 without the carry): non-causal 673 / 709
+      without the carry against 629 / 670 with it, causal 634 / 692 against 576 / 654. At D = 64
+      the carry stays (True): without it ptxas spills 56-216 bytes and the kernel measured 2-5%
+      slower (490 / 547 against 516 / 558 non-causal).
+    * D = 64 causal: 64-row Q blocks without the carry (no spills, 4 full waits for 32 HGMMAs):
+      481 / 562 against 404 / 485 with the carry at 64 rows and 460 / 528 for 128 rows with the
+      carry; non-causal it measured 473 / 514, below the 128-row kernel, which stays the
+      non-causal default.
+    * D = 128: a 3-slot Q/dO ring (N = 1k / 4k / 16k): non-causal 532 / 590 / 712 against
+      530 / 573 / 695 with 2 slots, causal 413 / 568 / 701 against 423 / 565 / 681. Causal keeps
+      2 slots: the gains were within noise there (−2% to +3%), and the third slot raises the causal
+      kernel's spills from 72 to 100 bytes (ptxas, triton 3.6; non-causal: none with either). At
+      D = 64 a third slot was mixed (non-causal 429 / 491 / 569 against 440 / 511 / 554; causal
+      331 / 407 / 555 against 333 / 471 / 549): 2 slots stay.
     * ``PINGPONG`` (WS only, off): the consumers take turns at issuing their matmuls, as the
-      forward's ping-pong. Same bits; eighth session, run 7, D = 128: non-causal −1% to +3%,
-      causal 0 to −16% against no turns, so it is not used.
+      forward's ping-pong. Same bits; at D = 128 non-causal −1% to +3%, causal 0 to −16% against
+      no turns, so it is not used.
     * ``PER_HEAD``: the grid launches a head's K/V blocks together (block 0 first), so that they
-      share its Q and dO in L2, instead of block n of every head before block n + 1. Eighteenth
-      session, run 1 (``scripts/bwd_order_ab.py``, fp16, the kernel alone, two alternated rounds):
-      1.3–16% faster in the means of all 20 cells of the grid (D = 64 causal 4k 1.32 against
+      share its Q and dO in L2, instead of block n of every head before block n + 1. Means of two
+      alternated rounds: 1.3–16% faster in all 20 cells of the grid (D = 64 causal 4k 1.32 against
       1.53 ms; D = 128 non-causal 1k 0.593 against 0.640 ms), the same bits. The fused mode
       keeps the old order (:func:`backward` refuses it with PER_HEAD); the 8-warp kernel
       (``WS=False``) has only the old one and ignores the flag.
     * ``PDL_TRIGGER`` (off; with ``PDL`` in the dQ kernel's config, an opt-in overlap): the kernel
       lets the next one launch from its start, so that a dQ kernel launched with programmatic
-      dependent launch takes the SMs the dK/dV kernel's last programs free. Eighteenth session,
-      run 4 (``scripts/bwd_overlap_ab.py``, fp16, both kernels, means of two alternated rounds):
-      causal 0.99–1.08× the serial pair's time, non-causal 0.96–1.02× (all six cells at N ≥ 4k
-      slower), but single rounds moved by up to 14%, and the best rounds of each arm differ by
-      +1.7% (causal) and +0.15% (non-causal): within the spread. The dQ kernel runs no
-      ``griddepcontrol.wait``, so that a kernel after it waits for the dK/dV kernel too is
+      dependent launch takes the SMs the dK/dV kernel's last programs free. Both kernels, means of
+      two alternated rounds: causal 0.99–1.08× the serial pair's time, non-causal 0.96–1.02× (all
+      six cells at N ≥ 4k slower), but single rounds moved by up to 14%, and the best rounds of
+      each arm differ by +1.7% (causal) and +0.15% (non-causal): within the spread. The dQ kernel
+      runs no ``griddepcontrol.wait``, so that a kernel after it waits for the dK/dV kernel too is
       assumed, not established. Not the default.
-    * ``LSE_EARLY`` (where the consumers load a Q block's LSE and delta rows; the same bits):
-      twenty-first session, run 4 (``scripts/bwd_variant_check.py``, fp16, the kernel alone,
-      TFLOP/s-equivalent, N = 1k / 4k / 16k, against 0, the load after the block's Sᵀ/dPᵀ issue):
-      one block ahead (2) D = 128 causal 497 / 688 / 808 against 470 / 653 / 755, D = 64 causal
-      400 / 581 / 657 against 369 / 544 / 623, D = 128 non-causal 658 / 758 / 714 against
-      595 / 713 / 749; before the Q/dO wait (1) D = 128 non-causal 601 / 739 / 757. At D = 64
-      non-causal (dK carried) both lost 10–50% (with 2, ptxas spills and serializes the wgmmas,
-      C7512), so it keeps 0. Taken: 2 for causal calls and D = 128 non-causal up to 4k, 1 for longer
-      D = 128 non-causal calls."""
+    * ``LSE_EARLY`` (where the consumers load a Q block's LSE and delta rows; the same bits),
+      N = 1k / 4k / 16k, against 0 (the load after the block's Sᵀ/dPᵀ issue): one block ahead (2)
+      D = 128 causal 497 / 688 / 808 against 470 / 653 / 755, D = 64 causal 400 / 581 / 657
+      against 369 / 544 / 623, D = 128 non-causal 658 / 758 / 714 against 595 / 713 / 749; before
+      the Q/dO wait (1) D = 128 non-causal 601 / 739 / 757. At D = 64 non-causal (dK carried) both
+      lost 10–50% (with 2, ptxas spills and serializes the wgmmas, C7512), so it keeps 0. Taken: 2
+      for causal calls and D = 128 non-causal up to 4k, 1 for longer D = 128 non-causal calls."""
     if head_dim > 128:
         # D = 256 (SPLIT_D): both consumers on the same 64 keys, each with half of dK's and dV's
-        # columns; 64-row Q blocks and a 2-slot ring fill 222 KB of shared memory. Twenty-third
-        # session, run 1 (fp16, kernel alone, N = 4k / 16k): 2114 / 8161 µs non-causal and
+        # columns; 64-row Q blocks and a 2-slot ring fill 222 KB of shared memory. H200
+        # (fp16, kernel alone, N = 4k / 16k): 2114 / 8161 µs non-causal and
         # 1190 / 4111 causal, against 3785 / 15320 and 2763 / 10168 for the Triton dK/dV kernel on
         # descriptors. Not swept (the tiles are the only ones that fit).
         return dict(BLOCK_M=64, BLOCK_N=64, STAGES=2, num_warps=8, VEC=2, WITH_DQ=False, WS=True, CARRY_DK=False,
@@ -1192,7 +1183,7 @@ def fused_config_for(head_dim: int, causal: bool) -> dict:
     bitwise deterministic). The dK/dV tiles of :func:`config_for` with dK waited within each block
     and a 2-slot Q/dO ring; ``DQ_BUFS`` blocks of staged dQ halves for the writer warp (shared
     memory: 225 KB at D = 128). ``DQ_FIRST`` (D = 128): dQ's matmul issued before dK's, so dK runs
-    on while dQ is staged (twenty-first session, run 1, ordered, TFLOP/s-equivalent: 459 against 436
+    on while dQ is staged (H200, fp16, ordered, TFLOP/s-equivalent: 459 against 436
     at D = 128 non-causal 16k, level at 4k; causal 382 against 390 at 16k and level at 4k, but 439
     against 416 unordered; at D = 64 it was slower)."""
     return dict(config_for(head_dim, causal, 4096), STAGES=2, CARRY_DK=False, WITH_DQ=True, DQ_BUFS=2, LSE_EARLY=0,
@@ -1361,7 +1352,7 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     with_dq, ws = cfg.get("WITH_DQ", False), cfg.get("WS", False)
-    if ws and not with_dq:  # the default: a launch cached per layout (host time, perf-notes §25)
+    if ws and not with_dq:  # the default: a launch cached per layout (host time; docs/perf-notes.md, "Host path")
         launch = _cached_launch("dkdv", lambda: _dkdv_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic),
                                 (dout, q, k, v, lse, dk, dv, delta), (bool(causal), bool(deterministic)), cfg)
         launch((q, k, v, dout), (lse, delta, dk, dv, None, None), (softmax_scale * LOG2E, softmax_scale),
@@ -1426,19 +1417,19 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
 
 def dq_config_for(head_dim: int, causal: bool) -> dict:
     """Tiles of the Gluon dQ kernel: 128-row Q blocks in two 64-row halves, 128-key K/V blocks, a
-    2-slot ring. Measured (eighth session, run 1, fp16, the kernel alone, TFLOP/s-equivalent =
+    2-slot ring. Measured (H200, fp16, the kernel alone, TFLOP/s-equivalent =
     whole-backward flops over this kernel's time, N = 4k / 16k): D = 128 non-causal 1165 / 1116
     against 1106 / 1087 with 64-key blocks and 3 slots; causal 1022 / 1088 against 951 / 991;
     D = 64 non-causal 959 / 985 against 901 / 892, causal 852 / 923 against 786 / 843. The Triton
     dQ kernel it replaces ran at ~1020 (D = 128 non-causal 16k, from the whole backward minus the
     dK/dV kernel). ``PDL`` (off; opt-in): launched with programmatic dependent launch, meant only
-    right after a dK/dV kernel with ``PDL_TRIGGER`` (:func:`config_for`; eighteenth session, run 4:
-    within the spread, not the default)."""
+    right after a dK/dV kernel with ``PDL_TRIGGER`` (:func:`config_for`; its A/B was
+    within the spread, so not the default)."""
     if head_dim > 128:
         # D = 256 (SPLIT_D): both consumers on the same 64 rows, each with half of dQ's columns;
-        # 64-key blocks in a 2-slot ring (222 KB of shared memory). Twenty-third session, run 3
+        # 64-key blocks in a 2-slot ring (222 KB of shared memory). H200
         # (fp16, kernel alone, N = 4k / 16k): 1468 / 5989 µs non-causal, 803 / 2896 causal, against
-        # 1950 / 7640 and 1106 / 3720 for the Triton dQ kernel (run 1). Not swept.
+        # 1950 / 7640 and 1106 / 3720 for the Triton dQ kernel. Not swept.
         return dict(BLOCK_M=64, BLOCK_N=64, STAGES=2, PDL=False, SPLIT_D=True)
     return dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, PDL=False)
 
@@ -1485,7 +1476,7 @@ def backward_dq(dout, q, k, v, lse, delta, dq, softmax_scale: float, causal: boo
                 out=None):
     """dQ by the warp-specialized Gluon dQ kernel (``_attn_bwd_dq_sm90_ws``) into dq, in place of
     the Triton dQ kernel (``flash_attn_backward`` routes here by default on Hopper, see
-    :func:`dq_enabled`; ``scripts/gluon_bwd_check.py --configs .../dq`` times other tiles). Same
+    :func:`dq_enabled`; ``cfg`` overrides :func:`dq_config_for`). Same
     scope as :func:`supported` (the caller checks it); lengths must be multiples
     of the tiles. Returns dq, or None after a warning if the kernel does not compile with the
     installed triton (the caller then runs the Triton dQ kernel).

@@ -1,11 +1,11 @@
 """Hopper (sm90) forward in Gluon: asynchronous wgmma, so the softmax overlaps the tensor cores.
 
-Why a second forward kernel. In ``tileflash.ops.forward`` (plain Triton) every ``tl.dot`` on
+Why a second forward kernel. In ``tileflash.ops.triton.forward`` (plain Triton) every ``tl.dot`` on
 Hopper ends in ``wgmma.wait_group 0``: the compiler keeps a wgmma in flight only when its result
 feeds nothing but its own next accumulation, which is never true of attention's two matmuls. So
 each step runs Q·Kᵀ, then the softmax on the MUFU/ALU units, then P·V, one after the other, and
-triton 3.6's warp specialization compiles to nothing on sm90 for this kernel (docs/perf-notes.md
-§14). Gluon, triton's lower-level dialect, exposes the asynchronous wgmma and its wait, and this
+triton 3.6's warp specialization compiles to nothing on sm90 for this kernel (docs/perf-notes.md,
+"Triton kernels"). Gluon, triton's lower-level dialect, exposes the asynchronous wgmma and its wait, and this
 file uses them for FA3's intra-warpgroup schedule:
 
     issue S_j = Q·K_jᵀ            (async)
@@ -37,7 +37,7 @@ window/softcap/ALiBi/dropout, positive scale, causal or not, Sq % BLOCK_M == 0 (
 Q block may run past Sq), Sk % BLOCK_N == 0, Sq <= Sk when causal).
 :func:`supported` decides; everything else runs the Triton kernel, which stays the reference
 implementation (it runs in the CPU interpreter; this one cannot). The numerics follow
-``tileflash.ops.forward``: base-2 scores with the scale folded in, fp32 accumulation, P cast to
+``tileflash.ops.triton.forward``: base-2 scores with the scale folded in, fp32 accumulation, P cast to
 V's dtype for the second matmul, natural-log LSE stored.
 
 Tensors are seen as 2-D ``(rows, row_stride)`` views for the TMA descriptors: the (batch, head)
@@ -614,33 +614,30 @@ def _attn_fwd_sm90_ws(
 
 
 def config_for(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int | None = None) -> dict:
-    """Kernel and tiles for a call, from ``scripts/gluon_check.py`` sweeps on the H200 (testing.md,
-    fifth session, runs 2, 3 and 5; fp16, B·N = 16k tokens; TFLOP/s):
+    """Kernel and tiles for a call, from ``tools/gluon_check.py`` sweeps on the H200 (fp16 unless
+    stated, B·N = 16k tokens; TFLOP/s; docs/perf-notes.md, "Hopper forward (Gluon)"):
 
     * D = 128: the warp-specialized ping-pong kernel (``WS``), 128-row Q blocks in two 64-row
       halves, 128-key blocks, a 2-slot K/V ring. Non-causal 528 / 578 / 600 / 618 at N = 1k / 2k /
       4k / 16k, causal 380 / 481 / 526 / 637, against 465 / 501 / 503 / 516 and 377 / 395 / 429 /
-      486 for the one-warpgroup-pair kernel below (run 5).
+      486 for the one-warpgroup-pair kernel below.
     * D = 64, N >= 2k non-causal or N >= 8k causal: the same warp-specialized kernel with three
       consumer warpgroups (``CONSUMERS=3``, FA3's D = 64 shape): 192-row Q blocks in 64-row
-      slices, 128-key blocks, a 2-slot ring, turns round robin. Fourteenth-session run 2 (fp16, same
-      run): non-causal 470 / 507 TFLOP/s at N = 4k / 16k against 416 / 429 for the 8-warp kernel
+      slices, 128-key blocks, a 2-slot ring, turns round robin. Non-causal 470 / 507 TFLOP/s at N = 4k / 16k against 416 / 429 for the 8-warp kernel
       below (cuDNN 448 / 453); causal 467 at 16k against 429 for the ping-pong kernel (cuDNN 435),
       but 384 against 385 at 4k. At N = 1k the partial last Q block (1024 = 5⅓ · 192) costs more
       than the sharing gains (389 against 402), so short calls keep the kernels below.
     * D = 64, causal, 4k <= N < 8k: the two-consumer ping-pong kernel with a 3-slot ring (377 / 429
-      against 364 / 396); persistent since the seventeenth session where the pair rule below
-      applies.
+      against 364 / 396); persistent where the pair rule below applies.
     * D = 64 otherwise: the single-partition kernel, 8 warps on 128-row blocks, 64-key blocks, a
       4-slot ring (non-causal 399 / 411 / 425 / 425, where the ping-pong kernel gave 350 / 384 /
       406 / 419; at Sk <= 1024 replaced by the persistent kernel below); causal with Sq <= 1024:
-      64-row blocks on 4 warps (312-319 against 253), with a 2-slot ring since the twenty-fourth
-      session (run 3, fp16, N = 1k: 331 TFLOP/s against 309 with 3 slots and 263 with 4; 64/128
-      with 2 slots 328; cuDNN 334).
+      64-row blocks on 4 warps (312-319 against 253), with a 2-slot ring (N = 1k: 331 TFLOP/s
+      against 309 with 3 slots and 263 with 4; 64/128 with 2 slots 328; cuDNN 334).
 
     * D = 128, non-causal, Sk <= 1024: the same kernel in its persistent mode (``PERSISTENT``: one
       program per SM over the tiles; each Q slice is reloaded for the next tile as soon as its last
-      S matmul retires). Fifteenth session, run 5 (fp16, same run): 577 TFLOP/s at N = 1k against
+      S matmul retires). 577 TFLOP/s at N = 1k against
       539 for one program per tile (cuDNN 581); level at 2k / 4k (586 / 596 against 584 / 597),
       3% slower at 16k (610 against 629). Causal calls lost with it at every N measured (348
       against 382 at 1k, 426 against 603 at 16k) while its tiles went to programs round robin:
@@ -653,18 +650,18 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int | None 
       taking pairs of Q blocks (n_m - 1 - j, j) of one head, which together see the same number
       of key blocks whatever j (n_m + 1 when Sq = Sk; with Sk > Sq the shift adds the same to
       both), so that a static round robin stays balanced (``_persistent_tile``). Sk is bounded
-      too: tiles as long as a 16k call's lost with it (below). Seventeenth session, run 2
-      (``gluon_check.py``, fp16 / bf16, TFLOP/s against one program per tile): D = 128 418 / 431
+      too: tiles as long as a 16k call's lost with it (below). fp16 / bf16, TFLOP/s against one
+      program per tile: D = 128 418 / 431
       against 381 / 387 at 1k, 504 / 524 against 470 / 477 at 2k, 531 / 586 against 522 / 555 at
       4k; at 8k 588 / 590 against 564 / 602 and at 16k 604 / 615 against 610 / 634, so longer
       calls keep one program per tile. D = 64 (fp16, 3-slot ring): 370 against 345 at 2k, 409
       against 382 at 4k; 427 against 449 (three consumers) at 8k; 302 against 315 at 1k.
     * D = 64, non-causal, Sk <= 1024 (a multiple of 128): the persistent two-consumer kernel
-      (2-slot ring). Seventeenth session, run 4 (fp16 / bf16, N = 1k): 426 / 432 TFLOP/s against
+      (2-slot ring). fp16 / bf16, N = 1k: 426 / 432 TFLOP/s against
       406 / 407 for the 8-warp kernel (cuDNN 421 / 429); 411 / 413 with three consumers.
 
     The LOOKAHEAD schedule (Q·K_{j+1}ᵀ issued before the softmax of block j) measured 2-20% slower
-    at every tile it was tried with, so it is off (docs/perf-notes.md §14). ``seqlen_k`` (when
+    at every tile it was tried with, so it is off (docs/perf-notes.md, "Lessons"). ``seqlen_k`` (when
     given) keeps a key length that is not a multiple of the three-consumer kernel's 128-key
     blocks on the kernels that take it."""
     # causal, persistent: programs take pairs of Q blocks, so the 128-row blocks must be even in number
@@ -672,8 +669,8 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int | None 
     keys = seqlen_k or seqlen_q
     if head_dim > 128:
         # D = 256: the warp-specialized kernel with 64-key blocks, so that a 2-slot K/V ring fits
-        # beside the Q block (197 KB of shared memory; the persistent mode needs 263 KB). Twenty-third
-        # session, run 2 (fp16, N = 4k / 16k): 693 / 673 TFLOP/s non-causal, 537 / 640 causal, against
+        # beside the Q block (197 KB of shared memory; the persistent mode needs 263 KB). H200
+        # (fp16, N = 4k / 16k): 693 / 673 TFLOP/s non-causal, 537 / 640 causal, against
         # 388 / 356 and 316 / 374 for the Triton kernel in the same run. Not swept.
         return dict(BLOCK_M=128, BLOCK_N=64, STAGES=2, num_warps=4, WS=True)
     if head_dim > 64:
@@ -693,7 +690,7 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int | None 
     if causal and seqlen_q >= 4096:
         return dict(BLOCK_M=128, BLOCK_N=128, STAGES=3, num_warps=4, WS=True)
     if causal and seqlen_q <= 1024:
-        # 2 slots: 331 TFLOP/s at N = 1k against 309 with 3 (fp16; twenty-fourth session, run 3)
+        # 2 slots: 331 TFLOP/s at N = 1k against 309 with 3 (H200, fp16, 2026-12-03)
         return dict(BLOCK_M=64, BLOCK_N=64, STAGES=2, num_warps=4)
     return dict(BLOCK_M=128, BLOCK_N=64, STAGES=4, num_warps=8)
 
@@ -756,7 +753,7 @@ def supported(q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, var
 class _Plan(Launch):
     """The forward's launch (:class:`Launch`) for one call layout and its tile config, built by
     :func:`plan_for`: a repeated call pays for a dictionary lookup instead of the routing checks,
-    the 2-D views and the descriptors' validation (host time, perf-notes §24). Its descriptors are
+    the 2-D views and the descriptors' validation (host time; docs/perf-notes.md, "Host path"). Its descriptors are
     Q, K, V and O, its one raw pointer the LSE: :func:`_run` keeps the compiled launcher only for
     16-byte aligned LSE pointers, as triton specializes on that."""
 
@@ -898,7 +895,7 @@ def forward(q, k, v, out, lse, softmax_scale: float, causal: bool, cfg: dict | N
             plan: _Plan | None = None):
     """Launch the Gluon kernel; the caller checked :func:`supported` (or passes the ``plan`` that
     :func:`plan_for` returned). q (B, Sq, H, D), k/v (B, Sk, Hk, D), out like q, lse (B, H, Sq)
-    fp32 with strides (H·Sq, Sq). ``cfg`` overrides :func:`config_for` (``scripts/gluon_check.py``
+    fp32 with strides (H·Sq, Sq). ``cfg`` overrides :func:`config_for` (``tools/gluon_check.py``
     sweeps it; lengths must stay multiples of its tiles; such a plan is not cached). Returns None,
     after a warning, when the kernel does not compile with the installed triton (Gluon's API
     changes between releases): the caller then runs the Triton kernel, and later calls skip this

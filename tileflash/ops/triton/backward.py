@@ -1,7 +1,7 @@
 """FlashAttention backward in Triton, by recomputation: no N×N matrix is stored.
 
 Only q, k, v, out and the LSE come from the forward. With P = exp(S - lse) recomputed block by
-block (seed 002's derivation, FA2's schedule):
+block (the standard FlashAttention-2 derivation and schedule):
 
     dV = Pᵀ dO          dP = dO Vᵀ          dS = P ∘ (dP − delta),  delta = rowsum(dO ∘ O)
     dQ = scale · dS K   dK = scale · dSᵀ Q
@@ -355,7 +355,7 @@ def _bwd_dq(
 
 # ----------------------------------------------------------------------------------------------
 # Configs: a small table per head dim (the backward holds two fp32 accumulators per K block, so
-# the tile that fits D=64 spills at D=128; see docs/results.md for what was measured).
+# the tile that fits D=64 spills at D=128; default_bwd_config says what was measured).
 # ----------------------------------------------------------------------------------------------
 
 INTERPRET_BWD_CONFIG = {"dkdv": dict(BLOCK_M=16, BLOCK_N=32), "dq": dict(BLOCK_M=32, BLOCK_N=16)}
@@ -366,29 +366,28 @@ def _c(bm, bn, w, s):
 
 
 def default_bwd_config(head_dim: int, causal: bool = False) -> dict:
-    """Per-head-dim block configs, picked by ``scripts/bwd_pair_sweep.py`` on an H200 (fp16, N = 4k and
-    16k; re-swept after the dK/dV loop went int32, see docs/perf-notes.md). D=64 non-causal shares
+    """Per-head-dim block configs, picked by joint sweeps of the dK/dV and dQ tiles on an H200 (fp16,
+    N = 4k and 16k; re-swept after the dK/dV loop went int32, see docs/perf-notes.md). D=64 non-causal shares
     the causal winner (not swept separately). D > 128: swept at D=256, N=4k."""
     if head_dim <= 64:
-        # joint sweep after the int32 loop fix (scripts/bwd_pair_sweep.py 64 1 4096 16384): 246 / 270 TFLOP/s
+        # joint sweep after the int32 loop fix (causal, N = 4k / 16k): 246 / 270 TFLOP/s
         return {"dkdv": _c(32, 128, 4, 3), "dq": _c(128, 32, 8, 3)}
     if head_dim <= 128:
-        # pair sweeps, then the session-2 dQ tiles (128, 64, 8, 3) re-timed with the int32 loop
-        # (bwd_pair_sweep.py 128 0|1 4096 16384 --pairs ...), TFLOP/s at 4k / 16k:
+        # pair sweeps, then the earlier dQ tiles (128, 64, 8, 3) re-timed with the int32 loop,
+        # TFLOP/s at 4k / 16k:
         if causal:  # 268 / 313, against 260 / 300 with dQ (64, 32, 4, 3)
             return {"dkdv": _c(64, 128, 8, 2), "dq": _c(128, 64, 8, 3)}
         return {"dkdv": _c(64, 128, 8, 3), "dq": _c(128, 64, 8, 3)}  # 334 / 347, against 320 / 324
-    # D > 128: pair sweep at D=256, N=4k, non-causal (scripts/bwd_pair_sweep.py 256 0 4096): 193 TFLOP/s,
+    # D > 128: pair sweep at D=256, N=4k, non-causal: 193 TFLOP/s,
     # against 87 for the previous (32,64,4,2)/(64,32,4,2)
     return {"dkdv": _c(64, 64, 8, 2), "dq": _c(128, 32, 8, 2)}
 
 
 # Head dims whose backward takes tensor descriptors by default where the forward does (Hopper).
-# H200, fp16, N 4k / 16k, default tiles (scripts/bwd_pair_sweep.py --tma both): D=128 non-causal
+# H200, fp16, N 4k / 16k, default tiles, pointers -> descriptors: D=128 non-causal
 # 347/352 -> 352/362 TFLOP/s, causal 267/313 -> 282/333; D=64 causal 244/273 -> 231/260 (slower,
-# so off). D=256 (session 22, runs 1-2, default tiles): non-causal 4k 191 -> 238; 4k / 16k with
-# descriptors 237/239 non-causal, 175/197 causal, against 193/194 and 172/194 without (run 1's
-# bench). Other head dims (96, which takes the Gluon kernels on Hopper; 160, 192) not measured (off).
+# so off). D=256 (default tiles): non-causal 4k 191 -> 238; 4k / 16k with descriptors 237/239
+# non-causal, 175/197 causal, against 193/194 and 172/194 without (a bench grid). Other head dims (96, which takes the Gluon kernels on Hopper; 160, 192) not measured (off).
 BWD_TMA_HEAD_DIMS = frozenset({128, 256})
 
 
@@ -410,7 +409,7 @@ _PRE_LAUNCHES: dict = {}
 def compute_delta(out, dout, lse, varlen: bool, nheads: int, head_dim: int):
     """delta = rowsum(dO * O) in fp32, laid out like the (contiguous) LSE; varlen is one "batch" of
     total_q rows. The launch is kept per layout (``ops.launch.Launch``: on a GPU, later calls
-    skip triton's argument binding; host time, perf-notes §25)."""
+    skip triton's argument binding; host time: docs/perf-notes.md, "Host path")."""
     delta = torch.empty(lse.shape, dtype=torch.float32, device=out.device)
     o4, do4 = (out[None], dout[None]) if varlen else (out, dout)
     key = (o4.shape, o4.stride(), do4.stride(), o4.dtype, do4.dtype, o4.device, nheads, head_dim, interpreting())

@@ -15,7 +15,7 @@ program per (Q block, head) leaves most of the GPU idle at small batch. Here:
   ``block_table (batch, max_blocks)``: key j of batch b lives in page block_table[b, j // page_size],
   row j % page_size. Any page size works: a tile inside one page looks the page up once, otherwise each key row does.
 
-Masks follow tileflash.ops.common: new token t sits at position seqlen_k_b − seqlen_q + t,
+Masks follow tileflash.ops.triton.common: new token t sits at position seqlen_k_b − seqlen_q + t,
 i.e. rel = t + shift − j with shift = seqlen_k_b − seqlen_q (bottom-right causal).
 """
 
@@ -34,28 +34,28 @@ from tileflash.ops.triton.forward import block_d_for, interpreting
 from tileflash.ops.utils import GRID_YZ_MAX, LOG2E, cdiv, feature_args, next_pow2
 from tileflash.options import DEBUG
 
-# GPU launch defaults of the split kernel, from the H200 sweeps of scripts/decode_sweep.py (bf16,
-# Hq 32, Hkv 8, D 128; docs/testing.md, fourth and ninth sessions). waves: target programs per SM
-# when choosing num_splits; full_unsplit: see choose_num_splits. The K/V tiles of all stages must
-# fit the SM's shared memory: 128-key tiles on 3 stages leave room for one program per SM, hence
-# one wave (ninth session, run 3: B=1 L=8k 1.62 TB/s against 1.36 with two; L=128k 3.75 / 3.66).
+# GPU launch defaults of the split kernel, from H200 sweeps with tools/decode_sweep.py (bf16,
+# Hq 32, Hkv 8, D 128, 2026-11-30/12-01; docs/perf-notes.md, "Decode (split-KV)"). waves: target
+# programs per SM when choosing num_splits; full_unsplit: see choose_num_splits. The K/V tiles of
+# all stages must fit the SM's shared memory: 128-key tiles on 3 stages leave room for one program per SM, hence
+# one wave (B=1 L=8k 1.62 TB/s against 1.36 with two; L=128k 3.75 / 3.66).
 WAVES = 2
 DECODE_CONFIG = dict(block_n=128, num_warps=4, num_stages=3, waves=1,        # contiguous
                      full_unsplit=0.9, pdl=2)
 # pages of 128·k: the same. With the table lookup pipelined by Triton (before TABLE_ASM), the K/V
-# tiles were single-buffered and an unsplit page-256 cache read 2.75-2.89 TB/s at B=16 (session 4);
-# with TABLE_ASM, 4.51 at L=64k against 4.46 contiguous (ninth session, run 3).
+# tiles were single-buffered and an unsplit page-256 cache read 2.75-2.89 TB/s at B=16;
+# with TABLE_ASM, 4.51 at L=64k against 4.46 contiguous.
 DECODE_CONFIG_PAGE128 = dict(DECODE_CONFIG)
 DECODE_CONFIG_SHORT = dict(block_n=64, num_warps=4, num_stages=3, waves=2, pdl=0)   # the same, for splits of <= 256 keys
 # pages of 16, 32 and 64: the contiguous config on 128-key tiles of several whole pages, one
-# inline lookup per page (PAGES_PER_TILE; eleventh session, run 6, PDL on, us at B=1 8k / B=16 8k
+# inline lookup per page (PAGES_PER_TILE; PDL on, us at B=1 8k / B=16 8k
 # / B=16 64k / B=1 128k: page 64 16.9 / 127.8 / 971 / 132.0 against 19.5 / 129.0 / 961 / 137.2
 # for 64-key page tiles; page 16 18.5 / 136.1 / 1018 / 151.8 against 23.0 / 131.3 / 1053 / 141.6
 # for 16-key tiles; contiguous 16.8 / 125.5 / 966 / 129.7)
 DECODE_CONFIG_MULTI_PAGE = dict(DECODE_CONFIG, multi_page=True)
 # pages of 16 when the one-wave splits above would be longer than LONG_SPLIT keys: two programs
 # per SM of 64-key tiles (4 pages each, one 16-byte lookup per tile), so that one program's
-# synchronous page lookups are hidden behind the other's copies. Twelfth session, run 1 (us, 128-key
+# synchronous page lookups are hidden behind the other's copies. Measured (us, 128-key
 # one-wave config against this one): B=1 L=128k 147.9 -> 136.9 (contiguous 129.7), B=16 L=64k
 # 992 -> 963, B=4 L=32k 134.4 -> 131.6; level at B=1 L=32k (2048-key splits: 44.4 / 45.1); slower
 # at B=1 L=8k (512-key splits: 18.2 against 19.6)
@@ -63,7 +63,7 @@ DECODE_CONFIG_PAGE16_LONG = dict(block_n=64, num_warps=4, num_stages=3, waves=2,
                                  multi_page=True)
 LONG_SPLIT = 2048
 # pages of 64·k otherwise (192, 320, ...): two waves of 64-key page tiles, but splits of at least
-# 512 keys (8 tiles, each waiting for its page lookup): tenth session, run 3 (pages of 64): B=1
+# 512 keys (8 tiles, each waiting for its page lookup). Pages of 64: B=1
 # L=8k 1.72 TB/s with 16 splits against 1.52 with 32; L=128k 3.71 with 33 splits against 3.32
 # with 16; B=16: 2 splits
 DECODE_CONFIG_PAGE64 = dict(block_n=64, num_warps=4, num_stages=3, waves=2, min_split=512, pdl=0)
@@ -71,24 +71,24 @@ DECODE_CONFIG_SMALL_PAGE = dict(block_n=16, num_warps=2, num_stages=8, waves=4, 
 DECODE_CONFIG_WIDE = dict(block_n=64, num_warps=8, num_stages=2, waves=2, pdl=0)    # BLOCK_D 256: 2 x 64 KiB
 # skew: the order of a program's tiles (see _decode_split): 2 starts each batch entry's programs at
 # a tile spread over its split, wrapping around, so that the batch entries do not stream the same
-# offsets of their caches at the same time. Twelfth session, runs 4, 5, 7, 8 (B=16, Hkv 8,
-# contiguous, 2-4 separately allocated caches per run, graph of 8 calls, cuDNN on the same
+# offsets of their caches at the same time. Measured at B=16 (Hkv 8, contiguous, 2-4
+# separately allocated caches per measurement, graph of 8 calls, cuDNN on the same
 # tensors): against cuDNN, L=64k/128k 0.988-1.011x with skew 2 against 0.959-1.011x in order (3
 # of 24 in-order samples 2.4-4.1% low, none with skew 2), L=8k 0.998-1.002x against 0.996-0.998x.
-# 1 (spread by program, the kv heads of an entry apart) read 4.357-4.472 TB/s at 128k (run 4,
-# below both); 3 (every 37th tile) +0.5% over 2 at 64k/128k but -0.7% at 8k (run 7). None is
-# reliably ahead of cuDNN (docs/perf-notes.md section 21). At B=1 there is nothing to spread, and
-# the rotation's index arithmetic cost 0.6 us at L=8k (run 11), so B=1 runs in order.
+# 1 (spread by program, the kv heads of an entry apart) read 4.357-4.472 TB/s at 128k (below
+# both); 3 (every 37th tile) +0.5% over 2 at 64k/128k but -0.7% at 8k. None is reliably ahead
+# of cuDNN (docs/perf-notes.md, "Decode (split-KV)"). At B=1 there is nothing to spread, and
+# the rotation's index arithmetic cost 0.6 us at L=8k, so B=1 runs in order.
 SKEW = 2
 # pdl: where a programmatic dependent launch (sm90+) lets the next kernel be scheduled (see
-# _decode_split; 0: no PDL). Eleventh session, 8 calls per graph, same-run A/B: with one program
+# _decode_split; 0: no PDL). 8 calls per graph, A/B in one process: with one program
 # per SM (128-key tiles on 3 stages) the trigger after the key loop (2) took B=1 L=8k from 17.3-17.4
-# to 16.8 us contiguous and 18.9 to 18.3 us with pages of 256 (runs 2, 4); B=16 and L=128k moved
+# to 16.8 us contiguous and 18.9 to 18.3 us with pages of 256; B=16 and L=128k moved
 # by under 1% either way. Where several programs share an SM (the 16-key config of pages of 16
 # and the 64-key one then used for pages of 64), an early trigger (1, 2) let the next call's
 # programs take SM slots while they wait: B=16 L=8k went from 131 to 140-180 us (page 16) and 129
-# to 135-160 us (page 64) (run 2); the trigger at exit (3) was level with no PDL everywhere (run
-# 4, within 0.2%), so configs with several programs per SM keep PDL off.
+# to 135-160 us (page 64); the trigger at exit (3) was level with no PDL everywhere (within
+# 0.2%), so configs with several programs per SM keep PDL off.
 
 
 def decode_config(block_d: int, page_size: int = 0) -> dict:
@@ -495,7 +495,7 @@ def pdl_trigger(device, default: int) -> int:
 def table_lookup_asm(page_tile: bool, block_n: int) -> bool:
     """Whether a paged cache's block-table lookups go through inline PTX (``_table_load``): for one
     lookup per tile of 64 keys or more. The synchronous lookup then costs little against the tile,
-    and the K/V copies stay stages ahead (H200, ninth session, run 3: B=16 L=64k page 256 unsplit
+    and the K/V copies stay stages ahead (H200: B=16 L=64k page 256 unsplit
     4.51 TB/s; page 64 at 0.94-0.98x contiguous). 16-key tiles (pages of 16) were 8-38% slower
     with it (each tile waits for its lookup), so they keep Triton's pipelined load."""
     return bool(page_tile) and block_n >= 64
@@ -661,7 +661,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     block_s = max(2, next_pow2(num_splits))
     # merge: MERGE_ROWS packed rows x S_CHUNK splits x BLOCK_D per load, at most 64 fp32 per thread.
     # All the rows of a block with all their splits in one load when that fits (one round of L2
-    # loads), else one row at a time (H200, tenth session, runs 1-2: B=1 L=8k, 16 splits, 4 warps:
+    # loads), else one row at a time (H200, B=1 L=8k, 16 splits, 4 warps:
     # 17.4 us against 18.1 a row at a time; 32 splits on 2 or 4 warps: rows one at a time were
     # fastest, 23.3 us against 23.9-26.9 for 2 or 4 rows per load in several chunks)
     merge_elems = 64 * 32 * cfg["num_warps"]

@@ -241,7 +241,7 @@ FWD_CONFIGS = [
 def default_config(head_dim: int, causal: bool = False, tma: bool = False) -> dict:
     """The config used without autotuning (first call costs one compile, no benchmarking).
 
-    tma: the tensor-descriptor path, whose configs come from ``scripts/fwd_sweep.py`` on an H200
+    tma: the tensor-descriptor path, whose configs come from ``tools/fwd_sweep.py`` on an H200
     (fp16, N = 4k and 16k; docs/perf-notes.md): it frees registers, so 128-wide K/V tiles pay off
     where the pointer path spills. causal: also any right window bound (the masked diagonal)."""
     if tma and head_dim <= 64:
@@ -398,8 +398,8 @@ def _copy_head_cols(
 
 def copy_cols(src, dst):
     """dst (B, S, H, Dd) = the first Dd columns of src (B, S, H, Ds), zeros where Dd > Ds, in one
-    launch (torch's copies into column slices ran at 1.4 TB/s on the H200, this kernel at 3.5;
-    session 22, runs 2-3). dst's columns must be contiguous."""
+    launch (torch's copies into column slices ran at 1.4 TB/s on the H200, this kernel at 3.5).
+    dst's columns must be contiguous."""
     if src.stride(-1) != 1:
         src = src.contiguous()
     batch, seqlen, nheads, cols = dst.shape
