@@ -7,6 +7,10 @@
 #                SDPA-flash (and FA4 when it imports: see tools/fa4_env.sh), then tools/grid_report.py
 #   ptx          tools/compile_check.py --ptx-digests with the machine's triton (compare trees)
 #
+# FA4 (flash-attn-4) joins the grid when .fa4/fa4-site.tar.xz is carried: a site folder of its
+# wheels (flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1 + libs, quack-kernels 0.6.5,
+# apache-tvm-ffi, torch-c-dlpack-ext, protobuf) packed with xz; it is unpacked to /tmp/fa4.
+#
 # Usage (repository root): OUT=dir bash tools/gpu_run.sh tests grid-float16 grid-bfloat16
 set -u
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -14,8 +18,13 @@ export TILEFLASH_GIT=${TILEFLASH_GIT:-unknown}
 mkdir -p "$OUT"
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())" \
     | tee "$OUT/versions.txt"
+if [ -f .fa4/fa4-site.tar.xz ]; then
+  mkdir -p /tmp/fa4 && tar -xJf .fa4/fa4-site.tar.xz -C /tmp/fa4 \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/fa4:/tmp/fa4/nvidia_cutlass_dsl/dsl_packages
+fi
 providers="tileflash sdpa_cudnn sdpa_flash"
-python3 -c "import flash_attn.cute" 2>/dev/null && providers="$providers fa4"
+python3 -c "import flash_attn.cute" > "$OUT/fa4-import.log" 2>&1 && providers="$providers fa4"
+echo "providers: $providers"
 for stage in "$@"; do
   case $stage in
     tests)

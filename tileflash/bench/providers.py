@@ -95,6 +95,14 @@ def _flash_attn(q, k, v, causal):
     return flash_attn_func(q, k, v, causal=causal)
 
 
+def _fa4(q, k, v, causal):
+    """FA4 (flash-attn-4's CuTe-DSL kernels; Hopper and Blackwell): ``flash_attn.cute``."""
+    from flash_attn.cute import flash_attn_func
+
+    out = flash_attn_func(q, k, v, causal=causal)
+    return out[0] if isinstance(out, tuple) else out
+
+
 def _always(device):
     return None
 
@@ -123,6 +131,16 @@ def _flash_attn_ok(device):
     return None
 
 
+def _fa4_ok(device):
+    if device != "cuda":
+        return "runs on CUDA only"
+    try:
+        import flash_attn.cute  # noqa: F401
+    except ImportError:
+        return "flash-attn-4 (flash_attn.cute) is not installed"
+    return None
+
+
 PROVIDERS = {
     p.name: p
     for p in [
@@ -134,6 +152,7 @@ PROVIDERS = {
         Provider("sdpa_cudnn", _sdpa("CUDNN_ATTENTION"), _cuda_only),
         Provider("flex", _flex, _flex_ok),
         Provider("flash_attn", _flash_attn, _flash_attn_ok),
+        Provider("fa4", _fa4, _fa4_ok),
     ]
 }
 
