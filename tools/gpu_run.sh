@@ -4,7 +4,7 @@
 #
 #   tests        the CUDA test suite (pytest -n 14; every CPU-only case skips itself there)
 #   grid-DTYPE   the D 64/128 x N 1k-16k x causal grid, forward and backward, against cuDNN and
-#                SDPA-flash (and FA4 when it imports: see tools/fa4_env.sh), then tools/grid_report.py
+#                SDPA-flash (and FA4 when it imports: below), then tools/grid_report.py
 #   ptx          tools/compile_check.py --ptx-digests with the machine's triton (compare trees)
 #
 # FA4 (flash-attn-4) joins the grid when .fa4/fa4-site.tar.xz is carried: a site folder of its
