@@ -395,7 +395,7 @@ def _check_packed(name, t, ndim, count, layout):
 
 
 def _packed(q_or_qkv, kv, dim, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-            deterministic, return_attn_probs, varlen=None):
+            deterministic, return_attn_probs, varlen=None, options=None):
     if kv is None:
         q, k, v = q_or_qkv.unbind(dim)
     else:

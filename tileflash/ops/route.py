@@ -105,7 +105,9 @@ def forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int | Non
         return _into(res_out.to(q.dtype), out), res_lse
     with torch.cuda.device(q.device):
         if options.backend != "triton":
-            done = _gluon_forward(q, k, v, softmax_scale, causal, causal_shift, kw, config, out, lse, options)
+            # (the buffers it allocated come back, so that a call it declines allocates them once)
+            done, out, lse = _gluon_forward(q, k, v, softmax_scale, causal, causal_shift, kw, config, out, lse,
+                                            options)
             if done is not None:
                 return done
         return tr_fwd.flash_attn_forward(q, k, v, softmax_scale, causal, causal_shift, **kw, config=config, out=out,
@@ -120,19 +122,20 @@ def _into(res, buf):
 
 
 def _gluon_forward(q, k, v, softmax_scale, causal, causal_shift, kw, config, out, lse, options):
-    """The Hopper Gluon forward if it takes this call: (out, lse), else None (nothing written)."""
+    """The Hopper Gluon forward if it takes this call: ((out, lse), out, lse), else (None, out, lse)
+    with nothing written; out and lse are the caller's buffers, or the ones allocated here."""
     mods = gluon_modules()
     if mods is None:
         if options.backend == "gluon":
             _gluon_refused("forward", f"this triton ({__import__('triton').__version__}) has no Gluon")
-        return None
+        return None, out, lse
     gf = mods[0]
     varlen, batch, seqlen_q, seqlen_k, lse_shape, _ = problem_dims(q, k, kw["cu_seqlens_q"], kw["max_seqlen_q"],
                                                                    kw["max_seqlen_k"])
     if varlen or q.numel() == 0 or seqlen_k == 0:
         if options.backend == "gluon":
             _gluon_refused("forward", "varlen or empty inputs")
-        return None
+        return None, out, lse
     if causal_shift is None:
         causal_shift = seqlen_k - seqlen_q
     flags, _, _ = feature_args(softmax_scale, causal, kw["window"], kw["softcap"], kw["alibi_slopes"], batch,
@@ -154,7 +157,7 @@ def _gluon_forward(q, k, v, softmax_scale, causal, causal_shift, kw, config, out
     if done is None and options.backend == "gluon":
         _gluon_refused("forward", "its scope is dense fp16/bf16 on sm90, head dim 64-256, no window/softcap/ALiBi/"
                                   "dropout, lengths that are multiples of its tiles (tileflash.ops.gluon.forward)")
-    return done
+    return done, out, lse
 
 
 def _gluon_forward_padded(gf, q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, config, width):

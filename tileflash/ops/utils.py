@@ -7,6 +7,8 @@ Nothing here imports triton: the kernels' device helpers live in ``ops/triton/co
 
 from __future__ import annotations
 
+import torch
+
 # softmax in base 2: scores are scaled by log2(e) once, and the LSE converted back with ln(2)
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
