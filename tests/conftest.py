@@ -1,30 +1,47 @@
-"""Test set-up: choose where the Triton kernels run.
+"""Test set-up: choose where the Triton kernels run, seed every test, and the `backend` fixture.
 
-Without a CUDA GPU, TRITON_INTERPRET=1 is set *before* tileflash/triton are imported, so the
-real Triton kernels are built for Triton's CPU interpreter. The `backend` fixture then picks,
-per test, between the interpreter ("interpret"), the tiled PyTorch CPU path ("tiled") and the
-GPU ("cuda"), by setting or clearing TRITON_INTERPRET at call time.
+Without a CUDA GPU, TRITON_INTERPRET=1 is set *before* tileflash's kernel modules (and triton's
+kernels) are imported, so the real Triton kernels are built for Triton's CPU interpreter. The
+`backend` fixture then picks, per test, between the interpreter ("interpret"), the tiled PyTorch
+CPU path ("tiled") and the GPU ("cuda"), by setting or clearing TRITON_INTERPRET at call time.
+
+Shared helpers (make_qkv, rounding_atol, count_calls, ...) live in helpers.py; test modules import
+them from there, never from each other.
 """
 
 import os
+import random
+import zlib
 
+import numpy as np
 import pytest
 import torch
 
-HAS_CUDA = torch.cuda.is_available()
+pytest.register_assert_rewrite("helpers")  # its asserts report their operands, as a test module's do
+from helpers import HAS_CUDA  # noqa: E402
+
 if not HAS_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
-# Import now, so Triton builds the kernels under the environment chosen above, not under whatever a
-# fixture has set when some test module first imports tileflash.
-import tileflash  # noqa: E402,F401
+# `import tileflash` is lazy (the kernel modules load on first use), so import the kernel modules
+# now: Triton builds the kernels under the environment chosen above, not under whatever a fixture
+# has set when some test first reaches them.
+import tileflash.interface  # noqa: E402,F401
+import tileflash.ops.route  # noqa: E402,F401
 
 BACKENDS = ["tiled", "interpret", "cuda"]
 
 
-def backend_device(backend):
-    return "cuda" if backend == "cuda" else "cpu"
+@pytest.fixture(autouse=True)
+def _seed_every_test(request):
+    """Seed torch (CPU and CUDA), python's random and numpy from a stable hash of the test's node
+    id, so that a test draws the same numbers whatever ran before it (alone, in another order, or
+    under -k), and every run of the suite is reproducible."""
+    seed = zlib.crc32(request.node.nodeid.encode())
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -40,21 +57,3 @@ def backend(request, monkeypatch):
     elif name == "interpret":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     return name
-
-
-def count_calls(monkeypatch, module, name):
-    """Replace module.<name> by a wrapper that records the positional arguments of each call that
-    returned something other than None (the Gluon launchers return None when their kernel did
-    not compile and the Triton kernel ran instead); returns the list of records, which tests
-    assert is non-empty, i.e. that the kernel really ran."""
-    calls = []
-    real = getattr(module, name)
-
-    def counting(*args, **kwargs):
-        res = real(*args, **kwargs)
-        if res is not None:
-            calls.append(args)
-        return res
-
-    monkeypatch.setattr(module, name, counting)
-    return calls

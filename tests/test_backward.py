@@ -7,21 +7,12 @@ import pytest
 import torch
 
 import tileflash
-from tileflash.ops import backward as bwd_mod
-from tileflash.ops import forward as fwd_mod
+from tileflash.ops.triton import backward as bwd_mod
+from tileflash.ops.triton import forward as fwd_mod
+from tileflash.options import DEBUG
 from tileflash.reference import attention_ref
 
-from conftest import HAS_CUDA, backend_device, count_calls
-from test_forward import _rand, make_qkv, rounding_atol
-
-
-def ref_grads(q, k, v, do, causal, upcast, scale=None):
-    qs, ks, vs = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    if upcast:
-        qs, ks, vs = (t.detach().cpu().double().requires_grad_() for t in (q, k, v))
-        do = do.cpu().double()
-    out, _ = attention_ref(qs, ks, vs, softmax_scale=scale, causal=causal, upcast=upcast)
-    return torch.autograd.grad(out.to(do.dtype), (qs, ks, vs), do)
+from helpers import HAS_CUDA, _rand, backend_device, count_calls, make_qkv, ref_grads, rounding_atol
 
 
 def check_grads(q, k, v, do, causal, scale=None):
@@ -139,16 +130,14 @@ def test_kernel_writes_every_gradient(backend):
 def test_dq_kernel_computes_delta(backend, varlen, monkeypatch):
     """The Triton dQ kernel computes delta = rowsum(dO * O) itself and runs first (the default): no
     delta kernel runs, every element of NaN-poisoned gradient buffers is written, and the
-    gradients are those of the delta kernel's route (TILEFLASH_DQ_DELTA=0): the same bits in the
+    gradients are those of the delta kernel's route (debug switch dq_delta=0): the same bits in the
     interpreter, within fp32 summation order on a GPU; dense and varlen, causal and not, GQA,
-    Sq != Sk, ragged lengths."""
+    Sq != Sk, ragged lengths. (The Triton launcher runs the Triton kernels only; the Gluon route
+    has its own tests in test_backward_sm90.)"""
     if backend == "tiled":
         pytest.skip("the tiled path has no delta kernel; this checks the Triton kernels")
     dev = backend_device(backend)
-    monkeypatch.delenv("TILEFLASH_DQ_DELTA", raising=False)
-    if dev == "cuda":  # the Gluon route has its own tests (test_backward_sm90); keep this on Triton
-        monkeypatch.setenv("TILEFLASH_GLUON_BWD", "0")
-    delta_calls = count_calls(monkeypatch, bwd_mod, "_delta")
+    delta_calls = count_calls(monkeypatch, bwd_mod, "compute_delta")
     for causal in (False, True):
         q, k, v = make_qkv(2, 70, 45, 4, 2, 24, torch.float32, dev, seed=3)
         do = torch.randn_like(q)
@@ -162,7 +151,7 @@ def test_dq_kernel_computes_delta(backend, varlen, monkeypatch):
         out, lse = fwd_mod.flash_attn_forward(q, k, v, 24 ** -0.5, causal, **kw)
         runs = {}
         for mode in ("1", "0"):
-            monkeypatch.setenv("TILEFLASH_DQ_DELTA", mode)
+            monkeypatch.setattr(DEBUG, "dq_delta", mode == "1")
             bufs = [torch.full_like(t, float("nan")) for t in (q, k, v)]
             n_before = len(delta_calls)
             runs[mode] = bwd_mod.flash_attn_backward(do, q, k, v, out, lse, 24 ** -0.5, causal, dq=bufs[0],

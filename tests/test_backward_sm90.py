@@ -1,5 +1,7 @@
-"""The Hopper Gluon backward (tileflash.ops.backward_sm90): routing rules on any machine,
-numerics and determinism on an sm90 GPU.
+"""The Hopper Gluon backward (tileflash.ops.gluon.backward) and its routing
+(tileflash.ops.route.backward): routing rules on any machine, numerics and determinism on an
+sm90 GPU. The numerics tests call the router (as the public functions do): the Triton launcher
+(tileflash.ops.triton.backward.flash_attn_backward) runs the Triton kernels only.
 
 As for the Gluon forward, every numerics test first asserts that the call really took the Gluon
 kernel (a counting wrapper), so that a routing change cannot turn it into a test of the Triton
@@ -12,32 +14,35 @@ import torch
 import triton
 
 import tileflash
-from tileflash.ops import backward as bwd_mod
-from tileflash.ops import backward_sm90 as gb
-from tileflash.ops import forward as fwd_mod
+from tileflash.ops import route
+from tileflash.ops.triton import backward as bwd_mod
+from tileflash.ops.triton import forward as fwd_mod
+from tileflash.options import DEBUG, DEFAULT, Debug, Options
 from tileflash.reference import attention_ref
 
-from conftest import HAS_CUDA, backend_device, count_calls
-from test_forward import make_qkv, rounding_atol
-from test_forward_sm90 import _flags
+from helpers import HAS_CUDA, IS_SM90, _flags, backend_device, count_calls, gluon_modules, make_qkv, rounding_atol
 
-IS_SM90 = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
-needs_sm90 = pytest.mark.skipif(not (IS_SM90 and gb._f90.HAVE_GLUON), reason="needs a Hopper GPU and triton's Gluon")
+_GLUON = gluon_modules()
+g90, gb = _GLUON if _GLUON else (None, None)  # None: this triton has no Gluon (every test that needs it skips)
+needs_gluon = pytest.mark.skipif(gb is None, reason="this triton has no Gluon")
+needs_sm90 = pytest.mark.skipif(not (IS_SM90 and gb is not None), reason="needs a Hopper GPU and triton's Gluon")
 
 
 @pytest.fixture
 def gluon_bwd_calls(monkeypatch):
-    """Counts launches of the Gluon backward (switched on even if the environment turned it off)."""
-    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
+    """Counts launches of the Gluon backward (switched on even if TILEFLASH_DEBUG turned it off)."""
+    monkeypatch.setattr(DEBUG, "gluon_bwd", True)
     return count_calls(monkeypatch, gb, "backward")
 
 
+@needs_gluon
 def test_bwd_routing_rules_on_cpu_tensors():
     q, k, v = (torch.empty(1, 256, 2, 64, dtype=torch.float16) for _ in range(3))
     lse = torch.empty(1, 2, 256)
     assert not gb.supported(q, q, k, v, q, lse, 0.125, False, 0, _flags(), False, None)
 
 
+@needs_gluon
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_dq_tiles_cover_every_routed_length(d, causal):
@@ -52,6 +57,7 @@ def test_dq_tiles_cover_every_routed_length(d, causal):
     assert gb.dq_supported(q, k, torch.empty_like(q), causal)
 
 
+@needs_gluon
 def test_bwd_head_offsets_must_fit_int32():
     """The kernel stores dK/dV at kv_head · head_stride in int32: buffers whose last head starts
     at or past 2^31 elements are not routed (meta tensors: no memory needed)."""
@@ -65,6 +71,7 @@ def test_bwd_head_offsets_must_fit_int32():
     assert gb._head_offsets_fit(below)
 
 
+@needs_gluon
 def test_ws_fused_mode_refuses_pingpong():
     """The warp-specialized kernel's fused mode (WITH_DQ) has no PINGPONG turns: asking for both is
     an error, not a silently different schedule (raised before any launch, so CPU tensors do)."""
@@ -76,6 +83,7 @@ def test_ws_fused_mode_refuses_pingpong():
         gb._launch(q, q, q, q, lse, lse, q, q, q, 0.125, False, cfg, True)
 
 
+@needs_gluon
 def test_ws_fused_mode_refuses_the_per_head_order():
     """The fused mode's ordered dQ adds take their turn from the 2-D grid's program_id(1), which
     is 0 in the 1-D PER_HEAD grid (the adds would silently lose their order): PER_HEAD with
@@ -93,20 +101,19 @@ def test_ws_fused_mode_refuses_the_per_head_order():
         gb._launch(q, q, q, q, lse, lse, q, q, q, 0.125, False, cfg, True)
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["default", "fused"])
-def test_fused_mode_is_opt_in(fused, monkeypatch):
-    """TILEFLASH_GLUON_FUSED=1 routes the backward to one fused Gluon launch (WITH_DQ, no dQ
-    kernel); by default it is off (slower than the split kernels on the H200, perf-notes §22) and
-    the split route runs the dK/dV and the dQ kernel. CPU tensors, with the Gluon launchers
-    replaced by recorders (supported() forced true), so that only the routing runs."""
-    if fused:
-        monkeypatch.setenv("TILEFLASH_GLUON_FUSED", "1")
-    else:
-        monkeypatch.delenv("TILEFLASH_GLUON_FUSED", raising=False)
-    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
-    monkeypatch.setattr(gb, "enabled", lambda: True)
-    monkeypatch.setattr(gb, "supported", lambda *a, **kw: True)
-    launches = []
+def _route_cuda_backward(do, q, k, v, out, lse, scale, causal, options=DEFAULT):
+    """``route.backward``'s CUDA branch called on CPU tensors (only routing runs: the tests replace
+    every launcher it reaches by a recorder)."""
+    kw = dict(window=(-1, -1), softcap=0.0, alibi_slopes=None, dropout_p=0.0, seed=None, cu_seqlens_q=None,
+              cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None)
+    return route._cuda_backward(do, q, k, v, out, lse, scale, causal, None, kw, None, None, None, None, options)
+
+
+def _record_launches(monkeypatch, supported=True, dq_ok=True):
+    """Replace the Gluon backward's launchers, supported() / dq_supported() (answering ``supported``
+    / ``dq_ok``), the Triton launcher and the delta kernel by recorders (each Gluon launcher returns
+    what a launch that ran returns). Returns (the list of launches, the list of supported() calls)."""
+    launches, asked = [], []
 
     def fake_backward(dout, q, k, v, lse, delta, dq, dk, dv, scale, causal, cfg=None, deterministic=True):
         launches.append(("dkdv", cfg))
@@ -117,14 +124,41 @@ def test_fused_mode_is_opt_in(fused, monkeypatch):
         launches.append(("dq computes delta", out is not None))
         return dq
 
+    def fake_triton(dout, q, k, v, out, lse, scale, causal, causal_shift=None, *, delta=None, run_dkdv=True,
+                    run_dq=True, dq=None, dk=None, dv=None, **kw):
+        launches.append(("triton", dict(delta=delta is not None, run_dkdv=run_dkdv, run_dq=run_dq)))
+        return dq, dk, dv
+
+    monkeypatch.setattr(gb, "supported", lambda *a, **kw: asked.append(1) or supported)
+    monkeypatch.setattr(gb, "dq_supported", lambda *a, **kw: dq_ok)
     monkeypatch.setattr(gb, "backward", fake_backward)
     monkeypatch.setattr(gb, "backward_dq", fake_dq)
+    monkeypatch.setattr(bwd_mod, "flash_attn_backward", fake_triton)
     # no kernel runs: the delta kernel is replaced too (CPU tensors cannot reach a compiled kernel)
-    monkeypatch.setattr(bwd_mod, "_delta", lambda out, *a: launches.append(("delta", None))
+    monkeypatch.setattr(bwd_mod, "compute_delta", lambda out, *a: launches.append(("delta", None))
                         or torch.zeros(out.shape[0], out.shape[2], out.shape[1]))
+    return launches, asked
+
+
+def _debug_defaults(monkeypatch):
+    for name in ("gluon_fused", "gluon_bwd", "gluon_dq", "dq_delta"):
+        monkeypatch.setattr(DEBUG, name, getattr(Debug(), name))
+
+
+@needs_gluon
+@pytest.mark.parametrize("fused", [False, True], ids=["default", "fused"])
+def test_fused_mode_is_opt_in(fused, monkeypatch):
+    """The debug switch gluon_fused=1 routes the backward to one fused Gluon launch (WITH_DQ, no dQ
+    kernel); by default it is off (slower than the split kernels on the H200, perf-notes §22) and
+    the split route runs the dK/dV and the dQ kernel. CPU tensors, with the Gluon launchers
+    replaced by recorders (supported() forced true), so that only the routing runs."""
+    _debug_defaults(monkeypatch)
+    assert not DEBUG.gluon_fused  # off by default
+    monkeypatch.setattr(DEBUG, "gluon_fused", fused)
+    launches, _ = _record_launches(monkeypatch)
     q, k, v = make_qkv(1, 128, 128, 2, 2, 64, torch.float32, "cpu", seed=1)
     do, out, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(1, 2, 128)
-    bwd_mod.flash_attn_backward(do, q, k, v, out, lse, 0.125, True)
+    _route_cuda_backward(do, q, k, v, out, lse, 0.125, True)
     if fused:
         assert [name for name, _ in launches] == ["delta", "dkdv"]
         cfg = launches[1][1]
@@ -135,14 +169,47 @@ def test_fused_mode_is_opt_in(fused, monkeypatch):
         assert launches == [("dq", None), ("dq computes delta", True), ("dkdv", None)]
         # backward() then takes config_for's split tiles
     launches.clear()
-    monkeypatch.setenv("TILEFLASH_DQ_DELTA", "0")
-    bwd_mod.flash_attn_backward(do, q, k, v, out, lse, 0.125, True)
+    monkeypatch.setattr(DEBUG, "dq_delta", False)
+    _route_cuda_backward(do, q, k, v, out, lse, 0.125, True)
     if not fused:  # the switch: the delta kernel, the dK/dV kernel, then the dQ kernel reading delta
         assert launches == [("delta", None), ("dkdv", None), ("dq", None), ("dq computes delta", False)]
 
 
+@needs_gluon
+def test_route_backward_switches(monkeypatch):
+    """Where the router sends a backward on a CUDA device (its CUDA branch, on CPU tensors with
+    recorders): by default to both Gluon kernels (dQ first, computing delta); with the debug switch
+    gluon_bwd=0 or Options(backend="triton") to the Triton kernels alone, without asking the Gluon
+    backward; a call it cannot take (supported() false) to the Triton kernels, and with
+    Options(backend="gluon") to a ValueError naming the scope; lengths the Gluon dQ kernel cannot
+    take to the Gluon dK/dV kernel and the Triton dQ kernel (with the delta kernel's delta)."""
+    _debug_defaults(monkeypatch)
+    q, k, v = make_qkv(1, 128, 128, 2, 2, 64, torch.float32, "cpu", seed=1)
+    do, out, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(1, 2, 128)
+    gluon = [("dq", None), ("dq computes delta", True), ("dkdv", None)]
+    triton_all = [("triton", dict(delta=False, run_dkdv=True, run_dq=True))]
+
+    def route_(options=DEFAULT, **rec):
+        launches, asked = _record_launches(monkeypatch, **rec)
+        _route_cuda_backward(do, q, k, v, out, lse, 0.125, False, options)
+        return launches, len(asked)
+
+    assert route_() == (gluon, 1)
+    assert route_(Options(backend="gluon")) == (gluon, 1)
+    assert route_(Options(backend="triton")) == (triton_all, 0)
+    assert route_(supported=False) == (triton_all, 1)
+    assert route_(dq_ok=False) == ([("delta", None), ("dkdv", None),
+                                    ("triton", dict(delta=True, run_dkdv=False, run_dq=True))], 1)
+    with pytest.raises(ValueError, match=r"backend='gluon'.*Gluon backward cannot take this call: its scope"):
+        route_(Options(backend="gluon"), supported=False)
+    monkeypatch.setattr(DEBUG, "gluon_bwd", False)
+    assert route_() == (triton_all, 0)
+    with pytest.raises(ValueError, match=r"backend='gluon'.*gluon_bwd=0"):
+        route_(Options(backend="gluon"))
+
+
 def _compile_rows(code: str) -> dict:
-    """Run `code` (which compiles kernels for sm_90 through scripts/compile_check.py and prints one
+    """Run `code` (which compiles kernels for sm_90 through tools/compile_check.py and prints one
     JSON dict last) in a fresh interpreter without TRITON_INTERPRET, and return that dict."""
     import json
     import os
@@ -159,7 +226,7 @@ def _compile_rows(code: str) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(not gb._f90.HAVE_GLUON, reason="this triton has no Gluon")
+@needs_gluon
 def test_pdl_trigger_compiles_to_one_early_launch_dependents():
     """No GPU needed: PDL_TRIGGER puts exactly one griddepcontrol.launch_dependents into the dK/dV
     kernel (none without it), before any global load or async copy, so the dQ kernel launched
@@ -167,9 +234,9 @@ def test_pdl_trigger_compiles_to_one_early_launch_dependents():
     triton's launch_pdl option only when asked (PDL)."""
     rows = _compile_rows("""
 import json, sys
-sys.path.insert(0, "scripts")
+sys.path.insert(0, "tools")
 from compile_check import compile_gluon_bwd
-from tileflash.ops import backward_sm90 as GB
+from tileflash.ops.gluon import backward as GB
 rows = {}
 for d, causal in ((128, False), (64, True)):
     for trig in (False, True):
@@ -192,7 +259,7 @@ print(json.dumps(rows))
         assert "launch_pdl" not in [p.name for p in launch.kernel.params]  # an option, not in the tail
 
 
-@pytest.mark.skipif(not gb._f90.HAVE_GLUON, reason="this triton has no Gluon")
+@needs_gluon
 def test_fused_mode_compiles_for_sm90():
     """No GPU needed: the fused mode compiles for sm_90 with the installed triton, adds dQ with TMA
     bulk reductions issued by its writer warp (one per column half of the head; triton splits a
@@ -200,9 +267,9 @@ def test_fused_mode_compiles_for_sm90():
     before, one release after) only when deterministic; DQ_MODE 1/2, the timing variants, add nothing."""
     rows = _compile_rows("""
 import json, re, sys
-sys.path.insert(0, "scripts")
+sys.path.insert(0, "tools")
 from compile_check import compile_gluon_bwd
-from tileflash.ops import backward_sm90 as GB
+from tileflash.ops.gluon import backward as GB
 rows = {}
 for d, causal, det, mode in ((128, False, True, 0), (128, True, False, 0), (64, False, True, 0), (64, True, True, 0),
                              (128, False, False, 1), (128, False, False, 2)):
@@ -226,7 +293,7 @@ def _cpu_bwd(b=2, sq=256, sk=384, h=4, hk=2, d=64):
     return do, q, k, v, out, torch.empty(b, h, sq)
 
 
-@pytest.mark.skipif(not gb._f90.HAVE_GLUON, reason="this triton has no Gluon")
+@needs_gluon
 @pytest.mark.parametrize("d,causal", [(64, False), (64, True), (128, False), (128, True), (256, False), (256, True)])
 def test_bwd_launches_match_the_kernel_signatures(d, causal):
     """The backward's cached launches (host time, perf-notes §25) feed the compiled kernels'
@@ -303,7 +370,7 @@ def test_bwd_launches_match_the_kernel_signatures(d, causal):
 
 
 def test_delta_launch_matches_the_kernel_signature(monkeypatch):
-    """The delta kernel's cached launch (``backward._delta``): its pointers and integers are the
+    """The delta kernel's cached launch (``triton.backward.compute_delta``): its pointers and integers are the
     kernel's runtime parameters in order and by name, its tail the constexprs; one launch per
     layout, and it computes rowsum(dO * O) on the CPU interpreter's or the compiled kernel's path
     alike (here: whichever this machine runs, on its device)."""
@@ -314,10 +381,10 @@ def test_delta_launch_matches_the_kernel_signature(monkeypatch):
     out = torch.randn(2, 96, 3, 40, device=device)
     dout = torch.randn(2, 3, 96, 40, device=device).transpose(1, 2)  # strides unlike out's
     lse = torch.empty(2, 3, 96, device=device)
-    delta = bwd_mod._delta(out, dout, lse, False, 3, 40)
+    delta = bwd_mod.compute_delta(out, dout, lse, False, 3, 40)
     torch.testing.assert_close(delta, (out * dout).sum(-1).transpose(1, 2), rtol=1e-5, atol=1e-5)
     (launch,) = bwd_mod._PRE_LAUNCHES.values()
-    assert bwd_mod._delta(out, dout, lse, False, 3, 40) is not delta and len(bwd_mod._PRE_LAUNCHES) == 1
+    assert bwd_mod.compute_delta(out, dout, lse, False, 3, 40) is not delta and len(bwd_mod._PRE_LAUNCHES) == 1
     params = getattr(bwd_mod._bwd_preprocess, "params", None)
     if params is None:  # the interpreter's kernel object has no parameter list
         params = triton.JITFunction(bwd_mod._bwd_preprocess.fn).params
@@ -331,13 +398,11 @@ def test_delta_launch_matches_the_kernel_signature(monkeypatch):
     assert launch.grid == (-(-96 // launch.constexprs["BLOCK_M"]), 2 * 3, 1) and launch.constexprs["FLAT_GRID"] is False
 
 
-@pytest.mark.skipif(not gb._f90.HAVE_GLUON, reason="this triton has no Gluon")
+@needs_gluon
 def test_bwd_routing_cache_and_per_call_checks(monkeypatch):
     """supported() decides the layout once per (shapes, strides, dtypes, device, causal) of every
-    tensor it looks at, and checks the switches, scale, flags, causal alignment, pointer alignment
-    and compile failures on every call."""
-    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
-    monkeypatch.delenv("TILEFLASH_GLUON", raising=False)
+    tensor it looks at, and checks the scale, flags, causal alignment, pointer alignment and
+    compile failures on every call. (The switches are the router's: test_route_backward_switches.)"""
     monkeypatch.setattr(gb, "_LAYOUTS", {})
     monkeypatch.setattr(gb, "_BROKEN", set())
     layouts = []
@@ -369,12 +434,6 @@ def test_bwd_routing_cache_and_per_call_checks(monkeypatch):
     for name, t in dict(q=q, k=k, v=v, do=do).items():                         # TMA bases: 16-byte aligned
         buf = torch.empty(t.numel() + 8, dtype=torch.float16)
         assert not ok(**{name: buf[1:t.numel() + 1].view(t.shape)}) and ok(**{name: buf[8:].view(t.shape)}), name
-    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "0")                            # the switches, after caching
-    assert not ok()
-    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
-    monkeypatch.setenv("TILEFLASH_GLUON", "0")
-    assert not ok()
-    monkeypatch.delenv("TILEFLASH_GLUON")
     assert ok() and len(layouts) == n
     gb._BROKEN.add(("cfg",))                                                   # a compile failure since
     assert not ok()
@@ -386,7 +445,8 @@ def test_bwd_routing_cache_and_per_call_checks(monkeypatch):
 
 @needs_sm90
 def test_bwd_routing_rules_on_gpu(monkeypatch):
-    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
+    monkeypatch.setattr(DEBUG, "gluon_bwd", True)
+
     def ok(sq=256, sk=256, d=128, dtype=torch.float16, causal=False, scale=0.1, flags=None, config=None, shift=None,
            h=2, hk=2):
         q, k, v = (t.to(dtype) for t in make_qkv(1, sq, sk, h, hk, d, torch.float16, "cuda"))
@@ -413,10 +473,20 @@ def test_bwd_routing_rules_on_gpu(monkeypatch):
     assert not ok(flags=_flags(HAS_ALIBI=True)) and not ok(flags=_flags(HAS_DROPOUT=True))
     assert not ok(flags=_flags(HAS_RIGHT=True))  # a right window that is not causal
     assert not ok(config={"dkdv": {}, "dq": {}})  # pinned Triton tiles
-    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "0")
-    assert not ok()
-    monkeypatch.delenv("TILEFLASH_GLUON_BWD")
-    assert ok()  # on by default
+    # the switches (the router's): the debug switch gluon_bwd=0 and Options(backend="triton") keep
+    # a call the Gluon backward takes on the Triton kernels; by default it takes the Gluon kernel
+    q, k, v = make_qkv(1, 256, 256, 2, 2, 128, torch.float16, "cuda", seed=2)
+    out, lse = route.forward(q, k, v, 0.1, False)
+    do = torch.randn_like(q)
+    calls = count_calls(monkeypatch, gb, "backward")
+    monkeypatch.setattr(DEBUG, "gluon_bwd", False)
+    route.backward(do, q, k, v, out, lse, 0.1, False)
+    assert not calls
+    monkeypatch.setattr(DEBUG, "gluon_bwd", True)
+    route.backward(do, q, k, v, out, lse, 0.1, False, options=Options(backend="triton"))
+    assert not calls
+    route.backward(do, q, k, v, out, lse, 0.1, False)
+    assert len(calls) == 1  # on by default
 
 
 def _grads(q, k, v, do, causal):
@@ -460,16 +530,16 @@ def test_repeated_backward_calls_take_the_cached_launchers(monkeypatch, gluon_bw
     of the inputs, and the earlier calls' tensors stay alive, so a launcher that kept an earlier
     call's addresses would read or write the wrong memory. A dq buffer whose pointer is not
     16-byte aligned (the JIT specializes on it) sends the dQ kernel through the JIT again."""
-    monkeypatch.delenv("TILEFLASH_GLUON_DQ", raising=False)
-    monkeypatch.delenv("TILEFLASH_GLUON_FUSED", raising=False)
-    monkeypatch.delenv("TILEFLASH_DQ_DELTA", raising=False)
-    delta_calls = count_calls(monkeypatch, bwd_mod, "_delta")
+    monkeypatch.setattr(DEBUG, "gluon_dq", True)
+    monkeypatch.setattr(DEBUG, "gluon_fused", False)
+    monkeypatch.setattr(DEBUG, "dq_delta", True)
+    delta_calls = count_calls(monkeypatch, bwd_mod, "compute_delta")
     for d, causal, (b, sq, sk, h, hk) in ((64, True, (2, 256, 384, 4, 2)), (128, False, (1, 1024, 1024, 4, 4)),
                                           (64, False, (2, 512, 512, 4, 1))):
         q0, k0, v0 = make_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=sq + d)
         do0 = torch.randn_like(q0)
         scale = d ** -0.5
-        out0, lse0 = fwd_mod.flash_attn_forward(q0, k0, v0, scale, causal)
+        out0, lse0 = route.forward(q0, k0, v0, scale, causal)
         results, runs, keep = [], [], []
         for offset in (0, 0, 1):
             q, k, v, do, out, lse = (t.clone() for t in (q0, k0, v0, do0, out0, lse0))
@@ -486,7 +556,7 @@ def test_repeated_backward_calls_take_the_cached_launchers(monkeypatch, gluon_bw
                     device, real = x.runner
                     x.runner = (device, lambda *a, real=real, name=x.kernel.fn.__name__:
                                 (runs.append((offset, name)), real(*a)))
-            grads = bwd_mod.flash_attn_backward(do, q, k, v, out, lse, scale, causal, dq=dq, dk=dk, dv=dv)
+            grads = route.backward(do, q, k, v, out, lse, scale, causal, dq=dq, dk=dk, dv=dv)
             assert grads[0] is dq
             check_cuda_grads(grads, q0, k0, v0, do0, causal)
             results.append([g.clone() for g in grads])
@@ -536,9 +606,9 @@ def test_gluon_backward_writes_every_gradient(d, causal, gluon_bwd_calls):
     own column half of dK and dV)."""
     q, k, v = make_qkv(1, 640, 768, 4, 2, d, torch.bfloat16, "cuda", seed=5)
     do = torch.randn_like(q)
-    out, lse = fwd_mod.flash_attn_forward(q, k, v, 0.125, causal)
+    out, lse = route.forward(q, k, v, 0.125, causal)
     bufs = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-    dq, dk, dv = bwd_mod.flash_attn_backward(do, q, k, v, out, lse, 0.125, causal, dq=bufs[0], dk=bufs[1], dv=bufs[2])
+    dq, dk, dv = route.backward(do, q, k, v, out, lse, 0.125, causal, dq=bufs[0], dk=bufs[1], dv=bufs[2])
     assert gluon_bwd_calls
     for g in (dq, dk, dv):
         assert not torch.isnan(g).any()
@@ -553,7 +623,7 @@ def test_gluon_backward_writes_every_gradient(d, causal, gluon_bwd_calls):
 def test_gluon_backward_d256_is_deterministic(causal, monkeypatch, gluon_bwd_calls):
     """D = 256 (the split-column dK/dV and dQ kernels, whose consumers trade P and dS through
     shared memory every block): two calls give the same bits, and the call took those kernels."""
-    monkeypatch.delenv("TILEFLASH_GLUON_DQ", raising=False)
+    monkeypatch.setattr(DEBUG, "gluon_dq", True)
     dq_calls = count_calls(monkeypatch, gb, "backward_dq")
     q, k, v = make_qkv(2, 512, 640, 4, 2, 256, torch.float16, "cuda", seed=7)
     do = torch.randn_like(q)
@@ -571,7 +641,7 @@ def _scale_lse_delta(q, k, v, do, causal):
     """What the Gluon backward kernels take besides q, k, v, dO: the default scale, the forward's
     LSE and delta = rowsum(dO * O) in the LSE's layout."""
     scale = q.shape[-1] ** -0.5
-    out, lse = fwd_mod.flash_attn_forward(q, k, v, scale, causal)
+    out, lse = route.forward(q, k, v, scale, causal)
     return scale, lse, (out.float() * do.float()).sum(-1).transpose(1, 2).contiguous()
 
 
@@ -636,17 +706,13 @@ def test_fused_schedule_variants(variant, d, causal):
 
 
 def test_fused_writer_protocol_model():
-    """scripts/fused_writer_model.py replays the fused mode's barrier protocol (producer, two
+    """tests/fused_writer_model.py replays the fused mode's barrier protocol (producer, two
     consumers sharing dSᵀ, the writer warp with its staging slots and the ordered adds; several
     resident K-block programs, causal suffixes) under random schedules with PTX's mbarrier parity
     rule: no schedule deadlocks, no read sees the wrong block, and every Q block's adds come in
     K-block order. Negative controls, each caught: one dSᵀ buffer, a writer that skips its turn,
     consumers that stage without waiting for a free slot. It models the source by hand, so a
     miscompile would not show (perf-notes §22); the GPU tests cover the compiled kernel."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
     import fused_writer_model as model
 
     for causal in (False, True):
@@ -659,13 +725,15 @@ def test_fused_writer_protocol_model():
     assert model.explore(6, 8, 3, 2, 2, True, schedules=40, bug="no_empty").get("data", 0) > 0
 
 
+@needs_gluon
 def test_padded_head_dim_rule():
-    """Head dims strictly between 64 and 128 run the Gluon backward at 128, those between 128 and
+    """Head dims strictly between 64 and 128 run the Gluon kernels at 128, those between 128 and
     256 at 256; the three native ones (64, 128, 256) as they are; everything else is not taken."""
-    assert gb.padded_head_dim(64) == 64 and gb.padded_head_dim(128) == 128 and gb.padded_head_dim(256) == 256
-    assert all(gb.padded_head_dim(d) == 128 for d in (65, 72, 80, 96, 112, 120, 127))
-    assert all(gb.padded_head_dim(d) == 256 for d in (129, 136, 160, 192, 200, 224, 255))
-    assert all(gb.padded_head_dim(d) is None for d in (8, 32, 40, 48, 63, 257, 320))
+    assert g90.padded_head_dim(64) == 64 and g90.padded_head_dim(128) == 128 and g90.padded_head_dim(256) == 256
+    assert all(g90.padded_head_dim(d) == 128 for d in (65, 72, 80, 96, 112, 120, 127))
+    assert all(g90.padded_head_dim(d) == 256 for d in (129, 136, 160, 192, 200, 224, 255))
+    assert all(g90.padded_head_dim(d) is None for d in (8, 32, 40, 48, 63, 257, 320))
+    assert gb._f90 is g90  # the backward routes by the forward's rule
 
 
 @pytest.mark.parametrize("d,width", [(96, 128), (192, 256)])
@@ -680,11 +748,11 @@ def test_pad_head_dim(seqlen, d, width, backend):
         pytest.skip("a Triton kernel: the interpreter or the GPU")
     dev = backend_device(backend)
     t = torch.randn(2, 3, seqlen, d, device=dev).transpose(1, 2)  # (B, S, H, D) view of (B, H, S, D) memory
-    p = bwd_mod._pad_head_dim(t, width)
+    p = fwd_mod.pad_head_dim(t, width)
     assert p.shape == (2, seqlen, 3, width) and p.is_contiguous() and p.dtype == t.dtype
     assert torch.equal(p[..., :d], t) and torch.equal(p[..., d:], torch.zeros(2, seqlen, 3, width - d, device=dev))
     wide = torch.full((2, seqlen, 3, 2, width), float("nan"), device=dev)
-    bwd_mod._copy_cols(t, wide[..., 0, :])
+    fwd_mod.copy_cols(t, wide[..., 0, :])
     assert torch.equal(wide[..., 0, :d], t) and not wide[..., 0, d:].any()
     assert torch.isnan(wide[..., 1, :]).all()  # the neighbouring slices are untouched
 
@@ -705,7 +773,7 @@ def test_gluon_backward_padded_head_dims(case, d, causal, gluon_bwd_calls):
     q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=sq + sk + d)
     do = torch.randn_like(q)
     grads = _grads(q, k, v, do, causal)
-    assert [c[1].shape[-1] for c in gluon_bwd_calls] == [gb.padded_head_dim(d)], "the call did not take the padded Gluon backward"
+    assert [c[1].shape[-1] for c in gluon_bwd_calls] == [g90.padded_head_dim(d)], "the call did not take the padded Gluon backward"
     check_cuda_grads(grads, q, k, v, do, causal)
     _check_padded_into_wider_buffers(q, k, v, do, causal)
 
@@ -714,10 +782,10 @@ def _check_padded_into_wider_buffers(q, k, v, do, causal):
     """The padded backward into NaN-poisoned buffers that are the first D columns of wider ones."""
     d = q.shape[-1]
     scale = d ** -0.5
-    out, lse = fwd_mod.flash_attn_forward(q, k, v, scale, causal)
+    out, lse = route.forward(q, k, v, scale, causal)
     wide = [torch.full(t.shape[:-1] + (d + 32,), float("nan"), dtype=t.dtype, device=t.device) for t in (q, k, v)]
     bufs = [w[..., :d] for w in wide]
-    got = bwd_mod.flash_attn_backward(do, q, k, v, out, lse, scale, causal, dq=bufs[0], dk=bufs[1], dv=bufs[2])
+    got = route.backward(do, q, k, v, out, lse, scale, causal, dq=bufs[0], dk=bufs[1], dv=bufs[2])
     assert all(g is buf for g, buf in zip(got, bufs)) and not any(torch.isnan(g).any() for g in got)
     assert all(torch.isnan(w[..., d:]).all() for w in wide), "a store past the gradients' head dim"
     ref = bwd_mod.flash_attn_backward(do, q, k, v, out, lse, scale, causal, config=bwd_mod.default_bwd_config(d, causal))
@@ -729,9 +797,9 @@ def _check_padded_into_wider_buffers(q, k, v, do, causal):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("case", CASES[:2], ids=lambda c: "x".join(map(str, c)))
 def test_gluon_fused_backward_padded_head_dim(case, causal, monkeypatch, gluon_bwd_calls):
-    """D = 96 through the opt-in fused kernel (TILEFLASH_GLUON_FUSED=1): its dQ sums run over 128
+    """D = 96 through the opt-in fused kernel (debug switch gluon_fused=1): its dQ sums run over 128
     columns, of which the first 96 are cast into dq; dK and dV as in the split kernels."""
-    monkeypatch.setenv("TILEFLASH_GLUON_FUSED", "1")
+    monkeypatch.setattr(DEBUG, "gluon_fused", True)
     b, sq, sk, h, hk = case
     q, k, v = make_qkv(b, sq, sk, h, hk, 96, torch.float16, "cuda", seed=sq + sk)
     do = torch.randn_like(q)
@@ -741,6 +809,7 @@ def test_gluon_fused_backward_padded_head_dim(case, causal, monkeypatch, gluon_b
     _check_padded_into_wider_buffers(q, k, v, do, causal)
 
 
+@needs_gluon
 def test_lse_early_rule():
     """config_for's LSE_EARLY: one block ahead (2) for causal calls and D = 128 non-causal up to 4k,
     before the Q/dO wait (1) for longer D = 128 non-causal calls, and never for D = 64 non-causal,
@@ -793,9 +862,9 @@ def test_ws_fused_mode_matches_reference(case, d, causal, dtype):
 @needs_sm90
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_ws_fused_mode_through_the_public_api(causal, monkeypatch, gluon_bwd_calls):
-    """TILEFLASH_GLUON_FUSED=1: autograd of flash_attn_func takes the fused kernel (one Gluon
+    """The debug switch gluon_fused=1: autograd of flash_attn_func takes the fused kernel (one Gluon
     launch, no dQ kernel) and its gradients are bitwise the same in three runs (ordered sums)."""
-    monkeypatch.setenv("TILEFLASH_GLUON_FUSED", "1")
+    monkeypatch.setattr(DEBUG, "gluon_fused", True)
     dq_calls = count_calls(monkeypatch, gb, "backward_dq")
     q, k, v = make_qkv(2, 2048, 2048, 8, 2, 128, torch.bfloat16, "cuda", seed=9)
     do = torch.randn_like(q)
@@ -805,7 +874,7 @@ def test_ws_fused_mode_through_the_public_api(causal, monkeypatch, gluon_bwd_cal
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
             assert torch.equal(a, b)
-    monkeypatch.delenv("TILEFLASH_GLUON_FUSED")
+    monkeypatch.setattr(DEBUG, "gluon_fused", False)
     split = _grads(q, k, v, do, causal)
     for a, b in zip(runs[0], split):  # the split default: same math, other fp32 summation order for dQ
         assert (a.float() - b.float()).abs().max().item() <= 1e-2 * b.float().abs().max().item()
@@ -879,11 +948,10 @@ class _FakeDesc:
         self.base = base
 
 
+@needs_gluon
 def test_gluon_dq_falls_back_when_it_does_not_compile(monkeypatch):
     """A compile failure of the Gluon dQ kernel warns, returns None (the caller then runs the Triton
     dQ kernel) and is not retried (CPU tensors: the launch is replaced before any GPU work)."""
-    if not gb._f90.HAVE_GLUON:
-        pytest.skip("this triton has no Gluon")
     attempts = []
 
     class Broken:
@@ -905,6 +973,7 @@ def test_gluon_dq_falls_back_when_it_does_not_compile(monkeypatch):
     assert len(attempts) == 1
 
 
+@needs_gluon
 def test_gluon_dq_kernel_checks_its_tiles():
     """backward_dq (the Gluon dQ kernel) refuses lengths that are not multiples of
     its tiles with a message, before any launch (CPU tensors do)."""
@@ -915,6 +984,7 @@ def test_gluon_dq_kernel_checks_its_tiles():
         gb.backward_dq(q, q, k, k, lse, lse, torch.empty_like(q), 0.125, False)
 
 
+@needs_gluon
 def test_gluon_dq_kernel_checks_out():
     """backward_dq with ``out`` (delta computed in the kernel) refuses an O it cannot read, with a
     message, before any launch: another shape, another dtype, a non-unit last stride, and a D = 256
@@ -951,9 +1021,9 @@ def test_gluon_dq_kernel_computes_delta(case, d, causal):
     q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.float16, "cuda", seed=sq + 7 * d)
     do = torch.randn_like(q)
     scale, lse, delta_ref = _scale_lse_delta(q, k, v, do, causal)
-    out, _ = fwd_mod.flash_attn_forward(q, k, v, scale, causal)
-    width = gb.padded_head_dim(d)
-    g_in = (do, q, k, v) if width == d else tuple(bwd_mod._pad_head_dim(t, width) for t in (do, q, k, v))
+    out, _ = route.forward(q, k, v, scale, causal)
+    width = g90.padded_head_dim(d)
+    g_in = (do, q, k, v) if width == d else tuple(fwd_mod.pad_head_dim(t, width) for t in (do, q, k, v))
     delta = torch.full_like(delta_ref, float("nan"))
     dq = torch.full_like(q, float("nan"))
     assert gb.backward_dq(*g_in, lse, delta, dq, scale, causal, out=out) is dq
@@ -984,23 +1054,28 @@ def test_gluon_dq_kernel_matches_reference(case, d, causal):
     check_cuda_grads((dq, dkv[1], dkv[2]), q, k, v, do, causal)
 
 
+@needs_gluon
 def test_gluon_dq_is_the_default_and_can_be_turned_off(monkeypatch):
-    """The Gluon dQ kernel follows the Gluon dK/dV kernel unless TILEFLASH_GLUON_DQ=0 (or the whole
-    Gluon backward is off); it applies to lengths that are multiples of its tiles."""
-    monkeypatch.delenv("TILEFLASH_GLUON_DQ", raising=False)
-    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
-    assert gb.dq_enabled() == gb._f90.HAVE_GLUON
-    monkeypatch.setenv("TILEFLASH_GLUON_DQ", "0")
-    assert not gb.dq_enabled()
-    monkeypatch.setenv("TILEFLASH_GLUON_DQ", "1")
-    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "0")
-    assert not gb.dq_enabled()
-    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
-    assert gb.dq_enabled() == gb._f90.HAVE_GLUON
+    """The Gluon dQ kernel follows the Gluon dK/dV kernel unless the debug switch gluon_dq=0 (or the
+    whole Gluon backward is off: gluon_bwd=0, Options(backend="triton")); then the Triton dQ kernel
+    runs after the Gluon dK/dV kernel, reading the delta kernel's delta. It applies to lengths that
+    are multiples of its tiles. (Routing on CPU tensors with recorders: test_route_backward_switches.)"""
+    assert Debug.from_env("").gluon_dq and Debug.from_env("").gluon_bwd and not Debug.from_env("").gluon_fused
+    assert not Debug.from_env("gluon_dq=0").gluon_dq
     q = torch.empty(1, 256, 2, 64, dtype=torch.float16)
     assert gb.dq_supported(q, q, torch.empty_like(q), False)
     assert not gb.dq_supported(q[:, :192], q, torch.empty_like(q[:, :192]), False)   # not a tile multiple
     assert not gb.dq_supported(q, q, torch.empty(1, 256, 2, 128, dtype=torch.float16)[..., ::2], False)
+    _debug_defaults(monkeypatch)
+    q, k, v = make_qkv(1, 128, 128, 2, 2, 64, torch.float16, "cpu", seed=1)
+    do, out, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(1, 2, 128)
+    for switch, want in ((True, [("dq", None), ("dq computes delta", True), ("dkdv", None)]),
+                         (False, [("delta", None), ("dkdv", None),
+                                  ("triton", dict(delta=True, run_dkdv=False, run_dq=True))])):
+        monkeypatch.setattr(DEBUG, "gluon_dq", switch)
+        launches, _ = _record_launches(monkeypatch)
+        _route_cuda_backward(do, q, k, v, out, lse, 0.125, False)
+        assert launches == want, (switch, launches)
 
 
 @needs_sm90
@@ -1009,7 +1084,7 @@ def test_gluon_dq_is_the_default_and_can_be_turned_off(monkeypatch):
 def test_gluon_dq_route_through_the_public_api(causal, layout, monkeypatch, gluon_bwd_calls):
     """By default flash_attn_func's backward runs both Gluon kernels and meets the fp32 rule, in
     (B, S, H, D) memory and in SDPA's (B, H, S, D) memory (other dq strides)."""
-    monkeypatch.delenv("TILEFLASH_GLUON_DQ", raising=False)
+    monkeypatch.setattr(DEBUG, "gluon_dq", True)
     dq_calls = count_calls(monkeypatch, gb, "backward_dq")
     q, k, v = make_qkv(2, 512, 640, 4, 2, 128, torch.bfloat16, "cuda", seed=21)
     if layout == "bhsd":
@@ -1051,7 +1126,7 @@ def test_gluon_backward_unordered_mode_is_close():
 
 @needs_sm90
 def test_bwd_compile_failure_falls_back_to_triton(monkeypatch):
-    monkeypatch.setenv("TILEFLASH_GLUON_BWD", "1")
+    monkeypatch.setattr(DEBUG, "gluon_bwd", True)
     attempts = []
 
     def broken(*args, **kwargs):
@@ -1069,10 +1144,10 @@ def test_bwd_compile_failure_falls_back_to_triton(monkeypatch):
     assert len(attempts) == 1, "a configuration that failed to compile must not be retried"
 
 
-@pytest.mark.skipif(not gb._f90.HAVE_GLUON, reason="this triton has no Gluon")
+@needs_gluon
 def test_default_kernels_keep_wgmma_asynchronous():
     """No GPU needed: compile every default Gluon configuration for sm_90 and read the SASS
-    (scripts/sass_check.py, cuobjdump from triton's wheel). ptxas serializes wgmma when an
+    (tools/sass_check.py, cuobjdump from triton's wheel). ptxas serializes wgmma when an
     accumulator is touched by other instructions while in flight (advisory C7515): a full wait
     then follows each HGMMA. That happened to the backward while it carried dK across blocks; the
     forward kernels, the dQ kernel and the backward except at D=64 non-causal must keep a handful
@@ -1091,7 +1166,7 @@ def test_default_kernels_keep_wgmma_asynchronous():
     root = Path(__file__).resolve().parent.parent
     env = {key: val for key, val in os.environ.items() if key != "TRITON_INTERPRET"}  # compile, not interpret
     env["PYTHONPATH"] = str(root)
-    res = subprocess.run([sys.executable, str(root / "scripts" / "sass_check.py"), "--json"],
+    res = subprocess.run([sys.executable, str(root / "tools" / "sass_check.py"), "--json"],
                          capture_output=True, text=True, env=env, timeout=900)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     rows = json.loads(res.stdout.strip().splitlines()[-1])

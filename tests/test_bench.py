@@ -104,40 +104,114 @@ def test_decode_bench_cpu(tmp_path, capsys):
     assert (tmp_path / "decode.png").exists() and not (tmp_path / "tflops.png").exists()
 
 
-def test_decode_plot_of_the_committed_h200_run(tmp_path):
-    """decode.png from the committed H200 decode run (graph and eager timings side by side)."""
+def _png_size(path):
+    """(width, height) in pixels from a PNG's IHDR chunk."""
+    head = Path(path).read_bytes()[:24]
+    assert head[:8] == PNG_MAGIC and head[12:16] == b"IHDR"
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def _decode_rows(graphed):
+    """Synthetic decode results shaped like a GPU run's (CUDA-graph and eager timings side by side,
+    `graphed`) or a CPU run's (eager only): 2 batch sizes x 3 cache lengths x 3 providers."""
+    rows = []
+    for b in (1, 16):
+        for i, n in enumerate((1024, 4096, 16384)):
+            for j, provider in enumerate(("tileflash", "tileflash_paged16", "sdpa_flash")):
+                row = dict(provider=provider, mode="decode", batch=b, heads=32, heads_kv=8, head_dim=128,
+                           seqlen_q=1, seqlen_k=n, causal=False, dtype="bfloat16", status="ok",
+                           kv_tb_s=1.0 + 0.5 * i + 0.1 * j, timing="cuda_graph" if graphed else "eager",
+                           device_name="NVIDIA H200", torch="2.11.0", triton="3.6.0", date="2026-12-03", git="x")
+                if provider.startswith("tileflash_paged"):
+                    row["page_size"] = 16
+                if graphed:
+                    row["kv_tb_s_eager"] = 0.4 + 0.1 * i
+                rows.append(row)
+    rows.append(dict(rows[0], status="OOM", batch=64))  # not ok: not plotted, no panel of its own
+    return rows
+
+
+@pytest.mark.parametrize("graphed", [True, False], ids=["graph+eager", "eager"])
+def test_decode_plot_columns(tmp_path, graphed):
+    """decode.png: one row of panels per batch size; CUDA-graph and eager timings side by side
+    (two columns) when the rows have both, one column otherwise (6 x 4 inches per panel, 110 dpi)."""
+    pytest.importorskip("matplotlib")
     from tileflash.bench.plot import make_decode_plots
 
-    src = Path(__file__).parent.parent / "docs" / "decode-h200" / "session4" / "run3-results.json"
-    rows = json.loads(src.read_text())["results"]
-    assert {r["timing"] for r in rows} == {"cuda_graph"}
-    (path,) = make_decode_plots(rows, tmp_path)
-    assert path.stat().st_size > 10_000
+    (path,) = make_decode_plots(_decode_rows(graphed), tmp_path)
+    assert path.name == "decode.png" and path.stat().st_size > 10_000
+    assert _png_size(path) == ((1320 if graphed else 660), 880)
 
 
-def test_grid_report_on_the_committed_h200_grid():
-    """scripts/grid_report.py over the committed H200 grid: 40 cells per pass at D 64/128, and the
-    medians it prints equal ones computed here from results.json."""
-    import json
+def _grid_rows(rng):
+    """Synthetic `tileflash bench` grid results: 2 dtypes x 2 passes x D 64/128/256 x causal or not
+    x 3 lengths, three providers per cell, with random TFLOP/s; plus a cell without cuDNN and a
+    failed row (ignored)."""
+    rows = []
+    for dtype in ("float16", "bfloat16"):
+        for mode in ("fwd", "bwd"):
+            for d in (64, 128, 256):
+                for causal in (False, True):
+                    for n in (1024, 4096, 16384):
+                        for provider in ("tileflash", "sdpa_cudnn", "sdpa_flash"):
+                            rows.append(dict(provider=provider, mode=mode, dtype=dtype, head_dim=d, causal=causal,
+                                             seqlen_q=n, seqlen_k=n, status="ok",
+                                             tflops=round(rng.uniform(100.0, 700.0), 3)))
+    rows.append(dict(rows[0], seqlen_q=512, seqlen_k=512))                      # no cuDNN in this cell
+    rows.append(dict(rows[2], seqlen_q=512, seqlen_k=512))
+    rows.append(dict(rows[0], status="OOM", tflops=1e-9, seqlen_q=1024))       # a failed row: not counted
+    return rows
+
+
+def test_grid_report_medians_and_worst_cells(tmp_path):
+    """tools/grid_report.py over a synthetic grid split across two run folders (as a grid run's
+    fp16 and bf16 folders): per pass and baseline, the cell count, the median ratio and the worst
+    ratio with its cell equal the ones computed here (a cell counts for each baseline present in
+    it; failed rows are left out); with --baseline (an earlier run's CSV, as docs/data/h200-grid.csv),
+    the change of tileflash's ratio to cuDNN per cell, here 1.25 everywhere."""
+    import csv
+    import random
     import statistics
     import subprocess
     import sys
-    from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    dirs = [root / "docs" / "bench-h200-grid-s5" / d for d in ("run6-fp16", "run7-bf16")]
-    out = subprocess.run([sys.executable, str(root / "scripts" / "grid_report.py"), *map(str, dirs)],
-                         capture_output=True, text=True, check=True).stdout
+    rows = _grid_rows(random.Random(5))
+    dirs = []
+    for dtype in ("float16", "bfloat16"):
+        d = tmp_path / dtype
+        d.mkdir()
+        (d / "results.json").write_text(json.dumps({"results": [r for r in rows if r["dtype"] == dtype]}))
+        dirs.append(d)
+    before = tmp_path / "before.csv"  # tileflash 0.8x as fast in the earlier run, the baselines the same
+    with open(before, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        for r in rows:
+            w.writerow(dict(r, tflops=r["tflops"] * 0.8) if r["provider"] == "tileflash" else r)
+    report = [sys.executable, str(root / "tools" / "grid_report.py"), *map(str, dirs)]
+    out = subprocess.run(report, capture_output=True, text=True, check=True, timeout=300).stdout
     cells = {}
-    for d in dirs:
-        for r in json.loads((d / "results.json").read_text())["results"]:
+    for r in rows:
+        if r["status"] == "ok":
             cells.setdefault((r["dtype"], r["mode"], r["head_dim"], r["causal"], r["seqlen_q"]), {})[r["provider"]] = r
     for mode in ("fwd", "bwd"):
-        ratios = [c["tileflash"]["tflops"] / c["sdpa_cudnn"]["tflops"] for k, c in cells.items() if k[1] == mode]
-        assert len(ratios) == 40
-        line = next(ln for ln in out.splitlines() if ln.startswith(f"| {mode}, D in"))
-        assert line.split("|")[2].strip() == "40"
-        assert line.split("|")[3].strip() == f"{statistics.median(ratios):.2f}"
+        for provider, label in (("sdpa_cudnn", "cuDNN"), ("sdpa_flash", "SDPA-flash")):
+            ratios = {key: c["tileflash"]["tflops"] / c[provider]["tflops"] for key, c in cells.items()
+                      if key[1] == mode and "tileflash" in c and provider in c}
+            assert len(ratios) == 36 + (mode == "fwd" and provider == "sdpa_flash")
+            line = next(ln for ln in out.splitlines() if ln.startswith(f"| {mode} | {label} |"))
+            cols = [c.strip() for c in line.split("|")[1:-1]]
+            worst = min(ratios, key=ratios.get)
+            assert cols[2] == str(len(ratios)), line
+            assert cols[3] == f"{statistics.median(ratios.values()):.3f}", line
+            assert cols[4] == (f"{ratios[worst]:.3f} (D={worst[2]}, {'causal' if worst[3] else 'non-causal'}, "
+                               f"N={worst[4]}, {worst[0]})"), line
+    out = subprocess.run(report + ["--baseline", str(before)], capture_output=True, text=True, check=True,
+                         timeout=300).stdout
+    for mode in ("fwd", "bwd"):
+        assert f"{mode}: tileflash/cuDNN now against the baseline run, median 1.250, range 1.250-1.250 over 36 cells" \
+            in out, out[-1500:]
 
 
 def test_speedup_plot_uses_the_first_baseline_present(tmp_path):

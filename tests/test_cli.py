@@ -12,8 +12,9 @@ import torch
 from tileflash.bench.demo import CPU_NOTICE
 from tileflash.cli import main
 
+from helpers import HAS_CUDA
+
 REPO = Path(__file__).resolve().parents[1]
-HAS_CUDA = torch.cuda.is_available()
 
 
 def test_demo_cpu(tmp_path, capsys):

@@ -11,8 +11,7 @@ import torch
 
 import tileflash
 
-from conftest import backend_device
-from test_forward import make_qkv, rounding_atol
+from helpers import backend_device, make_qkv, rounding_atol
 
 B, SQ, SK, H, HK = 2, 40, 32, 4, 2
 D = SK  # identity V needs headdim = seqlen_k

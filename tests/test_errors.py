@@ -78,8 +78,8 @@ def test_unsupported_dtype(dtype):
 def test_float64_rejected_by_kernels(monkeypatch):
     # float64 exists only on the tiled CPU path; the Triton kernels (interpreter/GPU) reject it
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from tileflash.ops import attention
-    if not attention._KERNELS_INTERPRETED:
+    from tileflash.ops import route
+    if not route._KERNELS_INTERPRETED:
         pytest.skip("kernels built for the GPU: the interpreter path is not available")
     q, k, v = qkv(dtype=torch.float64)
     with pytest.raises(TypeError, match=r"float64 is supported on the tiled CPU path only"):
@@ -119,7 +119,7 @@ def test_sdpa_unsupported_features():
 
 def test_public_names():
     assert set(tileflash.__all__) == {
-        "flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
+        "Options", "flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
         "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache",
         "scaled_dot_product_attention",
         "__version__"}
@@ -134,8 +134,8 @@ def test_float32_on_gpu_recommends_bf16():
 
 def test_interpret_set_after_import_is_explained(monkeypatch):
     """Kernels built for the GPU cannot serve CPU tensors: say how to fix it instead of crashing."""
-    from tileflash.ops import attention
-    monkeypatch.setattr(attention, "_KERNELS_INTERPRETED", False)
+    from tileflash.ops import route
+    monkeypatch.setattr(route, "_KERNELS_INTERPRETED", False)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     q, k, v = qkv()
     with pytest.raises(RuntimeError, match=r"TRITON_INTERPRET=1 was set after tileflash"):

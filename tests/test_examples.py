@@ -5,7 +5,7 @@ import pathlib
 
 import torch
 
-from conftest import backend_device
+from helpers import backend_device
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

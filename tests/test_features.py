@@ -10,12 +10,11 @@ import pytest
 import torch
 
 import tileflash
-from tileflash.ops import backward as bwd_mod
-from tileflash.ops import forward as fwd_mod
+from tileflash.ops.triton import backward as bwd_mod
+from tileflash.ops.triton import forward as fwd_mod
 from tileflash.reference import attention_ref
 
-from conftest import backend_device
-from test_forward import make_qkv, rounding_atol
+from helpers import backend_device, make_qkv, rounding_atol
 
 CASES = {
     "window": dict(window_size=(5, 9)),

@@ -1,9 +1,12 @@
-"""The Hopper Gluon forward (tileflash.ops.forward_sm90): routing rules on any machine, numerics
-on an sm90 GPU.
+"""The Hopper Gluon forward (tileflash.ops.gluon.forward) and the launch machinery it shares
+(tileflash.ops.launch): routing rules on any machine, numerics on an sm90 GPU.
 
 The kernel cannot run in the CPU interpreter, so its numerics tests need a Hopper GPU; every one
 of them first asserts that the call really took the Gluon kernel (a counting wrapper), so a
-routing change cannot turn them into tests of the Triton kernel. The routing tests run anywhere.
+routing change cannot turn them into tests of the Triton kernel. They call the router
+(``tileflash.ops.route.forward``), as the public functions do: the Triton launcher
+(``tileflash.ops.triton.forward.flash_attn_forward``) runs the Triton kernel only. The routing
+tests run anywhere (those of the Gluon module where this triton has Gluon).
 """
 
 import pytest
@@ -11,15 +14,18 @@ import torch
 import triton
 
 import tileflash
-from tileflash.ops import forward as fwd_mod
-from tileflash.ops import forward_sm90 as g90
+from tileflash.ops import launch as launch_mod
+from tileflash.ops import route
+from tileflash.ops.triton import forward as fwd_mod
+from tileflash.options import DEBUG, Options
 from tileflash.reference import attention_ref
 
-from conftest import HAS_CUDA, count_calls
-from test_forward import check_cuda_out, make_qkv, rounding_atol
+from helpers import IS_SM90, _flags, check_cuda_out, count_calls, gluon_modules, make_qkv, rounding_atol
 
-IS_SM90 = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
-needs_sm90 = pytest.mark.skipif(not (IS_SM90 and g90.HAVE_GLUON), reason="needs a Hopper GPU and triton's Gluon")
+_GLUON = gluon_modules()
+g90 = _GLUON[0] if _GLUON else None  # None: this triton has no Gluon (every test that needs it skips)
+needs_gluon = pytest.mark.skipif(g90 is None, reason="this triton has no Gluon")
+needs_sm90 = pytest.mark.skipif(not (IS_SM90 and g90 is not None), reason="needs a Hopper GPU and triton's Gluon")
 
 
 @pytest.fixture
@@ -28,12 +34,7 @@ def gluon_calls(monkeypatch):
     return count_calls(monkeypatch, g90, "forward")
 
 
-def _flags(**over):
-    f = dict(HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_DROPOUT=False)
-    f.update(over)
-    return f
-
-
+@needs_gluon
 def test_view_params_cover_both_layouts():
     # (B, S, H, D) memory: heads side by side in a row of H·D elements
     t = torch.empty(2, 256, 4, 64)
@@ -49,12 +50,12 @@ def test_view_params_cover_both_layouts():
     assert g90._view_params(t, 256, 4) is None
 
 
-@pytest.mark.skipif(not g90.HAVE_GLUON, reason="this triton has no Gluon")
+@needs_gluon
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_gluon_kernels_compile_for_sm90(dtype):
     """Every kernel and tile set the dispatcher can pick compiles for sm_90 with the installed
     triton (no GPU needed): Gluon's API moves between triton releases (3.8 renamed the TMA
-    copies), and CI runs a newer triton than the H200 machine. Runs scripts/compile_check.py
+    copies), and CI runs a newer triton than the H200 machine. Runs tools/compile_check.py
     --gluon in a subprocess, since this test process built the kernels for the interpreter."""
     import os
     import subprocess
@@ -64,12 +65,12 @@ def test_gluon_kernels_compile_for_sm90(dtype):
     root = Path(__file__).resolve().parent.parent
     env = {key: val for key, val in os.environ.items() if key != "TRITON_INTERPRET"}  # compile, not interpret
     env["PYTHONPATH"] = str(root)
-    res = subprocess.run([sys.executable, str(root / "scripts" / "compile_check.py"), "--gluon", dtype],
+    res = subprocess.run([sys.executable, str(root / "tools" / "compile_check.py"), "--gluon", dtype],
                          capture_output=True, text=True, env=env, timeout=600)
     lines = [ln for ln in res.stdout.splitlines() if "gluon" in ln]
     assert res.returncode == 0 and " 0 failure(s)" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
     assert not any(ln.startswith("FAIL") for ln in lines)
-    # forward: D 64/128 x causal x N 1k/2k/4k/8k; backward (tileflash.ops.backward_sm90): D 64/128 x causal
+    # forward: D 64/128 x causal x N 1k/2k/4k/8k; backward (tileflash.ops.gluon.backward): D 64/128 x causal
     # x (warp-specialized dK/dV, 8-warp dK/dV, fused with dQ, dK/dV with dK waited every block)
     assert len([ln for ln in lines if ln.startswith("ok") and " gluon D=" in ln and "D=256" not in ln]) == 16
     # D = 256 (64-key blocks), causal and not
@@ -107,6 +108,7 @@ def test_gluon_kernels_compile_for_sm90(dtype):
     assert any("'WS': True" in ln for ln in lines)
 
 
+@needs_gluon
 def test_persistent_rule():
     """The persistent mode (config_for): non-causal calls with at most 1024 keys (D = 128: the
     fifteenth session's sweep; D = 64, keys a multiple of 128: the seventeenth's); causal calls
@@ -140,6 +142,7 @@ def test_persistent_rule():
     assert n_paired > 50
 
 
+@needs_gluon
 def test_three_consumer_rule():
     """D = 64 takes the three-consumer kernel (192-row Q blocks) from N = 2k, causal from 8k; short
     calls (two consumers, persistent, at 1k non-causal) and D = 128 keep two consumers (the
@@ -161,15 +164,11 @@ def test_three_consumer_rule():
 
 @pytest.mark.parametrize("num_c", [2, 3])
 def test_turn_protocol_model(num_c):
-    """scripts/ws_turn_model.py replays the warp-specialized forward's barrier protocol (producer,
+    """tests/ws_turn_model.py replays the warp-specialized forward's barrier protocol (producer,
     NUM_C consumers, K/V ring, round-robin turns) under random schedules with PTX's mbarrier
     parity rule: no schedule deadlocks and the matmuls are always issued in round-robin order.
     Negative control: the first three-consumer version's turn wait (every consumer but 0 on
     pp_bar[1], which hung on the H200) deadlocks or breaks the order in the same model."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
     import ws_turn_model as model
 
     for stages in (2, 3, 4):
@@ -184,15 +183,11 @@ def test_turn_protocol_model(num_c):
 
 @pytest.mark.parametrize("num_c", [2, 3])
 def test_persistent_protocol_model(num_c):
-    """The persistent mode's protocol (scripts/ws_turn_model.py with per-tile block counts): ring
+    """The persistent mode's protocol (tests/ws_turn_model.py with per-tile block counts): ring
     positions and turns running on across tiles, Q slices reloaded after q_empty. No schedule
     deadlocks, turns stay round robin, and no matmul reads a slot or slice holding another block
     or tile. Negative controls, each caught: a producer that reloads Q without waiting for q_empty,
     consumers that restart the ring position or the turn count at every tile."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
     import ws_turn_model as model
 
     for stages in (2, 3):
@@ -204,6 +199,7 @@ def test_persistent_protocol_model(num_c):
         assert model.explore(num_c, 2, [3, 1, 4, 2], schedules=60, bug=bug).get("ok", 0) == 0, bug
 
 
+@needs_gluon
 def test_routing_rules_on_cpu_tensors():
     q, k, v = (torch.empty(1, 256, 2, 64, dtype=torch.float16) for _ in range(3))
     out, lse = torch.empty_like(q), torch.empty(1, 2, 256)
@@ -221,7 +217,7 @@ def _cpu_plan(monkeypatch, b=2, sq=256, sk=256, h=4, hk=2, d=64, causal=False):
     return q, k, v, torch.empty_like(q), torch.empty(b, h, sq)
 
 
-@pytest.mark.skipif(not g90.HAVE_GLUON, reason="this triton has no Gluon")
+@needs_gluon
 @pytest.mark.parametrize("d,causal,sq", [(64, False, 1024), (64, False, 4096), (64, True, 1024), (128, True, 2048),
                                          (128, False, 896), (64, False, 896), (256, True, 1024)])
 def test_plan_matches_the_kernel_signature(monkeypatch, d, causal, sq):
@@ -264,11 +260,11 @@ def test_plan_matches_the_kernel_signature(monkeypatch, d, causal, sq):
     assert len(plan.grid) == 3  # CompiledKernel[grid] indexes all three
 
 
-@pytest.mark.skipif(not g90.HAVE_GLUON, reason="this triton has no Gluon")
+@needs_gluon
 def test_causal_persistent_plan_grid_and_odd_blocks(monkeypatch):
     """A causal persistent plan launches one program per pair of Q blocks, at most one per SM;
     an odd number of Q blocks is refused with a ValueError before anything is launched."""
-    monkeypatch.setattr(g90, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(g90, "sm_count", lambda device: 132)
     cfg = dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=4, WS=True, PERSISTENT=True)
     for b, h, sq, programs in ((2, 4, 1024, 2 * 4 * 8 // 2), (16, 16, 1024, 132)):
         q, k, v = (torch.empty(b, sq, h, 128, dtype=torch.float16) for _ in range(3))
@@ -281,7 +277,7 @@ def test_causal_persistent_plan_grid_and_odd_blocks(monkeypatch):
         g90._Plan(q, k, v, torch.empty_like(q), torch.empty(2, 4, 384), True, cfg)
 
 
-@pytest.mark.skipif(not g90.HAVE_GLUON, reason="this triton has no Gluon")
+@needs_gluon
 def test_plan_cache_keys_and_per_call_checks(monkeypatch):
     """One plan per layout; what is not in the key (scale, flags, causal alignment, pointer
     alignment) is checked on every call."""
@@ -310,7 +306,7 @@ def test_plan_cache_keys_and_per_call_checks(monkeypatch):
 
 
 def test_launch_passes_scales_as_floats_and_keeps_the_launcher_per_device(monkeypatch):
-    """``_Launch`` (the cached launch of every Gluon kernel and of the backward's delta kernel)
+    """``launch.Launch`` (the cached launch of every Gluon kernel and of the backward's delta kernel)
     hands the scales to triton as floats: triton would specialize an integer 1 into a constexpr,
     which the cached launcher then skips. It keeps the compiled launcher with the CUDA device it
     was made on, and uses it only on that device and only for cacheable calls. A fake kernel
@@ -330,7 +326,7 @@ def test_launch_passes_scales_as_floats_and_keeps_the_launcher_per_device(monkey
 
     device = [0]
     monkeypatch.setattr(torch.cuda, "current_device", lambda: device[0])
-    launch = g90._Launch(Kernel(), (3, 2), (), 1, (7, 8), 2, {})
+    launch = launch_mod.Launch(Kernel(), (3, 2), (), 1, (7, 8), 2, {})
     ptr = torch.empty(1)
     launch((), (ptr,), (1, 2), True)
     assert calls[-1][0] == "jit" and calls[-1][1] == (3, 2, 1)
@@ -347,14 +343,14 @@ def test_launch_passes_scales_as_floats_and_keeps_the_launcher_per_device(monkey
 
 
 def test_desc_runner_encodes_once_per_slot_and_address_and_passes_triton_args(monkeypatch):
-    """``_DescRunner`` against a stand-in for triton 3.6's launcher (the structure it reads: the
+    """``launch.DescRunner`` against a stand-in for triton 3.6's launcher (the structure it reads: the
     wrapper closing over ``launcher``, ``tensordesc_indices`` and ``tensordesc_meta``; the GPU
     test checks the real one). It must hand the C launcher exactly triton's argument list (grid,
     stream, function, the launch flags, no scratch, the packed metadata, no hooks, then each
     descriptor expanded into its map, shape and strides, then the other arguments), encode a
     descriptor once per (slot, address), empty a slot when full, hand launches to triton's
-    runner when a launch hook is set or it is switched off, and decline launchers of another
-    structure. No GPU needed."""
+    runner when a launch hook is set or it is switched off (the debug switch desc_cache=0), and
+    decline launchers of another structure. No GPU needed."""
     from triton.backends.nvidia import driver as nv
 
     encodes = []
@@ -387,8 +383,8 @@ def test_desc_runner_encodes_once_per_slot_and_address_and_passes_triton_args(mo
         return type("Compiled", (), dict(run=launcher, function=99, packed_metadata="pm"))()
 
     slow = []
-    runner = g90._DescRunner.make(compiled(), lambda *a: slow.append(a), (3, 2, 1), 2)
-    assert isinstance(runner, g90._DescRunner)
+    runner = launch_mod.DescRunner.make(compiled(), lambda *a: slow.append(a), (3, 2, 1), 2)
+    assert isinstance(runner, launch_mod.DescRunner)
     t0, t1, t2 = (torch.empty(8) for _ in range(3))
     desc = type("Desc", (), {})
 
@@ -409,7 +405,7 @@ def test_desc_runner_encodes_once_per_slot_and_address_and_passes_triton_args(mo
     runner(d(t1), d(t0), "lse", 7, 0.5, "CONSTEXPR")             # the slot is part of the key
     assert encodes[-2:] == [(t1.data_ptr(), "m0"), (t0.data_ptr(), "m1")]
     assert raw[-1][13] == ("map", t1.data_ptr(), "m0") and raw[-1][16] == ("map", t0.data_ptr(), "m1")
-    monkeypatch.setattr(g90._DescRunner, "MAX_PER_SLOT", 3)
+    monkeypatch.setattr(launch_mod.DescRunner, "MAX_PER_SLOT", 3)
     runner(d(torch.empty(8)), d(t0), "lse", 7, 0.5, "CONSTEXPR")  # slot 0 held 3 addresses: emptied
     assert len(runner.maps[0]) == 1 and len(runner.maps[1]) == 2
     n_raw = len(raw)
@@ -420,22 +416,22 @@ def test_desc_runner_encodes_once_per_slot_and_address_and_passes_triton_args(mo
     finally:
         triton.knobs.runtime.launch_enter_hook.remove(hook)
     assert len(raw) == n_raw and slow[-1][2:] == ("lse", 7, 0.5, "CONSTEXPR")
-    monkeypatch.setattr(g90._DescRunner, "ENABLED", False)
+    monkeypatch.setattr(DEBUG, "desc_cache", False)
     runner(d(t0), d(t1), "lse", 7, 0.5, "CONSTEXPR")
     assert len(raw) == n_raw and len(slow) == 2
     # launchers it was not written for: it declines, and the caller keeps triton's runner
-    assert g90._DescRunner.make(compiled(indices=(0, 2)), None, (1, 1, 1), 2) is None
-    assert g90._DescRunner.make(compiled(metas=("m0", None)), None, (1, 1, 1), 2) is None
-    assert g90._DescRunner.make(compiled(scratch=128), None, (1, 1, 1), 2) is None
-    assert g90._DescRunner.make(compiled(), None, (1, 1, 1), 0) is None
-    assert g90._DescRunner.make(object(), None, (1, 1, 1), 2) is None
-    assert g90._DescRunner.make(compiled(more=True), None, (1, 1, 1), 2) is None   # a wrapper that does more
+    assert launch_mod.DescRunner.make(compiled(indices=(0, 2)), None, (1, 1, 1), 2) is None
+    assert launch_mod.DescRunner.make(compiled(metas=("m0", None)), None, (1, 1, 1), 2) is None
+    assert launch_mod.DescRunner.make(compiled(scratch=128), None, (1, 1, 1), 2) is None
+    assert launch_mod.DescRunner.make(compiled(), None, (1, 1, 1), 0) is None
+    assert launch_mod.DescRunner.make(object(), None, (1, 1, 1), 2) is None
+    assert launch_mod.DescRunner.make(compiled(more=True), None, (1, 1, 1), 2) is None   # a wrapper that does more
     monkeypatch.setattr(nv, "_BASE_ARGS_FORMAT", "iiiKKppOOOOOOO")                   # another C launcher
-    assert g90._DescRunner.make(compiled(), None, (1, 1, 1), 2) is None
+    assert launch_mod.DescRunner.make(compiled(), None, (1, 1, 1), 2) is None
     monkeypatch.setattr(nv, "_BASE_ARGS_FORMAT", "iiiKKppOOOOOO")
-    assert g90._DescRunner.make(compiled(), None, (1, 1, 1), 2) is not None
+    assert launch_mod.DescRunner.make(compiled(), None, (1, 1, 1), 2) is not None
     monkeypatch.setattr(nv, "make_tensordesc_arg", lambda arg, metadata, extra: None)
-    assert g90._DescRunner.make(compiled(), None, (1, 1, 1), 2) is None
+    assert launch_mod.DescRunner.make(compiled(), None, (1, 1, 1), 2) is None
 
 
 @needs_sm90
@@ -457,7 +453,7 @@ def test_repeated_calls_take_the_cached_launcher(gluon_calls):
                 assert plan.runner is not None, "the first launch should have kept the compiled launcher"
                 device, real = plan.runner
                 plan.runner = (device, lambda *a, real=real: (runs.append(lse_offset), real(*a)))
-            fwd_mod.flash_attn_forward(q, k, v, d ** -0.5, causal, out=out, lse=lse)
+            route.forward(q, k, v, d ** -0.5, causal, out=out, lse=lse)
             check_cuda_out(out, lse, q, k, v, causal)
             results.append((out, lse))
         assert runs == [0], runs  # the aligned repeat took the launcher, the misaligned LSE the JIT
@@ -468,15 +464,15 @@ def test_repeated_calls_take_the_cached_launcher(gluon_calls):
 
 @needs_sm90
 def test_descriptor_runner_encodes_each_address_once_and_stays_right():
-    """On triton 3.6 the cached launcher is a ``_DescRunner``: each TMA descriptor is encoded once
+    """On triton 3.6 the cached launcher is a ``launch.DescRunner``: each TMA descriptor is encoded once
     per base address. Calls of one layout on several tensors (fresh NaN-poisoned outputs, reused
     addresses, then new ones) must each be right against the reference and bitwise equal to
     triton's own runner (with a launch hook set, which makes the runner hand the launch to
     triton's); the encoder must run once per new (slot, address), never for a known one."""
     if not triton.__version__.startswith("3.6"):
         pytest.skip(f"_DescRunner was written against triton 3.6's launcher (installed: {triton.__version__})")
-    if not g90._DescRunner.ENABLED:
-        pytest.skip("TILEFLASH_DESC_CACHE=0 turns the descriptor runner off")
+    if not DEBUG.desc_cache:
+        pytest.skip("the debug switch desc_cache=0 (TILEFLASH_DEBUG) turns the descriptor runner off")
     d, causal, n = 128, True, 1024
     sets = [make_qkv(2, n, n, 4, 2, d, torch.bfloat16, "cuda", seed=s) for s in range(3)]
 
@@ -484,14 +480,14 @@ def test_descriptor_runner_encodes_each_address_once_and_stays_right():
         q, k, v = qkv
         out = torch.full_like(q, float("nan"))
         lse = torch.full((2, 4, n), float("nan"), device="cuda")
-        fwd_mod.flash_attn_forward(q, k, v, d ** -0.5, causal, out=out, lse=lse)
+        route.forward(q, k, v, d ** -0.5, causal, out=out, lse=lse)
         return out, lse
 
     call(sets[0])  # the JIT, which keeps the launcher
     plan = g90.plan_for(*sets[0], torch.empty_like(sets[0][0]), torch.empty(2, 4, n, device="cuda"), d ** -0.5,
                         causal, 0, _flags(HAS_RIGHT=causal), False, None)
     runner = plan.runner[1]
-    assert isinstance(runner, g90._DescRunner), type(runner)
+    assert isinstance(runner, launch_mod.DescRunner), type(runner)
     encodes = []
     real = runner.encode
     runner.encode = lambda desc, meta: (encodes.append(desc.base.data_ptr()), real(desc, meta))[1]
@@ -580,7 +576,7 @@ def test_gluon_forward_matches_reference(case, d, causal, dtype, layout, gluon_c
     else:
         out = torch.full((b, sq, h, d), float("nan"), dtype=dtype, device="cuda")
     lse = torch.full((b, h, sq), float("nan"), device="cuda")
-    fwd_mod.flash_attn_forward(q, k, v, d ** -0.5, causal, out=out, lse=lse)
+    route.forward(q, k, v, d ** -0.5, causal, out=out, lse=lse)
     assert len(gluon_calls) == 1, "the call did not take the Gluon kernel"
     check_cuda_out(out, lse, q, k, v, causal)
 
@@ -594,8 +590,7 @@ def test_gluon_forward_padded_head_dims(case, d, causal, layout, gluon_calls, mo
     """A head dim between the Gluon widths (64 < D < 128, 128 < D < 256) runs the Gluon forward at
     the padded width on zero-padded copies and copies the output's first D columns back: into
     NaN-poisoned out and LSE (the bhsd case a strided view), every element is written and meets
-    flash-attn's rule; with TILEFLASH_GLUON_PAD=0 the Triton kernel runs and agrees to rounding."""
-    monkeypatch.delenv("TILEFLASH_GLUON_PAD", raising=False)
+    flash-attn's rule; with Options(pad_head_dim=False) the Triton kernel runs and agrees to rounding."""
     b, sq, sk, h, hk = case
     q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.bfloat16, "cuda", seed=sq + d)
     if layout == "bhsd":
@@ -603,24 +598,23 @@ def test_gluon_forward_padded_head_dims(case, d, causal, layout, gluon_calls, mo
     else:
         out = torch.full_like(q, float("nan"))
     lse = torch.full((b, h, sq), float("nan"), device="cuda")
-    fwd_mod.flash_attn_forward(q, k, v, d ** -0.5, causal, out=out, lse=lse)
+    route.forward(q, k, v, d ** -0.5, causal, out=out, lse=lse)
     assert [c[0].shape[-1] for c in gluon_calls] == [g90.padded_head_dim(d)], "the padded Gluon forward did not run"
     check_cuda_out(out, lse, q, k, v, causal)
-    monkeypatch.setenv("TILEFLASH_GLUON_PAD", "0")
-    ref_out, ref_lse = fwd_mod.flash_attn_forward(q, k, v, d ** -0.5, causal)
+    ref_out, ref_lse = route.forward(q, k, v, d ** -0.5, causal, options=Options(pad_head_dim=False))
     assert len(gluon_calls) == 1  # the Triton kernel this time
     assert (out.float() - ref_out.float()).abs().max().item() <= 2e-2 * ref_out.float().abs().max().item()
     assert (lse - ref_lse).abs().max().item() <= 1e-3
 
 
-def test_pad_switch(monkeypatch):
-    """TILEFLASH_GLUON_PAD=0 turns the padded Gluon forward off; anything else leaves it on."""
-    monkeypatch.delenv("TILEFLASH_GLUON_PAD", raising=False)
-    assert g90.pad_enabled()
-    monkeypatch.setenv("TILEFLASH_GLUON_PAD", "0")
-    assert not g90.pad_enabled()
-    monkeypatch.setenv("TILEFLASH_GLUON_PAD", "1")
-    assert g90.pad_enabled()
+def test_pad_switch():
+    """Options(pad_head_dim=False) turns the padded Gluon forward off; it is on by default, survives
+    the custom ops' string form, and takes bools only."""
+    assert Options().pad_head_dim and not Options(pad_head_dim=False).pad_head_dim
+    assert not Options.decode(Options(pad_head_dim=False).encode()).pad_head_dim
+    assert Options.decode(Options().encode()).pad_head_dim
+    with pytest.raises(ValueError, match="pad_head_dim must be a bool"):
+        Options(pad_head_dim=0)
 
 
 @needs_sm90
@@ -628,10 +622,9 @@ def test_pad_switch(monkeypatch):
 def test_gluon_forward_agrees_with_triton_kernel(causal, gluon_calls):
     """The two kernels compute the same sums in a different order: they agree to rounding."""
     q, k, v = make_qkv(2, 1024, 1536, 4, 2, 128, torch.bfloat16, "cuda", seed=11)
-    out_g, lse_g = fwd_mod.flash_attn_forward(q, k, v, 0.0883, causal)
+    out_g, lse_g = route.forward(q, k, v, 0.0883, causal)
     assert len(gluon_calls) == 1
-    out_t, lse_t = fwd_mod.flash_attn_forward(q, k, v, 0.0883, causal,
-                                              config=fwd_mod.default_config(128, causal, tma=True))
+    out_t, lse_t = route.forward(q, k, v, 0.0883, causal, config=fwd_mod.default_config(128, causal, tma=True))
     assert len(gluon_calls) == 1, "a pinned config must keep the Triton kernel"
     assert (out_g.float() - out_t.float()).abs().max().item() <= 2e-2
     assert (lse_g - lse_t).abs().max().item() <= 1e-4
@@ -678,7 +671,7 @@ def test_three_consumer_kernel_through_public_route(case, dtype, layout, gluon_c
     else:
         out = torch.full((b, sq, h, 64), float("nan"), dtype=dtype, device="cuda")
     lse = torch.full((b, h, sq), float("nan"), device="cuda")
-    fwd_mod.flash_attn_forward(q, k, v, 0.125, causal, out=out, lse=lse)
+    route.forward(q, k, v, 0.125, causal, out=out, lse=lse)
     assert len(gluon_calls) == 1, "the call did not take the Gluon kernel"
     check_cuda_out(out, lse, q, k, v, causal)
 
@@ -738,12 +731,12 @@ def test_compile_failure_falls_back_to_triton(monkeypatch):
     monkeypatch.setattr(g90, "_PLANS", {})  # plans made here must not outlive the simulated failure
     q, k, v = make_qkv(1, 256, 256, 2, 2, 128, torch.float16, "cuda", seed=3)
     with pytest.warns(RuntimeWarning, match="failed to compile"):
-        out, _ = fwd_mod.flash_attn_forward(q, k, v, 0.088, False)
+        out, _ = route.forward(q, k, v, 0.088, False)
     ref, _ = attention_ref(q, k, v, softmax_scale=0.088, upcast=True)
     eager, _ = attention_ref(q, k, v, softmax_scale=0.088, upcast=False)
     assert (out.float() - ref).abs().max().item() <= 2 * (eager.float() - ref).abs().max().item() \
         + rounding_atol(ref, torch.float16)
-    fwd_mod.flash_attn_forward(q, k, v, 0.088, False)
+    route.forward(q, k, v, 0.088, False)
     assert len(attempts) == 1, "a configuration that failed to compile must not be retried"
 
 
@@ -751,7 +744,7 @@ def test_only_compile_errors_fall_back(monkeypatch):
     """The fallback covers triton failing to build the kernel, not errors of the call itself."""
     from triton.compiler.errors import CompilationError
 
-    assert g90._compile_error(RuntimeError("PassManager::run failed"))
-    assert g90._compile_error(CompilationError("src", None, "bad"))
-    assert not g90._compile_error(RuntimeError("CUDA error: an illegal memory access was encountered"))
-    assert not g90._compile_error(ValueError("strides must be 16-byte aligned"))
+    assert launch_mod.compile_error(RuntimeError("PassManager::run failed"))
+    assert launch_mod.compile_error(CompilationError("src", None, "bad"))
+    assert not launch_mod.compile_error(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not launch_mod.compile_error(ValueError("strides must be 16-byte aligned"))

@@ -1,6 +1,6 @@
 """Calls with more batch·heads than a CUDA grid's y axis holds (65535).
 
-The kernels then take a flat grid (``common.block_grid`` / ``block_ids``; decode puts batch·kv
+The kernels then take a flat grid (``utils.block_grid`` / ``triton.common.block_ids``; decode puts batch·kv
 heads on axis 0). On the CPU the limit is lowered to 2, so that the interpreter runs the flat
 indexing on tiny shapes and must give the same bits as the 2-D grid; on a GPU the real limit is
 crossed (batch·heads = 65552) and the outputs and gradients of the first and last batch entries are
@@ -12,13 +12,15 @@ import torch
 import torch.nn.functional as F
 
 import tileflash
-from tileflash.ops import backward as bwd_mod
-from tileflash.ops import common, decode
-from tileflash.ops.common import block_grid
+from tileflash.ops import utils
+from tileflash.ops.triton import backward as bwd_mod
+from tileflash.ops.triton import decode
+from tileflash.ops.triton import forward as fwd_mod
+from tileflash.ops.utils import block_grid
+from tileflash.options import DEBUG
 from tileflash.reference import attention_ref
 
-from conftest import HAS_CUDA
-from test_forward import rounding_atol
+from helpers import HAS_CUDA, rounding_atol
 
 
 def test_block_grid_is_2d_up_to_the_limit_then_flat():
@@ -32,23 +34,21 @@ def test_block_grid_is_2d_up_to_the_limit_then_flat():
 def _flat_spy(monkeypatch):
     """Lower the limit to 2 and record, per launch through block_grid, whether it went flat (so a
     test can tell that the flat path really ran)."""
-    from tileflash.ops import forward as fwd_mod
-
     went_flat = []
 
     def spy(n_blocks, batch_heads):
         grid, flat = block_grid(n_blocks, batch_heads)
         went_flat.append(flat)
         return grid, flat
-    monkeypatch.setattr(common, "GRID_YZ_MAX", 2)
+    monkeypatch.setattr(utils, "GRID_YZ_MAX", 2)
     monkeypatch.setattr(fwd_mod, "block_grid", spy)
     monkeypatch.setattr(bwd_mod, "block_grid", spy)
     return went_flat
 
 
-def _run(q, k, v, causal, do):
+def _run(q, k, v, causal, do, options=None):
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    out = tileflash.flash_attn_func(*leaves, causal=causal)
+    out = tileflash.flash_attn_func(*leaves, causal=causal, options=options)
     return (out, *torch.autograd.grad(out, leaves, do))
 
 
@@ -57,11 +57,11 @@ def _run(q, k, v, causal, do):
 @pytest.mark.parametrize("hk", [3, 1], ids=["mha", "gqa"])
 def test_flat_grid_gives_the_2d_grids_bits(backend, monkeypatch, causal, hk, delta):
     """delta "in-dq": the default backward (the dQ kernel computes delta, then dK/dV); "kernel":
-    TILEFLASH_DQ_DELTA=0 (the delta kernel, dK/dV, then dQ), so that the delta kernel's flat grid
-    runs too."""
+    the debug switch dq_delta=0 (the delta kernel, dK/dV, then dQ), so that the delta kernel's flat
+    grid runs too."""
     if backend != "interpret":
         pytest.skip("the CPU interpreter with the grid limit lowered; the GPU test below crosses the real one")
-    monkeypatch.setenv("TILEFLASH_DQ_DELTA", "1" if delta == "in-dq" else "0")
+    monkeypatch.setattr(DEBUG, "dq_delta", delta == "in-dq")
     g = torch.Generator().manual_seed(3)
     b, sq, sk, h, d = 2, 33, 47, 3, 16
     q = torch.randn(b, sq, h, d, generator=g)
@@ -86,7 +86,7 @@ def test_flat_grid_gives_the_2d_grids_bits(backend, monkeypatch, causal, hk, del
 def test_flat_grid_varlen_gives_the_2d_grids_bits(backend, monkeypatch, delta):
     if backend != "interpret":
         pytest.skip("the CPU interpreter with the grid limit lowered")
-    monkeypatch.setenv("TILEFLASH_DQ_DELTA", "1" if delta == "in-dq" else "0")
+    monkeypatch.setattr(DEBUG, "dq_delta", delta == "in-dq")
     g = torch.Generator().manual_seed(4)
     lens_q, lens_k, h, d = [5, 17, 1], [9, 3, 20], 2, 16
     cu_q = torch.tensor([0, 5, 22, 23], dtype=torch.int32)
@@ -188,23 +188,24 @@ def _ref(q, k, v, causal, do, upcast):
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("gluon", ["1", "0"])
+@pytest.mark.parametrize("backend_option", ["auto", "triton"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("b,n,h,hk,d,dtype", [(4097, 64, 16, 16, 64, torch.float16),
                                               (4097, 128, 16, 4, 128, torch.bfloat16),
                                               (65537, 17, 1, 1, 40, torch.float16)])
-def test_gpu_batch_heads_past_the_grid_limit(monkeypatch, gluon, causal, b, n, h, hk, d, dtype):
+def test_gpu_batch_heads_past_the_grid_limit(backend_option, causal, b, n, h, hk, d, dtype):
     """Forward and backward at batch·heads > 65535 (the first two shapes take the Gluon kernels
-    where they can, with gluon=1), against attention_ref on the first, a middle and the last batch
-    entries: flash-attn's rule (at most 2x the eager same-dtype error, plus rounding). The caching
-    allocator's blocks are NaN-filled first, so an unwritten output would show as NaN."""
-    monkeypatch.setenv("TILEFLASH_GLUON", gluon)
+    where they can with Options(backend="auto"); "triton" keeps the Triton kernels), against
+    attention_ref on the first, a middle and the last batch entries: flash-attn's rule (at most 2x
+    the eager same-dtype error, plus rounding). The caching allocator's blocks are NaN-filled
+    first, so an unwritten output would show as NaN."""
+    options = tileflash.Options(backend=backend_option)
     g = torch.Generator(device="cuda").manual_seed(7)
     q = torch.randn(b, n, h, d, device="cuda", dtype=dtype, generator=g)
     k, v = (torch.randn(b, n, hk, d, device="cuda", dtype=dtype, generator=g) for _ in range(2))
     do = torch.randn(b, n, h, d, device="cuda", dtype=dtype, generator=g)
     torch.empty(8 * q.numel(), device="cuda", dtype=dtype).fill_(float("nan"))  # poison, then free
-    got = _run(q, k, v, causal, do)
+    got = _run(q, k, v, causal, do, options)
     idx = [0, b // 2, b - 1]
     ref = _ref(q[idx].float(), k[idx].float(), v[idx].float(), causal, do[idx].float(), True)
     eager = _ref(q[idx], k[idx], v[idx], causal, do[idx], False)

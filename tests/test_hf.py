@@ -27,6 +27,8 @@ transformers = pytest.importorskip("transformers")
 import tileflash.integrations.transformers as tf_hf  # noqa: E402
 from tileflash import interface  # noqa: E402
 
+from helpers import rounding_atol  # noqa: E402
+
 VOCAB = 128
 N_LAYERS = 2
 MODELS = ["llama", "mistral", "qwen2", "gemma2"]
@@ -118,12 +120,6 @@ def run_layout(model, seqs, layout):
     else:
         raise ValueError(layout)
     return list(logits.split([len(s) for s in seqs]))
-
-
-def rounding_atol(ref, dtype=torch.float32):
-    """Twice the rounding error of arithmetic on `ref` in `dtype` (flash-attn's fwd_atol)."""
-    r = ref.to(dtype)
-    return 2 * (r + 0.3 - 0.3 - r).abs().max().item() if r.numel() else 0.0
 
 
 def check_rule(name, got, base, ref, factor=2.0):

@@ -37,7 +37,7 @@ def test_small_case_by_hand():
 
 
 def test_default_block_m_is_tileflash_config():
-    from tileflash.ops.forward import default_config
+    from tileflash.ops.triton.forward import default_config
 
     for d in (64, 128, 256):
         bm = default_config(d)["BLOCK_M"]
@@ -187,13 +187,14 @@ def test_measured_plot(tmp_path):
 
 
 def test_io_measure_parses_ncu_csv():
-    """scripts/io_measure.py sums DRAM reads and writes over every profiled kernel, in any unit."""
+    """tools/io_measure.py sums DRAM reads and writes over every profiled kernel, in any unit (its
+    parser run in a subprocess: tests do not import the tools)."""
+    import os
+    import subprocess
+    import sys
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "io_measure.py"
-    spec = importlib.util.spec_from_file_location("io_measure", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    root = Path(__file__).resolve().parent.parent
     csv_text = (
         "==PROF== Connected to process 1\n"
         '"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"\n'
@@ -203,6 +204,12 @@ def test_io_measure_parses_ncu_csv():
         '"1","k2","dram__bytes_write.sum","Gbyte","0.001"\n'
         '"1","k2","sm__cycles_elapsed.avg","cycle","123"\n'
     )
-    rd, wr = mod.dram_bytes(csv_text)
+    code = ("import json, sys; sys.path.insert(0, 'tools'); from io_measure import dram_bytes; "
+            "print(json.dumps(dram_bytes(sys.stdin.read())))")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    res = subprocess.run([sys.executable, "-c", code], input=csv_text, capture_output=True, text=True, cwd=root,
+                         env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rd, wr = json.loads(res.stdout.strip().splitlines()[-1])
     assert rd == pytest.approx(2.5e6 + 500)
     assert wr == pytest.approx(1.024e6 + 1e6)

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import tileflash
-from tileflash.ops.decode import apply_rotary
+from tileflash.ops.utils import apply_rotary
+from tileflash.options import DEBUG
 from tileflash.reference import attention_ref
 
-from conftest import backend_device
-from test_forward import rounding_atol
+from helpers import backend_device, rounding_atol
 
 B, H, D, CAP = 3, 4, 32, 48
 
@@ -300,7 +300,7 @@ def test_long_cache_many_splits(backend, case):
 def test_paged_tiling_rule():
     """Which page sizes take one table lookup per tile (PAGE_TILE), for the GPU's 128-key tiles and
     the interpreter's 16-key ones."""
-    from tileflash.ops.decode import paged_tiling
+    from tileflash.ops.triton.decode import paged_tiling
 
     assert paged_tiling(0, 128) == (128, False)  # contiguous
     assert paged_tiling(256, 128) == (128, True) and paged_tiling(128, 128) == (128, True)
@@ -312,7 +312,7 @@ def test_paged_tiling_rule():
 
 def test_decode_config_rule():
     """The GPU launch config by page size (the H200 sweep's winners) and the tiles that follow."""
-    from tileflash.ops.decode import decode_config, pages_per_tile, paged_tiling, table_lookup_asm
+    from tileflash.ops.triton.decode import decode_config, pages_per_tile, paged_tiling, table_lookup_asm
 
     assert decode_config(128)["block_n"] == 128 and decode_config(128, 256)["block_n"] == 128
     # one split when the batch fills the SMs: contiguous, pages of 128·k (whose lookups no longer
@@ -350,9 +350,9 @@ def test_paged_lookup_keeps_kv_pipelined_sm90():
     root = Path(__file__).resolve().parent.parent
     code = """
 import sys
-sys.path.insert(0, "scripts")
+sys.path.insert(0, "tools")
 from compile_check import compile_one
-from tileflash.ops import decode as DEC
+from tileflash.ops.triton import decode as DEC
 base = dict(KV_GROUP=4, HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_BATCH_IDX=False,
             HEAD_DIM=128, BLOCK_D=128, BLOCK_M=16, BLOCK_N=128, DOT_PRECISION="tf32", SPLIT=False)
 for name, extra in (("contiguous", dict(PAGED=False)), ("asm", dict(PAGED=True, PAGE_TILE=True, TABLE_ASM=True))):
@@ -377,8 +377,8 @@ def test_pdl_waits_before_any_global_access_sm90(monkeypatch):
     could in principle hoist); the trigger is where PDL says (1: before any global access, 2:
     after the key loop's last matmul, 3: none, i.e. at exit); without PDL there is no
     griddepcontrol at all. Host side: pdl_trigger is 0 on the CPU; where PDL is supported (faked
-    here), TILEFLASH_PDL overrides the config's value and a bad value is an error that names the
-    choices. In a subprocess: this one built the interpreter's."""
+    here), the debug switch pdl (TILEFLASH_DEBUG=pdl=N) overrides the config's value and a bad
+    value is an error that names the choices. In a subprocess: this one built the interpreter's."""
     import os
     import subprocess
     import sys
@@ -387,9 +387,9 @@ def test_pdl_waits_before_any_global_access_sm90(monkeypatch):
     root = Path(__file__).resolve().parent.parent
     code = """
 import sys
-sys.path.insert(0, "scripts")
+sys.path.insert(0, "tools")
 from compile_check import compile_one
-from tileflash.ops import decode as DEC
+from tileflash.ops.triton import decode as DEC
 base = dict(KV_GROUP=4, HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_BATCH_IDX=False,
             HEAD_DIM=128, BLOCK_D=128, BLOCK_M=16, BLOCK_N=128, DOT_PRECISION="tf32")
 paged = dict(SPLIT=True, PAGED=True, TABLE_ASM=True, HAS_SEQLENS=True)
@@ -424,21 +424,22 @@ for name, extra in (("split", dict(SPLIT=True, PAGED=False)), ("paged", dict(pag
             if pdl == "2":
                 assert launch > last_mma, (name, launch, last_mma)
 
-    from tileflash.ops import decode as dec
+    from tileflash.ops.triton import decode as dec
     assert dec.pdl_trigger(torch.device("cpu"), 2) == 0
     assert dec.decode_config(128)["pdl"] == 2 and dec.decode_config(128, 16)["pdl"] == 2   # see DECODE_CONFIG
     assert dec.decode_config(128, 8)["pdl"] == 0 and dec.decode_config(64)["pdl"] == 0
-    monkeypatch.delenv("TILEFLASH_PDL", raising=False)
+    monkeypatch.setattr(DEBUG, "pdl", -1)
     monkeypatch.setattr(dec, "pdl_supported", lambda device: True)
     cuda = torch.device("cuda", 0)
     assert dec.pdl_trigger(cuda, 2) == 2 and dec.pdl_trigger(cuda, 0) == 0
-    monkeypatch.setenv("TILEFLASH_PDL", "0")
+    monkeypatch.setattr(DEBUG, "pdl", 0)
     assert dec.pdl_trigger(cuda, 2) == 0
-    monkeypatch.setenv("TILEFLASH_PDL", "1")
+    monkeypatch.setattr(DEBUG, "pdl", 1)
     assert dec.pdl_trigger(cuda, 0) == 1
-    monkeypatch.setenv("TILEFLASH_PDL", "yes")
-    with pytest.raises(ValueError, match="TILEFLASH_PDL"):
-        dec.pdl_trigger(cuda, 2)
+    from tileflash.options import Debug
+    assert Debug.from_env("pdl=3").pdl == 3 and Debug.from_env("").pdl == -1
+    with pytest.raises(ValueError, match=r"pdl='yes'.*0 \(off\), 1, 2 or 3"):
+        Debug.from_env("pdl=yes")
 
 
 def test_merge_in_row_and_split_chunks_with_reused_counters(backend, monkeypatch):
@@ -450,7 +451,7 @@ def test_merge_in_row_and_split_chunks_with_reused_counters(backend, monkeypatch
     still merge the right programs."""
     if backend == "tiled":
         pytest.skip("the merge and its tickets are in the Triton kernel")
-    from tileflash.ops import decode as dec
+    from tileflash.ops.triton import decode as dec
 
     dev = backend_device(backend)
     dt = _dtype(dev)
@@ -489,7 +490,7 @@ def test_captured_calls_own_their_counters(monkeypatch, arena):
     20 times with their outputs poisoned with NaN before every replay, must give the eager results
     bitwise each time (the merge is deterministic), and leave their counters at zero. Without an
     arena (nothing ran eagerly before the capture) each captured call zeroes fresh counters."""
-    from tileflash.ops import decode as dec
+    from tileflash.ops.triton import decode as dec
 
     monkeypatch.setattr(dec, "_ARENAS", {})
     monkeypatch.setattr(dec, "_COUNTERS", {})
@@ -546,11 +547,11 @@ def test_pdl_chain_reads_the_previous_output(split, page, monkeypatch):
     every replay, must equal the chain without PDL bit for bit; contiguous, and paged with pages of
     16 (the multi-page tiles and their vector lookups). With the wait compiled out, trigger 1 gave
     300 of 300 (split) and 250 of 300 (unsplit) wrong graph outputs and none eagerly
-    (scripts/pdl_negative_control.py, H200, eleventh session, run 3)."""
+    (a negative-control run on the H200, eleventh session, run 3)."""
     from tileflash.bench.bench import _to_paged
-    from tileflash.ops import decode as dec
+    from tileflash.ops.triton import decode as dec
 
-    monkeypatch.delenv("TILEFLASH_PDL", raising=False)   # it would override the configs' pdl
+    monkeypatch.setattr(DEBUG, "pdl", -1)   # a debug setting would override the configs' pdl
 
     g = torch.Generator().manual_seed(11)
     b, hq, hk, d, n = 2, 8, 2, 128, 4096
@@ -591,7 +592,7 @@ def test_choose_num_splits_rule():
     """Splits fill `waves` programs per SM (8 stand-in SMs off CUDA), at least 256 keys each (512
     for pages of 64); with full_unsplit, a batch whose (batch, kv head) programs already fill the
     SMs is not split."""
-    from tileflash.ops.decode import choose_num_splits, decode_config
+    from tileflash.ops.triton.decode import choose_num_splits, decode_config
 
     cpu = torch.device("cpu")
     assert choose_num_splits(1, 2, 8192, cpu, waves=2) == 8       # 16 programs / 2 kv heads
@@ -615,7 +616,7 @@ def test_skewed_tile_order(backend, paged, cap):
     output's rounding."""
     if backend == "tiled":
         pytest.skip("the Triton kernel's tile order")
-    from tileflash.ops import decode as dec
+    from tileflash.ops.triton import decode as dec
 
     dev = backend_device(backend)
     dt = _dtype(dev)
@@ -652,7 +653,7 @@ def test_skewed_tile_order(backend, paged, cap):
 def test_long_split_config_rule():
     """Pages of 16 at head dims padded to 128 switch to two programs per SM of 64-key tiles of 4
     pages when the one-wave splits would exceed LONG_SPLIT keys; nothing else switches."""
-    from tileflash.ops import decode as dec
+    from tileflash.ops.triton import decode as dec
 
     long = dec.long_split_config(128, 16, dec.LONG_SPLIT + 1)
     assert long == dec.DECODE_CONFIG_PAGE16_LONG and long is not dec.DECODE_CONFIG_PAGE16_LONG
@@ -667,7 +668,7 @@ def test_long_split_config_is_taken(monkeypatch):
     """decode_forward asks long_split_config with the one-wave split length of a paged call, takes
     its config (and the split count for its waves) without an explicit config, and never asks
     with one. Records what the kernel launch receives instead of launching it."""
-    from tileflash.ops import decode as dec
+    from tileflash.ops.triton import decode as dec
 
     seen = []
 
@@ -742,7 +743,7 @@ def test_multi_page_tiles_match_contiguous(backend, page):
     load), and int64 (one entry per load: a 16-byte load would take an int64 entry for two)."""
     if backend == "tiled":
         pytest.skip("multi-page tiles are a Triton kernel tiling")
-    from tileflash.ops import decode as dec
+    from tileflash.ops.triton import decode as dec
 
     dev = backend_device(backend)
     block_n = 16 if dev != "cuda" else 128
@@ -783,7 +784,7 @@ def test_zero_width_block_table(backend):
     reads a row's first entry before any bound check)."""
     if backend == "tiled":
         pytest.skip("the Triton kernel's table handling")
-    from tileflash.ops import decode as dec
+    from tileflash.ops.triton import decode as dec
 
     dev = backend_device(backend)
     dt = _dtype(dev)
@@ -881,7 +882,7 @@ def test_kernel_clamps_unchecked_indices(backend):
     change the other rows. Called below the interface, where nothing is checked."""
     if backend == "tiled":
         pytest.skip("the clamping is in the Triton kernel")
-    from tileflash.ops.decode import decode_forward
+    from tileflash.ops.triton.decode import decode_forward
 
     dev = backend_device(backend)
     kc, vc, table, g = _setup(dev, 2, True, 16, seed=12)
@@ -962,7 +963,7 @@ def test_kernel_clamps_contiguous(backend):
     row 3 (the last), row 2 reads cache row 0 over all 50 keys."""
     if backend == "tiled":
         pytest.skip("the clamping is in the Triton kernel")
-    from tileflash.ops.decode import decode_forward
+    from tileflash.ops.triton.decode import decode_forward
 
     dev = backend_device(backend)
     dt = _dtype(dev)

@@ -3,34 +3,65 @@
 The interpreter emulates descriptors (zero fill past the bounds on load, clipping on store), so
 these run in CPU CI; on a GPU they run the real copy engine (sm90+). Outputs are NaN-poisoned so
 that a row the clipped stores miss would show.
+
+How close the two paths must be (:func:`_assert_same_path`): they run the same tiles and the same
+arithmetic; only the summation order inside a dot may differ (a tile arrives transposed through
+the descriptor, and the interpreter's numpy matmul picks its BLAS kernel by layout and by CPU:
+OpenBLAS's AVX-512 kernels sum in another order than its Haswell ones, and a fixed 2e-6 failed
+on an AVX-512 CPU). So the bound follows flash-attn's accuracy rule, measured on this machine:
+each path may be off the fp64 reference by ``factor`` (2 for outputs, 3 for gradients, as in the
+reference checks) times the error of plain PyTorch attention in fp32 (the precision both paths
+accumulate in; the same-dtype baseline for fp32 inputs), so the two may differ by twice that,
+plus the rounding atol of the output dtype:
+
+    max |TMA - pointer| <= 2 * factor * max |torch_fp32 - ref64| + atol.
+
+(On this repository's 2-core AVX-512 CI machine, the largest difference over 4 dO draws x 10
+backward cases was 0.76 of that bound, 0.51 for the forward's LSE.)
 """
 
 import pytest
 import torch
 
-from tileflash.ops.forward import flash_attn_forward, tma_requested, tma_supported
+import tileflash
+from tileflash.ops.triton.forward import flash_attn_forward, tma_requested, tma_supported
+from tileflash.reference import attention_ref
 
-from conftest import backend_device
-from test_forward import check_lse, check_out, make_qkv, rounding_atol
-
-
-def _path_atol(ref):
-    """How far the descriptor path may be from the pointer path: same tiles, same arithmetic, only
-    the summation order inside a dot may differ (a tile arrives transposed through the descriptor,
-    and the interpreter's numpy matmul picks its BLAS kernel by layout and CPU). fp32: 2e-6 of the
-    tensor's largest magnitude (at least 2e-6); with OpenBLAS 0.3.31's AVX-512 kernels a dV whose
-    entries reach 5.1 differed by 2.4e-6, 5 ulps, where its Haswell kernels stay within 2e-6.
-    fp16/bf16: 2 ulps of the output."""
-    if ref.dtype == torch.float32:
-        return 2e-6 * max(1.0, ref.abs().max().item())
-    return rounding_atol(ref.double(), ref.dtype)
+from helpers import (assert_error_rule, backend_device, check_lse, check_out, make_qkv, max_err, ref_grads,
+                     rounding_atol)
 
 
-def _assert_same_path(out_t, lse_t, out_p, lse_p):
-    """Same tiles, same arithmetic; only the summation order inside a dot may differ (see
-    _path_atol)."""
-    torch.testing.assert_close(out_t, out_p, rtol=0, atol=_path_atol(out_p))
-    torch.testing.assert_close(lse_t, lse_p, rtol=0, atol=2e-6 if out_p.dtype == torch.float32 else 1e-4)
+def _assert_same_path(name, got, ptr, ref, base_err, factor, atol=None):
+    """The descriptor path's ``got`` against the pointer path's ``ptr`` (see the module docstring):
+    max |got - ptr| <= 2 * factor * base_err + atol, where ``base_err`` is the max error of plain
+    PyTorch attention in fp32 against ``ref`` (fp64) and ``atol`` defaults to the rounding atol of
+    ``ref`` in ``got``'s dtype."""
+    atol = rounding_atol(ref.double(), got.dtype) if atol is None else atol
+    assert_error_rule(f"{name} (TMA vs pointer path)", got, ptr, base_err, 2 * factor, atol)
+
+
+def _fwd_refs(q, k, v, causal, scale=None, **features):
+    """fp64 reference (out, lse) and the fp32 baseline's max errors (out, finite lse) against it."""
+    ref, ref_lse = attention_ref(q.cpu().double(), k.cpu().double(), v.cpu().double(), softmax_scale=scale,
+                                 causal=causal, **{n: (x.cpu().double() if isinstance(x, torch.Tensor) else x)
+                                                   for n, x in features.items()})
+    base, base_lse = attention_ref(q.cpu().float(), k.cpu().float(), v.cpu().float(), softmax_scale=scale,
+                                   causal=causal, upcast=False,
+                                   **{n: (x.cpu() if isinstance(x, torch.Tensor) else x) for n, x in features.items()})
+    fin = torch.isfinite(ref_lse)
+    return ref, ref_lse, max_err(base, ref), max_err(base_lse[fin], ref_lse[fin])
+
+
+def _assert_same_fwd(out_t, lse_t, out_p, lse_p, ref, ref_lse, base_err, base_lse_err):
+    _assert_same_path("out", out_t, out_p, ref, base_err, 2)
+    fin = torch.isfinite(ref_lse).to(lse_t.device)
+    assert torch.equal(torch.isinf(lse_t), torch.isinf(lse_p)), "lse: the -inf rows differ between the paths"
+    # the LSE is fp32 whatever the inputs: its atol is one fp32 rounding of the largest LSE for fp32
+    # inputs; for fp16/bf16 inputs (the GPU) 1e-4, the bound these tests have always held there
+    ref_fin = ref_lse[fin.cpu()].double()
+    eps = torch.finfo(torch.float32).eps
+    atol = (eps * ref_fin.abs().max().item() if ref_fin.numel() else 0.0) if out_t.dtype == torch.float32 else 1e-4
+    _assert_same_path("lse", lse_t[fin], lse_p[fin], ref_fin, base_lse_err, 2, atol)
 
 
 def _run(q, k, v, causal, use_tma, default_config=False, tiles=None, **kw):
@@ -67,7 +98,37 @@ def test_tma_matches_reference_and_pointer_path(gpu_or_interpreter, sq, sk, d, h
     out_p, lse_p = _run(q, k, v, causal, False)
     _, ref_lse = check_out(out_t, q, k, v, causal)
     check_lse(lse_t, ref_lse, q.dtype)
-    _assert_same_path(out_t, lse_t, out_p, lse_p)
+    _assert_same_fwd(out_t, lse_t, out_p, lse_p, *_fwd_refs(q, k, v, causal))
+
+
+def _varlen_refs(q, k, v, cu_q, cu_k, causal, scale, do=None, **features):
+    """Per-sequence fp64 references of a varlen call, packed like its outputs: (out, lse (H, total_q),
+    fp32 baseline's errors of out and lse) and, with ``do``, the gradients' (refs, baseline errors)."""
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    ref = torch.zeros(q.shape, dtype=torch.float64)
+    base = torch.zeros(q.shape, dtype=torch.float64)
+    ref_lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float64)
+    base_lse = ref_lse.clone()
+    grads = [torch.zeros(t.shape, dtype=torch.float64) for t in (q, k, v) for _ in range(2)]
+    for b in range(len(cq) - 1):
+        sq, sk = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+        one = [t[None, s].cpu() for t, s in ((q, sq), (k, sk), (v, sk))]
+        f64 = {n: x.cpu().double() if isinstance(x, torch.Tensor) else x for n, x in features.items()}
+        f32 = {n: x.cpu() if isinstance(x, torch.Tensor) else x for n, x in features.items()}
+        o, l_ = attention_ref(*(t.double() for t in one), softmax_scale=scale, causal=causal, **f64)
+        ref[sq], ref_lse[:, sq] = o[0], l_[0]
+        o, l_ = attention_ref(*(t.float() for t in one), softmax_scale=scale, causal=causal, upcast=False, **f32)
+        base[sq], base_lse[:, sq] = o[0].double(), l_[0].double()
+        if do is not None:
+            for i, upcast in ((0, True), (1, False)):
+                g = ref_grads(*(t.float() for t in one), do[None, sq].cpu().float(), causal, upcast=upcast,
+                              scale=scale, **f32)
+                grads[i][sq], grads[2 + i][sk], grads[4 + i][sk] = (x[0].double().cpu() for x in g)
+    fin = torch.isfinite(ref_lse)
+    res = (ref, ref_lse, max_err(base, ref), max_err(base_lse[fin], ref_lse[fin]))
+    if do is None:
+        return res
+    return res, [(grads[2 * i], max_err(grads[2 * i + 1], grads[2 * i])) for i in range(3)]
 
 
 def test_tma_varlen_window_softcap_alibi(gpu_or_interpreter):
@@ -87,45 +148,44 @@ def test_tma_varlen_window_softcap_alibi(gpu_or_interpreter):
     out_t, lse_t = _run(q, k, v, False, True, **kw)
     out_p, lse_p = _run(q, k, v, False, False, **kw)
     assert not torch.isnan(out_t).any() and not torch.isnan(lse_t).any()
-    _assert_same_path(out_t, lse_t, out_p, lse_p)
+    _assert_same_fwd(out_t, lse_t, out_p, lse_p, *_varlen_refs(q, k, v, cu_q, cu_k, False, 64 ** -0.5,
+                                                               window_size=(7, 3), softcap=5.0, alibi_slopes=slopes))
 
 
-def test_tma_request_policy(monkeypatch):
+def test_tma_request_policy():
     """On by default for compiled kernels on Hopper only; off in the interpreter, without a device
-    and on CPU tensors; config and env override."""
-    from tileflash.ops.forward import interpreting
+    and on CPU tensors; ``use_tma`` (Options.use_tma) overrides the default, and the config's
+    USE_TMA overrides both."""
+    from tileflash.ops.triton.forward import interpreting
 
-    monkeypatch.delenv("TILEFLASH_TMA", raising=False)
     assert not tma_requested(None) and not tma_requested(None, torch.device("cpu"))
     if torch.cuda.is_available():
         dev = torch.device("cuda")
         assert tma_requested(None, dev) == (not interpreting() and torch.cuda.get_device_capability(dev)[0] == 9)
     assert tma_requested({"USE_TMA": True}) and not tma_requested({"USE_TMA": False})
-    monkeypatch.setenv("TILEFLASH_TMA", "1")
-    assert tma_requested(None) and not tma_requested({"USE_TMA": False})
-    monkeypatch.setenv("TILEFLASH_TMA", "0")
-    assert not tma_requested(None) and tma_requested({"USE_TMA": True})
+    assert tma_requested(None, use_tma=True) and tma_requested(None, torch.device("cpu"), use_tma=True)
+    assert not tma_requested({"USE_TMA": False}, use_tma=True)
+    assert not tma_requested(None, use_tma=False) and tma_requested({"USE_TMA": True}, use_tma=False)
+    assert tma_requested({"BLOCK_M": 32}, use_tma=True)  # a config without USE_TMA leaves it to use_tma
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("d", [64, 128])
-def test_pointer_path_default_configs_cuda(backend, dtype, d, monkeypatch):
-    """TILEFLASH_TMA=0: the pointer path with its own default tiles (what GPUs before sm90 run),
-    through the public call, against the reference."""
-    import tileflash
-
+def test_pointer_path_default_configs_cuda(backend, dtype, d):
+    """Options(use_tma=False): the Triton pointer path with its own default tiles (what GPUs before
+    sm90 run), through the public call, against the reference."""
     if backend != "cuda":
         pytest.skip("the interpreter runs the pointer path by default (every other test here)")
-    monkeypatch.setenv("TILEFLASH_TMA", "0")
     dt = getattr(torch, dtype)
+    options = tileflash.Options(backend="triton", use_tma=False)
     for causal in (False, True):
         q, k, v = make_qkv(2, 1000, 1100, 8, 2, d, dt, "cuda", seed=d + 1)
-        check_out(tileflash.flash_attn_func(q, k, v, causal=causal), q, k, v, causal)
+        check_out(tileflash.flash_attn_func(q, k, v, causal=causal, options=options), q, k, v, causal)
 
 
 def test_default_config_table():
     """The TMA path has its own swept tiles; without TMA the pointer-path table is unchanged."""
-    from tileflash.ops.forward import default_config
+    from tileflash.ops.triton.forward import default_config
 
     assert default_config(128, causal=False, tma=True)["BLOCK_N"] == 128
     assert default_config(128, causal=True, tma=True)["BLOCK_M"] == 64
@@ -147,7 +207,7 @@ def test_tma_unsupported_layouts_fall_back():
 def test_tma_default_configs_cuda(backend, dtype, d):
     """The launch configs users get on the TMA path (e.g. 128x128 tiles, 8 warps, 3 stages at D=128
     non-causal), fp16 and bf16: against the reference, and against pointers with the same tiles."""
-    from tileflash.ops.forward import default_config
+    from tileflash.ops.triton.forward import default_config
 
     if backend != "cuda" or torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("needs an sm90+ GPU (the interpreter runs bf16 as fp32 and small tiles)")
@@ -157,18 +217,56 @@ def test_tma_default_configs_cuda(backend, dtype, d):
         out_t, lse_t = _run(q, k, v, causal, True, default_config=True)
         out_p, lse_p = _run(q, k, v, causal, False, tiles=default_config(d, causal, tma=True))
         check_out(out_t, q, k, v, causal)
-        _assert_same_path(out_t, lse_t, out_p, lse_p)
+        _assert_same_fwd(out_t, lse_t, out_p, lse_p, *_fwd_refs(q, k, v, causal))
+
+
+def _dropout_keep(q, k, p, causal, seed):
+    """The kernel's dropout keep mask (B, H, Sq, Sk) for this seed: it depends on (seed, b, h, i, j)
+    and the lengths only, so a call with q = 0 (uniform probabilities over each row's visible keys)
+    and V = the identity (head dim Sk) prints it into the output (as in test_dropout)."""
+    b, sq, h, _ = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    q0 = torch.zeros(b, sq, h, sk, dtype=q.dtype, device=q.device)
+    k0 = torch.zeros(b, sk, hk, sk, dtype=q.dtype, device=q.device)
+    eye = torch.eye(sk, dtype=q.dtype, device=q.device)[None, :, None, :].expand(b, sk, hk, sk).contiguous()
+    out, _ = flash_attn_forward(q0, k0, eye, 1.0, causal, dropout_p=p, seed=seed, config={"USE_TMA": False})
+    rows = torch.arange(sq)[:, None]
+    visible = (torch.arange(sk)[None, :] <= rows + sk - sq) if causal else torch.ones(sq, sk, dtype=torch.bool)
+    n_vis = visible.sum(1).clamp(min=1).to(torch.float64)  # (Sq,)
+    keep = out.cpu().double().permute(0, 2, 1, 3) * n_vis[:, None] * (1 - p) > 0.5  # (B, H, Sq, Sk)
+    return keep & visible
+
+
+def _dropout_ref(q, k, v, keep, p, causal, dtype):
+    """Attention with an explicit keep mask (scaled by 1 / (1 - p)), computed in ``dtype`` on the CPU."""
+    h, hk = q.shape[2], k.shape[2]
+    qs, ks, vs = (t.cpu().to(dtype) for t in (q, k, v))
+    ks, vs = ks.repeat_interleave(h // hk, 2), vs.repeat_interleave(h // hk, 2)
+    s = torch.einsum("bqhd,bkhd->bhqk", qs, ks) * q.shape[-1] ** -0.5
+    if causal:
+        i, j = torch.arange(q.shape[1])[:, None], torch.arange(k.shape[1])[None, :]
+        s = s.masked_fill(j > i + k.shape[1] - q.shape[1], float("-inf"))
+    probs = torch.softmax(s, -1) * keep.to(dtype) / (1 - p)
+    return torch.einsum("bhqk,bkhd->bqhd", probs, vs)
 
 
 def test_tma_dropout(gpu_or_interpreter):
-    """Dropout's mask depends only on (seed, b·h, i, j): the same on both paths."""
+    """Dropout's mask depends only on (seed, b·h, i, j): the same on both paths, which agree (and
+    meet flash-attn's rule against an fp64 reference with the kernel's own mask)."""
     dev = backend_device(gpu_or_interpreter)
     dt = torch.float16 if dev == "cuda" else torch.float32
     q, k, v = make_qkv(2, 45, 70, 4, 2, 64, dt, dev, seed=21)
     seed = torch.tensor([1234], dtype=torch.int64, device=dev)
     out_t, lse_t = _run(q, k, v, True, True, dropout_p=0.3, seed=seed)
     out_p, lse_p = _run(q, k, v, True, False, dropout_p=0.3, seed=seed)
-    _assert_same_path(out_t, lse_t, out_p, lse_p)
+    keep = _dropout_keep(q, k, 0.3, True, seed)
+    assert 0.6 < keep.double().sum().item() / (2 * 4 * sum(min(70, i + 26) for i in range(45))) < 0.8  # a real mask
+    ref = _dropout_ref(q, k, v, keep, 0.3, True, torch.float64)
+    base_err = max_err(_dropout_ref(q, k, v, keep, 0.3, True, torch.float32), ref)
+    eager_err = max_err(_dropout_ref(q, k, v, keep, 0.3, True, dt), ref)
+    assert_error_rule("out (TMA path) vs fp64 with the kernel's mask", out_t, ref, eager_err, 2, rounding_atol(ref, dt))
+    _, ref_lse, _, base_lse_err = _fwd_refs(q, k, v, True)  # the LSE is that of the scores: no dropout in it
+    _assert_same_fwd(out_t, lse_t, out_p, lse_p, ref, ref_lse, base_err, base_lse_err)
 
 
 def test_tma_unaligned_layout_falls_back(gpu_or_interpreter):
@@ -186,7 +284,7 @@ def test_tma_unaligned_layout_falls_back(gpu_or_interpreter):
 def _bwd(q, k, v, do, out, lse, causal, use_tma, **kw):
     """The backward with NaN-poisoned gradient buffers, forcing the descriptor or the pointer path
     (the head dim's real tiles on the GPU, the interpreter's small ones on CPU)."""
-    from tileflash.ops.backward import flash_attn_backward
+    from tileflash.ops.triton.backward import flash_attn_backward
 
     bufs = [torch.full_like(t, float("nan")) for t in (q, k, v)]
     if use_tma:
@@ -203,23 +301,22 @@ def test_tma_backward_matches_pointer_path_and_reference(gpu_or_interpreter, sq,
     """The backward's descriptor loads (Q/dO in dK/dV, K/V in dQ) against its pointer loads, on
     ragged lengths, a head dim below its tile (40 -> 64), GQA and MQA; and against fp64 autograd
     with flash-attn's rule (3x eager's error + rounding)."""
-    from test_backward import ref_grads
-
     dev = backend_device(gpu_or_interpreter)
     dt = torch.float16 if dev == "cuda" else torch.float32
     q, k, v = make_qkv(2, sq, sk, 4, hk, d, dt, dev, seed=sq * 3 + sk)
-    do = torch.randn_like(q)
+    do = make_qkv(2, sq, sk, 4, hk, d, dt, dev, seed=sq * 3 + sk + 10)[0]
     out, lse = flash_attn_forward(q, k, v, d ** -0.5, causal)
     got = _bwd(q, k, v, do, out, lse, causal, True)
     ptr = _bwd(q, k, v, do, out, lse, causal, False)
     ref = ref_grads(q, k, v, do, causal, upcast=True)
     eager = ref_grads(q, k, v, do, causal, upcast=False)
-    for name, g, p, r, e in zip("qkv", got, ptr, ref, eager):
+    # the baseline of the path comparison: plain PyTorch in fp32, the precision both paths accumulate in
+    base = eager if dt == torch.float32 else ref_grads(q.float(), k.float(), v.float(), do.float(), causal,
+                                                        upcast=False)
+    for name, g, p, r, e, b in zip("qkv", got, ptr, ref, eager, base):
         assert not torch.isnan(g).any(), f"d{name}: an unwritten gradient row"
-        torch.testing.assert_close(g, p, rtol=0, atol=_path_atol(p), msg=f"d{name}: TMA vs pointer path")
-        err = (g.cpu().double() - r).abs().max().item()
-        eager_err = (e.cpu().double() - r).abs().max().item()
-        assert err <= 3 * eager_err + rounding_atol(r, dt), f"d{name}: {err:.3g} vs eager {eager_err:.3g}"
+        _assert_same_path(f"d{name}", g, p, r, max_err(b, r), 3)
+        assert_error_rule(f"d{name} (TMA path) vs fp64", g, r, max_err(e, r), 3, rounding_atol(r, dt))
 
 
 def test_tma_backward_varlen_features(gpu_or_interpreter):
@@ -243,25 +340,27 @@ def test_tma_backward_varlen_features(gpu_or_interpreter):
     out, lse = flash_attn_forward(q, k, v, 0.125, True, **kw)
     got = _bwd(q, k, v, do, out, lse, True, True, **kw)
     ptr = _bwd(q, k, v, do, out, lse, True, False, **kw)
-    for name, a, b in zip("qkv", got, ptr):
+    _, grad_refs = _varlen_refs(q, k, v, cu, cu, True, 0.125, do=do, window_size=(9, 0), softcap=5.0,
+                                alibi_slopes=slopes)
+    for name, a, b, (r, base_err) in zip("qkv", got, ptr, grad_refs):
         assert not torch.isnan(a).any(), f"d{name}: an unwritten gradient row"
-        torch.testing.assert_close(a, b, rtol=0, atol=_path_atol(b), msg=f"d{name}: TMA vs pointer path")
+        _assert_same_path(f"d{name}", a, b, r, base_err, 3)
 
 
 def test_bwd_tma_request_policy(monkeypatch):
-    """The backward takes descriptors when its config or TILEFLASH_TMA asks; by default only for
-    BWD_TMA_HEAD_DIMS (D = 128 and 256, measured faster) and where the forward would use them."""
-    from tileflash.ops import backward as B
+    """The backward takes descriptors when its config or ``use_tma`` (Options.use_tma) asks; by
+    default only for BWD_TMA_HEAD_DIMS (D = 128 and 256, measured faster) and where the forward
+    would use them."""
+    from tileflash.ops.triton import backward as B
 
-    monkeypatch.delenv("TILEFLASH_TMA", raising=False)
     assert B.bwd_tma_requested({"USE_TMA": True}) and not B.bwd_tma_requested({"USE_TMA": False})
-    monkeypatch.setenv("TILEFLASH_TMA", "1")
-    assert B.bwd_tma_requested(None, torch.device("cpu"))
-    monkeypatch.setenv("TILEFLASH_TMA", "0")
-    assert not B.bwd_tma_requested(None, torch.device("cpu"))
-    monkeypatch.delenv("TILEFLASH_TMA")
+    assert B.bwd_tma_requested(None, torch.device("cpu"), use_tma=True)
+    assert not B.bwd_tma_requested(None, torch.device("cpu"), use_tma=False)
+    assert not B.bwd_tma_requested({"USE_TMA": False}, torch.device("cpu"), use_tma=True)  # the config wins
+    assert B.bwd_tma_requested({"USE_TMA": True}, torch.device("cpu"), use_tma=False)
     assert not B.bwd_tma_requested(None, torch.device("cpu"))  # CPU: the forward's rule says no
     assert 128 in B.BWD_TMA_HEAD_DIMS and 256 in B.BWD_TMA_HEAD_DIMS  # the head dims measured faster
     assert 64 not in B.BWD_TMA_HEAD_DIMS and 96 not in B.BWD_TMA_HEAD_DIMS and 192 not in B.BWD_TMA_HEAD_DIMS
     monkeypatch.setattr(B, "tma_requested", lambda config, device: True)  # as on Hopper
     assert B.bwd_tma_requested(None, None, 128) and not B.bwd_tma_requested(None, None, 64)
+    assert B.bwd_tma_requested(None, None, 64, use_tma=True) and not B.bwd_tma_requested(None, None, 128, use_tma=False)

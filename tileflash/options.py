@@ -49,7 +49,7 @@ class Options:
     def __post_init__(self):
         if self.backend not in BACKENDS:
             raise ValueError(f"Options.backend must be one of {BACKENDS}, got {self.backend!r}")
-        if self.use_tma not in (None, True, False):
+        if not (self.use_tma is None or isinstance(self.use_tma, bool)):
             raise ValueError(f"Options.use_tma must be None, True or False, got {self.use_tma!r}")
         for name in ("autotune", "pad_head_dim"):
             if not isinstance(getattr(self, name), bool):

@@ -1,0 +1,159 @@
+"""A protocol model of the fused warp-specialized backward's barriers and ordered dQ adds (no GPU,
+no triton).
+
+What it models (tileflash/ops/gluon/backward.py, ``_attn_bwd_sm90_ws`` with WITH_DQ, the layout of
+the twenty-first session, perf-notes §30). Programs are K blocks n = 0..P-1, each visiting the Q
+blocks lo(n)..M-1 (lo non-decreasing in n: causal visits are a suffix, non-causal all), at most R
+resident at once and started in K-block order (the grid order the ordered adds rely on). Per
+program, step for step as the kernel:
+
+* the producer loads block i into Q/dO ring slot i % STAGES once both consumers released the slot's
+  block i - STAGES (``q_empty``, count 2; ``q_full`` count 1);
+* consumer C (0, 1), per block it: waits ``q_full``; writes its half of dSᵀ into buffer it % 2 and
+  arrives on ``ds_full[it % 2]`` (count 2); waits for that barrier's phase (it // 2) & 1; reads
+  both halves (its dQ wgmmas; they retire before the consumer blocks again); releases the Q/dO slot;
+  waits for its staging slot (it % DQ_BUFS)·2 + C to be free (``dq_empty``, from block
+  it - DQ_BUFS on) and stages its dQ half there (``dq_full``);
+* the writer, per block: waits for both halves, waits until the Q block's counter equals n (the
+  ordered mode), adds both halves, counts the add (counter + 1) and frees the two slots.
+
+The mbarriers follow PTX's parity rule (as tests/ws_turn_model.py): ``wait(bar, p)`` passes once
+the phase of parity p has completed, so a waiter that falls two phases behind hangs or passes too
+early. Every read checks what the buffer holds (a dSᵀ half, a staged dQ half, a ring slot), and the
+writer records the order of the adds per Q block, which must be 0, 1, 2, ... for the sums to be
+the same bits on every run.
+
+Negative controls (``bug``): "one_ds" (a single dSᵀ buffer), "no_turn" (the writer adds without
+waiting for its turn), "no_empty" (consumers stage without waiting for a free slot). The test
+suite (tests/test_backward_sm90.py) checks that each is caught. Usage: python tests/fused_writer_model.py
+"""
+import os
+import random
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ws_turn_model import Barrier  # noqa: E402  (PTX's mbarrier: arrivals, phases, the parity wait)
+
+
+class Failure(Exception):
+    pass
+
+
+def _program(n, q_blocks, stages, dq_bufs, counters, order, bug):
+    """The four partitions of K block n's program, as generators that yield a wait predicate
+    (a callable: True once they may go on) before each blocking step."""
+    total = len(q_blocks)
+    q_full = [Barrier(1) for _ in range(stages)]
+    q_empty = [Barrier(2) for _ in range(stages)]
+    n_ds = 1 if bug == "one_ds" else 2
+    ds_full = [Barrier(2) for _ in range(n_ds)]
+    dq_full = [Barrier(1) for _ in range(2 * dq_bufs)]
+    dq_empty = [Barrier(1) for _ in range(2 * dq_bufs)]
+    ring = [None] * stages                       # which block a Q/dO slot holds
+    ds = [[None, None] for _ in range(n_ds)]     # which block each dSᵀ half holds
+    staged = [None] * (2 * dq_bufs)              # which (block, half) a dQ staging slot holds
+
+    def producer():
+        for i in range(total):
+            slot = i % stages
+            if i >= stages:
+                yield lambda: q_empty[slot].ready(((i // stages) & 1) ^ 1)
+            ring[slot] = i
+            q_full[slot].arrive()
+
+    def consumer(c):
+        for it in range(total):
+            stage = it % stages
+            yield lambda: q_full[stage].ready((it // stages) & 1)
+            if ring[stage] != it:
+                raise Failure("data")
+            buf = it % n_ds
+            ds[buf][c] = it
+            ds_full[buf].arrive()
+            yield lambda: ds_full[buf].ready((it // n_ds) & 1)
+            if ds[buf] != [it, it] or ring[stage] != it:  # the dQ wgmmas read both halves, dK reads Q
+                raise Failure("data")
+            q_empty[stage].arrive()
+            slot = (it % dq_bufs) * 2 + c
+            if it >= dq_bufs and bug != "no_empty":
+                yield lambda: dq_empty[slot].ready(((it // dq_bufs) & 1) ^ 1)
+            staged[slot] = (it, c)
+            dq_full[slot].arrive()
+
+    def writer():
+        for it in range(total):
+            base = (it % dq_bufs) * 2
+            phase = (it // dq_bufs) & 1
+            yield lambda: dq_full[base].ready(phase)
+            yield lambda: dq_full[base + 1].ready(phase)
+            m = q_blocks[it]
+            if bug != "no_turn":
+                yield lambda: counters[m] == n
+            if staged[base] != (it, 0) or staged[base + 1] != (it, 1):
+                raise Failure("data")
+            order[m].append(n)
+            counters[m] += 1
+            dq_empty[base].arrive()
+            dq_empty[base + 1].arrive()
+
+    return [producer(), consumer(0), consumer(1), writer()]
+
+
+def run(n_k, n_q, resident, stages, dq_bufs, causal, rng, bug=None):
+    """One random schedule: "ok", "deadlock", "data" (a buffer held the wrong block) or "order"
+    (the adds to a Q block did not come in K-block order, or some are missing)."""
+    # causal: K block n's first Q block; non-decreasing in n, 0 for n = 0 (bottom-right, Sq = Sk)
+    lo = [min(n_q - 1, (n * n_q) // n_k) if causal else 0 for n in range(n_k)]
+    counters, order = [0] * n_q, [[] for _ in range(n_q)]
+    started, running = 0, []   # running: (program, [agents with their pending wait])
+
+    def start(n):
+        agents = [[a, None] for a in _program(n, list(range(lo[n], n_q)), stages, dq_bufs, counters, order, bug)]
+        return [n, agents]
+
+    try:
+        while True:
+            while started < n_k and len(running) < resident:
+                running.append(start(started))
+                started += 1
+            if not running:
+                break
+            movable = []
+            for prog in running:
+                for agent in prog[1]:
+                    if agent[0] is not None and (agent[1] is None or agent[1]()):
+                        movable.append(agent)
+            if not movable:
+                return "deadlock"
+            agent = rng.choice(movable)
+            try:
+                agent[1] = next(agent[0])
+            except StopIteration:
+                agent[0] = None
+            running = [p for p in running if any(a[0] is not None for a in p[1])]
+    except Failure as f:
+        return str(f)
+    for m in range(n_q):
+        want = [n for n in range(n_k) if lo[n] <= m]
+        if order[m] != want:
+            return "order"
+    return "ok"
+
+
+def explore(n_k, n_q, resident, stages, dq_bufs, causal, schedules=100, bug=None, seed=0):
+    rng = random.Random(seed)
+    out = {}
+    for _ in range(schedules):
+        r = run(n_k, n_q, resident, stages, dq_bufs, causal, rng, bug)
+        out[r] = out.get(r, 0) + 1
+    return out
+
+
+if __name__ == "__main__":
+    for causal in (False, True):
+        for stages, dq_bufs in ((2, 2), (3, 1), (2, 1)):
+            for n_k, n_q, res in ((4, 8, 2), (6, 5, 3), (3, 9, 1), (8, 8, 8)):
+                print(f"causal={causal} stages={stages} dq_bufs={dq_bufs} K blocks={n_k} Q blocks={n_q} "
+                      f"resident={res}: {explore(n_k, n_q, res, stages, dq_bufs, causal)}")
+    for bug in ("one_ds", "no_turn", "no_empty"):
+        print(f"bug={bug}: {explore(6, 8, 3, 2, 2, True, bug=bug)}")

@@ -1,0 +1,316 @@
+"""tileflash.Options (how a call runs), tileflash.options.Debug (developers' A/B switches), the lazy
+``import tileflash``, and the router's handling of Options on CUDA tensors."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import tileflash
+from tileflash.ops import route
+from tileflash.ops.triton import backward as bwd_mod
+from tileflash.ops.triton import forward as fwd_mod
+from tileflash.options import DEFAULT, Debug, Options, resolve
+from tileflash.reference import attention_ref
+
+from helpers import (HAS_CUDA, IS_SM90, assert_error_rule, check_out, count_calls, gluon_modules,
+                     make_qkv, max_err, ref_grads, rounding_atol)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Options
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(backend="cuda"), r"Options.backend must be one of \('auto', 'triton', 'gluon'\), got 'cuda'"),
+    (dict(backend=None), r"Options.backend must be one of .* got None"),
+    (dict(backend="Triton"), r"Options.backend must be one of .* got 'Triton'"),
+    (dict(use_tma="yes"), r"Options.use_tma must be None, True or False, got 'yes'"),
+    (dict(use_tma=2), r"Options.use_tma must be None, True or False, got 2"),
+    (dict(use_tma=1), r"Options.use_tma must be None, True or False, got 1"),
+    (dict(autotune=1), r"Options.autotune must be a bool, got 1"),
+    (dict(autotune="true"), r"Options.autotune must be a bool, got 'true'"),
+    (dict(autotune=None), r"Options.autotune must be a bool, got None"),
+    (dict(pad_head_dim=0), r"Options.pad_head_dim must be a bool, got 0"),
+])
+def test_options_validation(kwargs, match):
+    """A bad value raises ValueError naming the field, the allowed values and what was given."""
+    with pytest.raises(ValueError, match=match):
+        Options(**kwargs)
+
+
+def test_options_defaults_and_frozen():
+    o = Options()
+    assert (o.backend, o.use_tma, o.autotune, o.pad_head_dim) == ("auto", None, False, True)
+    assert o == DEFAULT and hash(o) == hash(DEFAULT)
+    with pytest.raises(Exception):  # dataclasses.FrozenInstanceError
+        o.backend = "triton"
+    assert tileflash.Options is Options
+
+
+@pytest.mark.parametrize("opts", [
+    Options(),
+    Options(backend="triton"),
+    Options(backend="gluon", use_tma=True),
+    Options(use_tma=False, autotune=True),
+    Options(backend="triton", use_tma=True, autotune=True, pad_head_dim=False),
+    Options(pad_head_dim=False),
+], ids=lambda o: o.encode())
+def test_options_encode_decode_round_trip(opts):
+    """The custom ops carry options as one string: decode(encode(o)) == o, field by field."""
+    text = opts.encode()
+    assert isinstance(text, str) and text
+    back = Options.decode(text)
+    assert back == opts
+    assert (back.backend, back.use_tma, back.autotune, back.pad_head_dim) == \
+        (opts.backend, opts.use_tma, opts.autotune, opts.pad_head_dim)
+
+
+def test_options_encodings_are_distinct():
+    every = [Options(b, t, a, p) for b in ("auto", "triton", "gluon") for t in (None, False, True)
+             for a in (False, True) for p in (False, True)]
+    assert len({o.encode() for o in every}) == len(every) == 36
+    assert Options.decode("") == DEFAULT  # the ops' default argument
+
+
+def test_resolve():
+    assert resolve(None) is DEFAULT
+    o = Options(backend="triton")
+    assert resolve(o) is o
+    assert resolve({"backend": "triton", "use_tma": True}) == Options(backend="triton", use_tma=True)
+    assert resolve({}) == DEFAULT
+    with pytest.raises(ValueError, match="Options.backend"):
+        resolve({"backend": "nope"})  # a dict is validated like the constructor's arguments
+    with pytest.raises(TypeError):
+        resolve({"no_such_field": 1})
+    for wrong in ("triton", 1, ["triton"], ("auto", None, False, True)):
+        with pytest.raises(TypeError, match=r"options must be a tileflash.Options, a dict of its fields or None, "
+                                            rf"got {type(wrong).__name__}"):
+            resolve(wrong)
+
+
+def test_public_functions_reject_bad_options():
+    q, k, v = make_qkv(1, 8, 8, 2, 2, 16, torch.float32, "cpu")
+    with pytest.raises(TypeError, match="options must be a tileflash.Options"):
+        tileflash.flash_attn_func(q, k, v, options="triton")
+    with pytest.raises(ValueError, match="Options.backend"):
+        tileflash.flash_attn_func(q, k, v, options={"backend": "cuda"})
+    with pytest.raises(TypeError, match="options must be a tileflash.Options"):
+        tileflash.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), options=3)
+
+
+def _spy(monkeypatch, module, name):
+    """Record the keyword arguments of every call of module.<name> (which still runs)."""
+    seen = []
+    real = getattr(module, name)
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(module, name, spy)
+    return seen
+
+
+def test_options_on_the_interpreter(backend, monkeypatch):
+    """The public call with options=Options(backend="triton") and options={"use_tma": True} against
+    the default, forward and backward, on the Triton interpreter (CPU tensors run the Triton kernels
+    whatever the backend option). The backend option changes nothing there: the same bits. use_tma
+    reaches the launchers (which then move tiles through the interpreter's descriptor emulation):
+    the same result to the summation order inside a dot (test_tma's rule: twice flash-attn's
+    allowance over plain fp32 attention), and right against fp64."""
+    if backend != "interpret":
+        pytest.skip("the Triton interpreter (the tiled path ignores the kernel options; CUDA: the tests below)")
+    fwd_seen = _spy(monkeypatch, fwd_mod, "flash_attn_forward")
+    bwd_seen = _spy(monkeypatch, bwd_mod, "flash_attn_backward")
+    q, k, v = make_qkv(2, 45, 70, 4, 2, 64, torch.float32, "cpu", seed=31)
+    do = make_qkv(2, 45, 70, 4, 2, 64, torch.float32, "cpu", seed=32)[0]
+
+    def run(options):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        out = tileflash.flash_attn_func(*leaves, causal=True, options=options)
+        return (out, *torch.autograd.grad(out, leaves, do))
+
+    default = run(None)
+    assert fwd_seen[-1]["use_tma"] is None and bwd_seen[-1]["use_tma"] is None
+    for options in (Options(backend="triton"), Options(backend="gluon"), {"backend": "triton"}):
+        for a, b in zip(run(options), default):
+            assert torch.equal(a, b), options
+    tma = run({"use_tma": True})
+    assert fwd_seen[-1]["use_tma"] is True and bwd_seen[-1]["use_tma"] is True, "use_tma did not reach the launchers"
+    assert run(Options(autotune=True)) is not None and fwd_seen[-1]["autotune"] is True
+    check_out(tma[0], q, k, v, True)
+    ref = ref_grads(q, k, v, do, True, upcast=True)
+    eager = ref_grads(q, k, v, do, True, upcast=False)
+    ref_out, _ = attention_ref(q.double(), k.double(), v.double(), causal=True)
+    eager_out, _ = attention_ref(q, k, v, causal=True, upcast=False)
+    for name, a, b, r, e, factor in zip(("out", "dq", "dk", "dv"), tma, default, (ref_out, *ref), (eager_out, *eager),
+                                        (2, 3, 3, 3)):
+        assert_error_rule(f"{name}: use_tma=True vs the default", a, b, max_err(e, r), 2 * factor,
+                          rounding_atol(r, torch.float32))
+        if name != "out":
+            assert_error_rule(f"{name}: use_tma=True vs fp64", a, r, max_err(e, r), 3, rounding_atol(r, torch.float32))
+
+
+def test_options_on_the_tiled_path(backend):
+    """The tiled CPU path accepts every option and computes the same bits (options pick kernels)."""
+    if backend != "tiled":
+        pytest.skip("the tiled CPU path")
+    q, k, v = make_qkv(1, 33, 47, 4, 2, 32, torch.float32, "cpu", seed=3)
+    want = tileflash.flash_attn_func(q, k, v, causal=True)
+    for options in (Options(backend="triton", use_tma=True), Options(backend="gluon", autotune=True),
+                    {"pad_head_dim": False}):
+        assert torch.equal(tileflash.flash_attn_func(q, k, v, causal=True, options=options), want)
+
+
+# ---------------------------------------------------------------------------------------------
+# Debug (TILEFLASH_DEBUG)
+# ---------------------------------------------------------------------------------------------
+
+def test_debug_from_env_parses():
+    d = Debug.from_env("gluon_fused=1,pdl=2")
+    assert d.gluon_fused is True and d.pdl == 2
+    # the rest keep their defaults
+    assert (d.gluon_bwd, d.gluon_dq, d.dq_delta, d.desc_cache) == (True, True, True, True)
+    assert Debug.from_env("") == Debug()
+    assert Debug().pdl == -1 and Debug().gluon_fused is False
+    d = Debug.from_env(" gluon_bwd=0 , desc_cache=0,dq_delta=0,gluon_dq=0,pdl=-1,")  # spaces, a trailing comma
+    assert (d.gluon_bwd, d.desc_cache, d.dq_delta, d.gluon_dq, d.pdl) == (False, False, False, False, -1)
+    for pdl in ("-1", "0", "1", "2", "3"):
+        assert Debug.from_env(f"pdl={pdl}").pdl == int(pdl)
+
+
+def test_debug_from_env_reads_the_environment(monkeypatch):
+    monkeypatch.setenv("TILEFLASH_DEBUG", "gluon_dq=0,pdl=1")
+    d = Debug.from_env()
+    assert d.gluon_dq is False and d.pdl == 1
+    monkeypatch.delenv("TILEFLASH_DEBUG")
+    assert Debug.from_env() == Debug()
+
+
+@pytest.mark.parametrize("text,match", [
+    ("nosuch=1", r"TILEFLASH_DEBUG: 'nosuch=1' is not name=value with a name among \['desc_cache', 'dq_delta', "
+                 r"'gluon_bwd', 'gluon_dq', 'gluon_fused', 'pdl'\]"),
+    ("gluon_fused", r"'gluon_fused' is not name=value"),
+    ("gluon_fused=yes", r"TILEFLASH_DEBUG: gluon_fused='yes': use 0 or 1"),
+    ("gluon_fused=2", r"gluon_fused='2': use 0 or 1"),
+    ("pdl=7", r"TILEFLASH_DEBUG: pdl='7': use -1 \(the config's\), 0 \(off\), 1, 2 or 3"),
+    ("pdl=on", r"pdl='on'"),
+])
+def test_debug_from_env_rejects(text, match):
+    with pytest.raises(ValueError, match=match):
+        Debug.from_env(text)
+
+
+def test_bad_debug_env_fails_the_import():
+    """A typo in TILEFLASH_DEBUG is an error at import (not a switch silently ignored)."""
+    env = dict(os.environ, TILEFLASH_DEBUG="gluon_fusd=1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    res = subprocess.run([sys.executable, "-c", "import tileflash"], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=300)
+    assert res.returncode != 0 and "TILEFLASH_DEBUG: 'gluon_fusd=1' is not name=value" in res.stderr, res.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Lazy import
+# ---------------------------------------------------------------------------------------------
+
+def test_import_is_lazy():
+    """`import tileflash` imports neither the interface (kernel modules, torch.library ops) nor
+    triton (nor torch); Options is there at once; the first public function imports the interface."""
+    code = """
+import sys
+import tileflash
+print('tileflash.interface' in sys.modules, 'triton' in sys.modules)
+print('torch' in sys.modules, 'tileflash.ops.route' in sys.modules, tileflash.Options().backend)
+assert 'flash_attn_func' in dir(tileflash)
+f = tileflash.flash_attn_func
+print('tileflash.interface' in sys.modules, 'triton' in sys.modules)
+from tileflash.interface import flash_attn_func
+print(f is flash_attn_func, tileflash.flash_attn_func is f)
+try:
+    tileflash.no_such_name
+except AttributeError as e:
+    print('AttributeError', e)
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env.pop("TILEFLASH_DEBUG", None)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = res.stdout.splitlines()
+    assert lines[0] == "False False", lines
+    assert lines[1] == "False False auto", lines
+    assert lines[2] == "True True", lines
+    assert lines[3] == "True True", lines
+    assert lines[4] == "AttributeError module 'tileflash' has no attribute 'no_such_name'", lines
+
+
+# ---------------------------------------------------------------------------------------------
+# The router and Options on CUDA tensors
+# ---------------------------------------------------------------------------------------------
+
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="Options(backend=...) applies to CUDA tensors only (CPU "
+                                                     "tensors take the tiled path or the interpreter): needs a GPU")
+
+
+@needs_cuda
+def test_backend_gluon_outside_its_scope_raises():
+    """Options(backend="gluon") on a call the Gluon kernels cannot take (softcap, a window, ALiBi,
+    dropout, varlen, KV-cache decode, lengths off its tiles, fp16 at head dim 40): ValueError naming
+    the reason, before anything is written; backend="auto" runs the Triton kernels instead."""
+    gluon = Options(backend="gluon")
+    q, k, v = make_qkv(2, 256, 256, 4, 2, 128, torch.float16, "cuda", seed=1)
+    for kw in (dict(softcap=5.0), dict(window_size=(32, 0)), dict(alibi_slopes=torch.rand(4, device="cuda")),
+               dict(dropout_p=0.1)):
+        with pytest.raises(ValueError, match=r"backend='gluon'.*cannot take this call"):
+            tileflash.flash_attn_func(q, k, v, options=gluon, **kw)
+        assert torch.isfinite(tileflash.flash_attn_func(q, k, v, **kw)).all()  # "auto": the Triton kernels
+    out = torch.full_like(q, float("nan"))
+    with pytest.raises(ValueError, match=r"backend='gluon'.*cannot take this call"):
+        route.forward(q, k, v, 0.1, False, softcap=5.0, options=gluon, out=out)
+    assert out.isnan().all(), "a refused call wrote its output"
+    qs, ks, vs = make_qkv(2, 200, 200, 4, 2, 40, torch.float16, "cuda", seed=2)  # off its tiles and widths
+    with pytest.raises(ValueError, match=r"backend='gluon'"):
+        tileflash.flash_attn_func(qs, ks, vs, options=gluon)
+    cu = torch.tensor([0, 256, 512], dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match=r"backend='gluon'.*varlen"):
+        tileflash.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu, 256, 256,
+                                         options=gluon)
+    with pytest.raises(ValueError, match=r"backend='gluon'.*no Gluon decode kernel"):
+        tileflash.flash_attn_with_kvcache(q[:, :1], k, v, cache_seqlens=100, options=gluon)
+    # the backward: softcap is outside the Gluon backward's scope too
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = tileflash.flash_attn_func(*leaves, softcap=5.0)
+    with pytest.raises(ValueError, match=r"backend='gluon'.*Gluon backward cannot take this call"):
+        route.backward(torch.randn_like(q), q, k, v, out.detach(), torch.zeros(2, 4, 256, device="cuda"), 0.1,
+                       False, softcap=5.0, options=gluon)
+
+
+@pytest.mark.skipif(not (IS_SM90 and gluon_modules() is not None), reason="needs a Hopper GPU and triton's Gluon")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_backend_triton_and_default_match_the_reference_on_hopper(causal, monkeypatch):
+    """A call the Gluon kernels take: by default (and with backend="gluon") the Gluon forward and
+    backward run, with backend="triton" neither does; every one meets flash-attn's rule against the
+    reference (out: 2x, gradients: 3x the eager same-dtype error + rounding)."""
+    gf, gb = gluon_modules()
+    fwd_calls = count_calls(monkeypatch, gf, "forward")
+    bwd_calls = count_calls(monkeypatch, gb, "backward")
+    q, k, v = make_qkv(2, 256, 384, 4, 2, 128, torch.bfloat16, "cuda", seed=7)
+    do = make_qkv(2, 256, 384, 4, 2, 128, torch.bfloat16, "cuda", seed=8)[0]
+    ref = ref_grads(q.float(), k.float(), v.float(), do.float(), causal, upcast=True)
+    eager = ref_grads(q, k, v, do, causal, upcast=False)
+    for options, gluon in ((None, True), (Options(backend="gluon"), True), (Options(backend="triton"), False),
+                           ({"backend": "triton", "use_tma": False}, False)):
+        n_fwd, n_bwd = len(fwd_calls), len(bwd_calls)
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        out = tileflash.flash_attn_func(*leaves, causal=causal, options=options)
+        grads = torch.autograd.grad(out, leaves, do)
+        assert (len(fwd_calls) - n_fwd, len(bwd_calls) - n_bwd) == ((1, 1) if gluon else (0, 0)), options
+        check_out(out, q, k, v, causal)
+        for name, g, r, e in zip(("dq", "dk", "dv"), grads, ref, eager):
+            assert_error_rule(f"{name} ({options})", g, r, max_err(e, r), 3, rounding_atol(r, q.dtype))
