@@ -190,7 +190,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             ``[0, 128, 640, 704]``.
         cu_seqlens_k: (batch + 1,), int32, the same for k and v.
         max_seqlen_q, max_seqlen_k: int, at least the longest sequence (sizes the grid).
-        dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic:
+        dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, options:
             as in :func:`flash_attn_func` (alibi_slopes (batch, nheads) is per sequence).
 
     cu_seqlens are checked for dtype, shape and device on every call. Their values (start at 0,
@@ -289,6 +289,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         return_attn_probs: bool. If True, also return ``softmax_lse``. The attention
             probabilities themselves are never formed, so the third element is None
             (flash-attn returns them only for testing with dropout).
+        options: :class:`tileflash.Options` (or a dict of its fields, or None for the defaults):
+            which kernels run the call (``backend``, ``use_tma``, ``autotune``, ``pad_head_dim``),
+            never what it computes. ``Options(backend="gluon")`` raises ``ValueError`` where the
+            Hopper kernels cannot take the call.
 
     Shapes and dtypes:
         * any seqlen >= 0 (seqlen 0 returns an empty output without a kernel launch;
@@ -346,6 +350,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     ``enable_gqa=True`` allows ``nheads_k < nheads`` (nheads a multiple of nheads_k;
     query head h uses kv head ``h // (nheads // nheads_k)``, as in torch). Without it the
     head counts must match, as in torch.
+
+    ``options``: :class:`tileflash.Options`, as in :func:`flash_attn_func`.
 
     Not supported yet (raise ``NotImplementedError``): ``attn_mask`` other than None,
     ``dropout_p > 0``.
@@ -591,7 +597,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             cache_seqlens[b] onward, rotary uses cache_seqlens[b] + t, and the causal alignment is
             to the end. Must satisfy 0 <= cache_leftpad[b] <= cache_seqlens[b]. None: 0.
         block_table: (batch, max_blocks) int32 for a paged cache.
-        softmax_scale, causal, window_size, softcap, alibi_slopes: as in flash_attn_func.
+        softmax_scale, causal, window_size, softcap, alibi_slopes, options: as in flash_attn_func
+            (there is no Gluon decode kernel: ``Options(backend="gluon")`` raises on CUDA).
         rotary_interleaved: True for GPT-J style pairs (0,1),(2,3)...; False for GPT-NeoX halves.
         num_splits: how many pieces the KV length is split into (flash-decoding). 0 chooses from
             the number of SMs and the cache length; 1 disables splitting.
