@@ -202,10 +202,33 @@ def test_route_backward_switches(monkeypatch):
                                     ("triton", dict(delta=True, run_dkdv=False, run_dq=True))], 1)
     with pytest.raises(ValueError, match=r"backend='gluon'.*Gluon backward cannot take this call: its scope"):
         route_(Options(backend="gluon"), supported=False)
+    # backend="gluon" promises both Gluon kernels: lengths the dQ kernel cannot take raise, before any launch
+    with pytest.raises(ValueError, match=r"backend='gluon'.*Gluon dQ kernel cannot take this call"):
+        route_(Options(backend="gluon"), dq_ok=False)
     monkeypatch.setattr(DEBUG, "gluon_bwd", False)
     assert route_() == (triton_all, 0)
     with pytest.raises(ValueError, match=r"backend='gluon'.*gluon_bwd=0"):
         route_(Options(backend="gluon"))
+
+
+def test_route_backward_pad_head_dim(monkeypatch):
+    """A head dim between the Gluon kernels' widths (96): by default the router runs the Gluon
+    backward on copies padded to 128; Options(pad_head_dim=False) keeps it on the Triton kernels
+    without asking the Gluon backward (CPU tensors, launchers and the pad copy replaced by recorders)."""
+    _debug_defaults(monkeypatch)
+    q, k, v = make_qkv(1, 128, 128, 2, 2, 96, torch.float32, "cpu", seed=1)
+    do, out, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(1, 2, 128)
+    padded = []
+    monkeypatch.setattr(route.tr_fwd, "pad_head_dim",
+                        lambda t, width: padded.append(width) or torch.zeros(*t.shape[:-1], width))
+    launches, asked = _record_launches(monkeypatch)
+    _route_cuda_backward(do, q, k, v, out, lse, 0.125, False)
+    assert padded == [128] * 4 and len(asked) == 1
+    assert launches == [("dq", None), ("dq computes delta", True), ("dkdv", None)]
+    launches.clear(), padded.clear(), asked.clear()
+    _route_cuda_backward(do, q, k, v, out, lse, 0.125, False, Options(pad_head_dim=False))
+    assert padded == [] and asked == []
+    assert launches == [("triton", dict(delta=False, run_dkdv=True, run_dq=True))]
 
 
 def _compile_rows(code: str) -> dict:

@@ -283,6 +283,12 @@ def test_backend_gluon_outside_its_scope_raises():
                                          options=gluon)
     with pytest.raises(ValueError, match=r"backend='gluon'.*no Gluon decode kernel"):
         tileflash.flash_attn_with_kvcache(q[:, :1], k, v, cache_seqlens=100, options=gluon)
+    # with an append: refused before the new keys are written into the cache
+    k_cache, v_cache = k.clone(), v.clone()
+    with pytest.raises(ValueError, match=r"backend='gluon'.*no Gluon decode kernel"):
+        tileflash.flash_attn_with_kvcache(q[:, :1], k_cache, v_cache, k[:, :1] + 1, v[:, :1] + 1, cache_seqlens=100,
+                                          options=gluon)
+    assert torch.equal(k_cache, k) and torch.equal(v_cache, v), "a refused call appended to the cache"
     # the backward: softcap is outside the Gluon backward's scope too
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     out = tileflash.flash_attn_func(*leaves, softcap=5.0)
@@ -314,3 +320,35 @@ def test_backend_triton_and_default_match_the_reference_on_hopper(causal, monkey
         check_out(out, q, k, v, causal)
         for name, g, r, e in zip(("dq", "dk", "dv"), grads, ref, eager):
             assert_error_rule(f"{name} ({options})", g, r, max_err(e, r), 3, rounding_atol(r, q.dtype))
+
+
+def test_legacy_environment_switches_warn():
+    """An environment switch of earlier releases is no longer read: setting one warns, naming what
+    replaces it; none set, no warning."""
+    import warnings
+
+    from tileflash.options import LEGACY_SWITCHES, warn_legacy_switches
+
+    with pytest.warns(FutureWarning, match=r"TILEFLASH_GLUON is no longer read.*backend='triton'"):
+        assert warn_legacy_switches({"TILEFLASH_GLUON": "0", "PATH": "/bin"}) == ["TILEFLASH_GLUON"]
+    with pytest.warns(FutureWarning, match=r"TILEFLASH_PDL.*TILEFLASH_DEBUG=pdl"):
+        assert warn_legacy_switches({"TILEFLASH_PDL": "2"}) == ["TILEFLASH_PDL"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert warn_legacy_switches({"TILEFLASH_CHECK_INPUTS": "1", "TILEFLASH_DEBUG": ""}) == []
+    assert "TILEFLASH_CHECK_INPUTS" not in LEGACY_SWITCHES and "TILEFLASH_DEBUG" not in LEGACY_SWITCHES
+
+
+def test_submodules_load_on_attribute_access():
+    """After a bare ``import tileflash``, ``tileflash.interface`` (and the other submodules) load on
+    first attribute access, as before the import became lazy."""
+    import subprocess
+    import sys
+
+    code = ("import sys, tileflash; assert 'tileflash.interface' not in sys.modules; "
+            "m = tileflash.interface; print(m.__name__, callable(m.flash_attn_func), tileflash.cpu.__name__)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == ["tileflash.interface", "True", "tileflash.cpu"]
+    with pytest.raises(AttributeError, match="no attribute 'nosuch'"):
+        tileflash.nosuch  # noqa: B018

@@ -2,8 +2,13 @@
 
 The public functions are imported on first use, so ``import tileflash`` costs no kernel module,
 Triton or torch.library work until a function is called (``tileflash.options`` is light and
-imported eagerly).
+imported eagerly). The custom ops (``torch.ops.tileflash.*``) are registered then too: code that
+needs them before any call (e.g. ``torch.export.load`` of a program that uses them) imports
+``tileflash.ops.attention`` first. Submodules (``tileflash.interface``, ``tileflash.ops``, ...)
+are imported on attribute access as well.
 """
+
+import importlib
 
 from tileflash.options import Options
 
@@ -21,6 +26,7 @@ __all__ = [
     "__version__",
 ]
 _LAZY = frozenset(__all__) - {"Options", "__version__"}
+_SUBMODULES = frozenset({"bench", "cli", "cpu", "integrations", "interface", "ops", "reference"})
 
 
 def __getattr__(name):
@@ -30,6 +36,8 @@ def __getattr__(name):
         value = getattr(interface, name)
         globals()[name] = value  # later lookups skip this function
         return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"tileflash.{name}")
     raise AttributeError(f"module 'tileflash' has no attribute {name!r}")
 
 

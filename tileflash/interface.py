@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from tileflash.ops.attention import PackedAttention, attention, kvcache_forward, kvcache_fwd
+from tileflash.ops import route
 from tileflash.ops.route import use_triton
 from tileflash.ops.triton.decode import check_grid, row_block_count
 from tileflash.ops.utils import apply_rotary
@@ -699,6 +700,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
     if use_triton(q):  # a grid past CUDA's limits must raise before the append, not after it
         check_grid(batch * nheads_k, row_block_count(nheads // nheads_k, seqlen_q))
+    if q.is_cuda and resolve(options).backend == "gluon":  # before the append, too
+        route.refuse_gluon_kvcache()
 
     # -- rotary and in-place append ----------------------------------------------------------------
     t_new = torch.arange(seqlen_new, device=dev) if k is not None else None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import warnings
 from typing import Optional
 
 BACKENDS = ("auto", "triton", "gluon")
@@ -127,3 +128,31 @@ class Debug:
 
 
 DEBUG = Debug.from_env()
+
+# environment switches of earlier releases, no longer read: what replaces each
+LEGACY_SWITCHES = {
+    "TILEFLASH_GLUON": "options=tileflash.Options(backend='triton')",
+    "TILEFLASH_TMA": "options=tileflash.Options(use_tma=True/False)",
+    "TILEFLASH_AUTOTUNE": "options=tileflash.Options(autotune=True)",
+    "TILEFLASH_GLUON_PAD": "options=tileflash.Options(pad_head_dim=False)",
+    "TILEFLASH_GLUON_BWD": "TILEFLASH_DEBUG=gluon_bwd=0",
+    "TILEFLASH_GLUON_DQ": "TILEFLASH_DEBUG=gluon_dq=0",
+    "TILEFLASH_GLUON_FUSED": "TILEFLASH_DEBUG=gluon_fused=1",
+    "TILEFLASH_DQ_DELTA": "TILEFLASH_DEBUG=dq_delta=0",
+    "TILEFLASH_DESC_CACHE": "TILEFLASH_DEBUG=desc_cache=0",
+    "TILEFLASH_PDL": "TILEFLASH_DEBUG=pdl=N",
+}
+
+
+def warn_legacy_switches(environ=None) -> list:
+    """Warn (FutureWarning) for each old environment switch that is set, since it has no effect
+    any more; returns their names."""
+    environ = os.environ if environ is None else environ
+    found = [name for name in LEGACY_SWITCHES if name in environ]
+    for name in found:
+        warnings.warn(f"tileflash: the environment variable {name} is no longer read and has no effect; "
+                      f"use {LEGACY_SWITCHES[name]}", FutureWarning, stacklevel=2)
+    return found
+
+
+warn_legacy_switches()

@@ -58,9 +58,10 @@ def use_triton(t: torch.Tensor) -> bool:
         return False
     if not _KERNELS_INTERPRETED:
         raise RuntimeError(
-            "TRITON_INTERPRET=1 was set after tileflash (and triton) were imported, so the kernels "
-            "were built for the GPU. Set TRITON_INTERPRET=1 in the environment before importing "
-            "tileflash, or unset it to use the tiled PyTorch CPU path."
+            "TRITON_INTERPRET=1 was set after tileflash's kernels were built (at its first call, or "
+            "at the import of tileflash.interface / tileflash.ops), so they were built for the GPU. "
+            "Set TRITON_INTERPRET=1 in the environment before that, or unset it to use the tiled "
+            "PyTorch CPU path."
         )
     return True
 
@@ -229,7 +230,9 @@ def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift,
                                kw["dropout_p"], seqlen_q + abs(causal_shift), seqlen_k + abs(causal_shift))
     delta = None
     gluon_done = dq_done = False
-    if gb.supported(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen, config, dk=dk, dv=dv):
+    padded_ok = options.pad_head_dim or gb._f90.padded_head_dim(head_dim) == head_dim
+    if padded_ok and gb.supported(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, flags, varlen, config,
+                                  dk=dk, dv=dv):
         # 64 < D < 128 (128 < D < 256) runs the Gluon kernels at D = 128 (256) on copies of dO, q, k
         # and v zero-padded to that width; they store the gradients' own D columns (D_OUT), and delta
         # is the same either way (gluon.forward.padded_head_dim says why that is exact).
@@ -243,6 +246,9 @@ def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift,
         # dQ by the Gluon dQ kernel (None: it did not compile, the Triton dQ kernel runs). By default
         # it runs first and computes delta itself, which the dK/dV kernel then reads: no delta kernel.
         dq_gluon = DEBUG.gluon_dq and gb.dq_supported(g_in[1], g_in[2], dq, causal)
+        if options.backend == "gluon" and DEBUG.gluon_dq and not dq_gluon:
+            _gluon_refused("dQ kernel", "its lengths must be multiples of its tiles, with at most 65535 batch*heads "
+                                        "(tileflash.ops.gluon.backward.dq_supported)")
         if (dq_gluon and delta is None and gb.dq_computes_delta(width, causal)
                 and gb.out_supported(out, g_in[1], dq)):
             delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
@@ -257,7 +263,7 @@ def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift,
             dq_done = gb.backward_dq(*g_in, lse, delta, dq, softmax_scale, causal) is not None
         if gluon_done and dq_done:
             return dq, dk, dv
-    if options.backend == "gluon" and not (gluon_done or dq_done):
+    if options.backend == "gluon" and not (gluon_done and (dq_done or not DEBUG.gluon_dq)):
         _gluon_refused("backward", "its scope is dense fp16/bf16 on sm90, head dim 64-256, no window/softcap/ALiBi/"
                                    "dropout, lengths that are multiples of its tiles (tileflash.ops.gluon.backward)")
     # the Triton kernels take what the Gluon ones did not
@@ -270,6 +276,12 @@ def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift,
 # KV-cache decoding (forward only)
 # ----------------------------------------------------------------------------------------------
 
+def refuse_gluon_kvcache():
+    """``Options(backend="gluon")`` on a KV-cache call: there is no Gluon decode kernel.
+    (``flash_attn_with_kvcache`` calls this before it appends to the cache.)"""
+    _gluon_refused("kernels", "there is no Gluon decode kernel; KV-cache calls run the Triton kernel")
+
+
 def kvcache(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, window=(-1, -1), softcap=0.0,
             alibi_slopes=None, cache_batch_idx=None, block_table=None, num_splits=0, max_seqlen_k=-1,
             cache_leftpad=None, options: Options = DEFAULT):
@@ -277,7 +289,7 @@ def kvcache(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, window=(-1
     kernel (GPU or interpreter), or the tiled CPU path. (No Gluon decode kernel: ``options.backend``
     = "gluon" is refused.)"""
     if options.backend == "gluon" and q.is_cuda:
-        _gluon_refused("kernels", "there is no Gluon decode kernel; KV-cache calls run the Triton kernel")
+        refuse_gluon_kvcache()
     if not use_triton(q):
         return cpu.kvcache_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, softcap,
                                    alibi_slopes, cache_batch_idx, block_table, max_seqlen_k, cache_leftpad)

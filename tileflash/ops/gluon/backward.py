@@ -1475,8 +1475,8 @@ def _dq_launch(dout, q, k, v, lse, dq, causal, cfg, out=None):
 def backward_dq(dout, q, k, v, lse, delta, dq, softmax_scale: float, causal: bool, cfg: dict | None = None,
                 out=None):
     """dQ by the warp-specialized Gluon dQ kernel (``_attn_bwd_dq_sm90_ws``) into dq, in place of
-    the Triton dQ kernel (``flash_attn_backward`` routes here by default on Hopper, see
-    :func:`dq_enabled`; ``cfg`` overrides :func:`dq_config_for`). Same
+    the Triton dQ kernel (``tileflash.ops.route`` sends Hopper calls here by default; the debug
+    switch ``gluon_dq=0`` does not; ``cfg`` overrides :func:`dq_config_for`). Same
     scope as :func:`supported` (the caller checks it); lengths must be multiples
     of the tiles. Returns dq, or None after a warning if the kernel does not compile with the
     installed triton (the caller then runs the Triton dQ kernel).

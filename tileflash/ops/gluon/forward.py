@@ -728,10 +728,10 @@ def padded_head_dim(d: int) -> int | None:
     """The head dim at which the Hopper Gluon kernels run a call of head dim ``d``, or None if they
     do not take it. 64, 128 and 256 run as they are. 64 < d < 128 (e.g. 96) runs at 128, and
     128 < d < 256 (e.g. 160, 192) at 256, on copies of the inputs zero-padded to that width
-    (``forward._pad_head_dim``): the backward on dO, q, k and v, storing only the first d columns
-    of dQ, dK and dV (its kernels' ``D_OUT`` constexpr) straight into the caller's buffers
-    (``backward.flash_attn_backward``); the forward on q, k and v, into a padded output whose
-    first d columns are copied into the caller's (``forward.flash_attn_forward``). The zero
+    (``triton.forward.pad_head_dim``, run by ``tileflash.ops.route``): the backward on dO, q, k and
+    v, storing only the first d columns of dQ, dK and dV (its kernels' ``D_OUT`` constexpr) straight
+    into the caller's buffers; the forward on q, k and v, into a padded output whose first d columns
+    are copied into the caller's. The zero
     columns change nothing: they add 0 to every sum over the head dim (S = Q·Kᵀ, dP = dO·Vᵀ), and
     the columns of O = P·V, dV = Pᵀ·dO, dK = dSᵀ·Q and dQ = dS·K past d are 0 and not kept. The
     Triton kernels pad such a head dim to a power-of-two tile too (``forward.block_d_for``), so the
@@ -798,7 +798,7 @@ class _Plan(Launch):
                               LOOKAHEAD=cfg.get("LOOKAHEAD", False), num_warps=cfg["num_warps"])
         if grid[1] > GRID_YZ_MAX:
             raise ValueError(f"the Gluon forward's grid takes at most {GRID_YZ_MAX} batch*heads outside its persistent "
-                             f"mode, got {grid[1]}; flash_attn_forward routes such calls to the Triton kernel")
+                             f"mode, got {grid[1]}; tileflash.ops.route sends such calls to the Triton kernel")
         super().__init__(kernel, grid, (q_desc, k_desc, v_desc, o_desc), 1, ints, 1, constexprs)
 
 
@@ -848,7 +848,7 @@ def _layout_config(q, k, v, out, lse, causal):
     d = q.shape[-1]
     if d not in (64, 128, 256):
         return None
-    # the public API validates these; direct callers of flash_attn_forward(out=, lse=) may not
+    # the public API validates these; direct callers of route.forward(out=, lse=) may not
     if k.shape[-1] != d or v.shape[-1] != d or q.shape[2] % k.shape[2] or k.shape != v.shape:
         return None
     if out.shape != q.shape or out.dtype != q.dtype or lse.dtype != torch.float32:
