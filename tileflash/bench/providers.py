@@ -30,6 +30,14 @@ def _tileflash(q, k, v, causal):
     return tileflash.flash_attn_func(q, k, v, causal=causal)
 
 
+def _tileflash_triton(q, k, v, causal):
+    """tileflash on its portable Triton kernels only (``Options(backend="triton")``): what GPUs
+    other than Hopper run, measured on Hopper."""
+    import tileflash
+
+    return tileflash.flash_attn_func(q, k, v, causal=causal, options=tileflash.Options(backend="triton"))
+
+
 def eager_attention(q, k, v, causal):
     """Standard attention as the textbook writes it: S and P materialised, one kernel per op.
 
@@ -145,6 +153,7 @@ PROVIDERS = {
     p.name: p
     for p in [
         Provider("tileflash", _tileflash, _always),
+        Provider("tileflash_triton", _tileflash_triton, _cuda_only),
         Provider("eager", eager_attention, _always),
         Provider("sdpa_math", _sdpa("MATH"), _always),
         Provider("sdpa_efficient", _sdpa("EFFICIENT_ATTENTION"), _cuda_only),
