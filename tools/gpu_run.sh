@@ -5,6 +5,8 @@
 #   tests        the CUDA test suite (pytest -n 14; every CPU-only case skips itself there)
 #   grid-DTYPE   the D 64/128 x N 1k-16k x causal grid, forward and backward, against cuDNN and
 #                SDPA-flash (and FA4 when it imports: below), then tools/grid_report.py
+#   host         tileflash bench --host (per-call host cost) with cProfile statistics of tileflash's calls
+#   hf           tools/hf_bench.py (a ~1B Llama through transformers: generate and train against sdpa)
 #   ptx          tools/compile_check.py --ptx-digests with the machine's triton (compare trees)
 #
 # FA4 (flash-attn-4) joins the grid when .fa4/fa4-site.tar.xz is carried: a site folder of its
@@ -39,6 +41,12 @@ for stage in "$@"; do
         python3 tools/grid_report.py "$OUT/$mode-$dt" > "$OUT/report-$mode-$dt.md" 2>&1
         tail -n 3 "$OUT/report-$mode-$dt.md"
       done ;;
+    host)
+      timeout ${HOST_LIMIT:-120} python3 -m tileflash bench --host --profile "$OUT/host-profile.txt" > "$OUT/host.log" 2>&1
+      echo "host rc=$?"; tail -n 12 "$OUT/host.log" ;;
+    hf)
+      timeout ${HF_LIMIT:-300} python3 tools/hf_bench.py > "$OUT/hf.log" 2>&1
+      echo "hf rc=$?"; tail -n 8 "$OUT/hf.log" ;;
     ptx)
       timeout ${PTX_LIMIT:-400} python3 tools/compile_check.py --ptx-digests "$OUT/ptx.json" > "$OUT/ptx.log" 2>&1
       echo "ptx rc=$? $(tail -n 1 "$OUT/ptx.log")" ;;

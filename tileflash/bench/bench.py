@@ -67,6 +67,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "headdim 128, bf16 on CUDA). On CUDA every provider's call is timed twice: replayed "
                         "from a CUDA graph (the kernels, as a serving loop that captures its decode step runs "
                         "them; the headline) and called from Python (host launch cost included)")
+    p.add_argument("--host", action="store_true",
+                   help="host cost per call: microseconds per call issued back to back (forward, forward+backward, "
+                        "KV-cache decode read-only and with an append) for tileflash, SDPA and flash-attn/FA4 "
+                        "where installed (tileflash/bench/host.py)")
+    p.add_argument("--calls", type=int, default=None, help="with --host: calls per timing (default 200 CUDA, 20 CPU)")
+    p.add_argument("--profile", default=None, help="with --host: write cProfile statistics of tileflash's calls here")
     p.add_argument("--page-sizes", type=int, nargs="*", default=None,
                    help="with --decode: also time tileflash on a paged cache of each page size (rows "
                         "'tileflash_paged<P>'; default 16 64 256 on CUDA, none on CPU)")
@@ -407,6 +413,10 @@ def run(args) -> int:
     if device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but no CUDA GPU is available", file=sys.stderr)
         return 2
+    if args.host:
+        from tileflash.bench import host
+
+        return host.run(args)
     if device == "cpu":
         print("No CUDA GPU in use: benchmarking the CPU version (tileflash's tiled PyTorch path) at small sizes",
               flush=True)

@@ -1,0 +1,203 @@
+"""Host cost per call (``tileflash bench --host``): microseconds per call launched back to back.
+
+Small problems are launch-bound: the GPU finishes each kernel before Python has issued the next,
+so what a caller pays per call is the host path (argument checks, dispatch, launch). This mode
+times ``--calls`` calls issued back to back and synchronises once at the end:
+
+* ``us/call``: wall time per call including the final synchronisation (what a loop pays);
+* ``issue us``: time until the last call returned to Python, per call (the host path alone).
+
+Cases (flash-attn / issue-tracker shapes): forward and forward+backward at B=1 N=128 H=16/8 D=128
+causal; ``flash_attn_with_kvcache`` at B=1, cache length L=8k, one query token, read-only and with
+one new k/v token appended. Providers: tileflash, torch SDPA with its default backend choice and
+with the flash / cuDNN backends forced, flash-attn 2 and FA4 (``flash_attn.cute``) where they import.
+SDPA's decode step is a slice of the cache (read-only) or ``index_copy_`` of the new token at a
+device-tensor position followed by the slice (append), as a static-cache decoding loop does.
+
+On a machine without a CUDA GPU it times the tiled CPU path at the same shapes and says so.
+``--profile FILE`` also writes cProfile statistics of tileflash's calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import cProfile
+import io
+import pstats
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+CASES = ("fwd", "fwd+bwd", "decode", "decode+append")
+
+
+def _sdpa_ctx(backend):
+    if backend is None:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(getattr(SDPBackend, backend))
+
+
+def _sdpa(backend):
+    def fwd(q, k, v, causal):
+        with _sdpa_ctx(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+    return fwd
+
+
+def _providers(device):
+    import tileflash
+
+    prov = {"tileflash": ("bshd", lambda q, k, v, c: tileflash.flash_attn_func(q, k, v, causal=c))}
+    prov["sdpa"] = ("bhsd", _sdpa(None))
+    if device == "cuda":
+        prov["sdpa_flash"] = ("bhsd", _sdpa("FLASH_ATTENTION"))
+        prov["sdpa_cudnn"] = ("bhsd", _sdpa("CUDNN_ATTENTION"))
+        with contextlib.suppress(Exception):
+            from flash_attn import flash_attn_func as fa2
+
+            prov["flash_attn"] = ("bshd", lambda q, k, v, c: fa2(q, k, v, causal=c))
+        with contextlib.suppress(Exception):
+            from flash_attn.cute import flash_attn_func as fa4
+
+            prov["fa4"] = ("bshd", lambda q, k, v, c: fa4(q, k, v, causal=c)[0])
+    return prov
+
+
+def _time(fn, calls, sync, repeats=5):
+    """(median us per call with the final sync, median us per call to issue) over `repeats`."""
+    fn()
+    sync()
+    total, issue = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        sync()
+        t2 = time.perf_counter()
+        issue.append((t1 - t0) / calls * 1e6)
+        total.append((t2 - t0) / calls * 1e6)
+    return statistics.median(total), statistics.median(issue)
+
+
+def _dense_case(mode, layout, fn, device, dtype):
+    b, n, h, hk, d = 1, 128, 16, 8, 128
+    shape = (lambda heads: (b, n, heads, d)) if layout == "bshd" else (lambda heads: (b, heads, n, d))
+    grad = mode == "fwd+bwd"
+    q, k, v = (torch.randn(shape(x), device=device, dtype=dtype, requires_grad=grad) for x in (h, hk, hk))
+    if not grad:
+        return lambda: fn(q, k, v, True)
+    do = torch.randn(shape(h), device=device, dtype=dtype)
+
+    def step():
+        out = fn(q, k, v, True)
+        torch.autograd.backward(out, do)
+        q.grad = k.grad = v.grad = None
+    return step
+
+
+def _decode_case(name, append, device, dtype, cache_len):
+    import tileflash
+
+    b, h, hk, d = 1, 16, 8, 128
+    k_cache = torch.randn(b, cache_len, hk, d, device=device, dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    q = torch.randn(b, 1, h, d, device=device, dtype=dtype)
+    kn, vn = torch.randn(b, 1, hk, d, device=device, dtype=dtype), torch.randn(b, 1, hk, d, device=device, dtype=dtype)
+    used = cache_len - 1  # one free slot: every append writes the same position (the call repeats)
+    if name == "tileflash":
+        seqlens = torch.full((b,), used, dtype=torch.int32, device=device)
+        if append:
+            return lambda: tileflash.flash_attn_with_kvcache(q, k_cache, v_cache, kn, vn, cache_seqlens=seqlens,
+                                                             causal=True)
+        return lambda: tileflash.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True)
+    if not name.startswith("sdpa"):
+        return None
+    sdpa = _sdpa(None if name == "sdpa" else {"sdpa_flash": "FLASH_ATTENTION",
+                                              "sdpa_cudnn": "CUDNN_ATTENTION"}[name])
+    kc, vc = k_cache.transpose(1, 2), v_cache.transpose(1, 2)    # (b, hk, L, d) views
+    qt, kt, vt = q.transpose(1, 2), kn.transpose(1, 2), vn.transpose(1, 2)
+    pos = torch.tensor([used], device=device)
+
+    def step():
+        if append:
+            kc.index_copy_(2, pos, kt)
+            vc.index_copy_(2, pos, vt)
+        n = used + 1 if append else used
+        return sdpa(qt, kc[:, :, :n], vc[:, :, :n], False)
+    return step
+
+
+def measure(device, dtype, calls, cache_len, cases=CASES, profile=None):
+    """Rows of {case, provider, us_call, us_issue} for the cases and every provider that runs here."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    rows = []
+    prov = _providers(device)
+    for case in cases:
+        for name, (layout, fn) in prov.items():
+            try:
+                if case.startswith("decode"):
+                    step = _decode_case(name, case.endswith("append"), device, dtype, cache_len)
+                else:
+                    step = _dense_case(case, layout, fn, device, dtype)
+                if step is None:
+                    continue
+                us, issue = _time(step, calls, sync)
+                rows.append(dict(case=case, provider=name, us_call=us, us_issue=issue, status="ok"))
+                if profile is not None and name == "tileflash":
+                    pr = cProfile.Profile()
+                    pr.enable()
+                    for _ in range(calls):
+                        step()
+                    pr.disable()
+                    sync()
+                    s = io.StringIO()
+                    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(25)
+                    profile.append(f"== {case} ({calls} calls) ==\n{s.getvalue()}")
+            except Exception as e:  # noqa: BLE001 -- a provider that cannot take a case is reported, not fatal
+                rows.append(dict(case=case, provider=name, us_call=float("nan"), us_issue=float("nan"),
+                                 status=f"{type(e).__name__}: {str(e)[:80]}"))
+    return rows
+
+
+def format_rows(rows):
+    base = {r["case"]: r["us_call"] for r in rows if r["provider"] == "sdpa" and r["status"] == "ok"}
+    lines = [f"{'case':14} {'provider':11} {'us/call':>9} {'issue us':>9} {'x sdpa':>7}"]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"{r['case']:14} {r['provider']:11} {r['status']}")
+            continue
+        ratio = r["us_call"] / base[r["case"]] if r["case"] in base else float("nan")
+        lines.append(f"{r['case']:14} {r['provider']:11} {r['us_call']:9.1f} {r['us_issue']:9.1f} {ratio:7.2f}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    """Entry of ``tileflash bench --host`` (arguments parsed by ``tileflash.bench.bench``)."""
+    from tileflash.bench.demo import environment
+    from tileflash.bench.providers import tiled_cpu_path
+
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    cache_len = 8192
+    calls = args.calls or (200 if device == "cuda" else 20)
+    if device == "cpu":
+        print("No CUDA GPU in use: timing the tiled CPU path (host and compute together), fp32", flush=True)
+    profile = [] if args.profile else None
+    ctx = tiled_cpu_path() if device == "cpu" else contextlib.nullcontext()
+    with ctx:
+        rows = measure(device, dtype, calls, cache_len, profile=profile)
+    env = environment(device)
+    print(format_rows(rows))
+    print(f"us/call: {calls} calls back to back, then one sync (median of 5); issue us: until the last call "
+          f"returned. B=1 N=128 H=16/8 D=128 causal; decode B=1 L={cache_len} H=16/8 D=128, {dtype}. "
+          f"{env['device_name']}, torch {env['torch']}, triton {env['triton']}, {env['date']}, git {env['git']}")
+    if profile is not None:
+        with open(args.profile, "w") as f:
+            f.write("\n".join(profile))
+        print(f"wrote {args.profile}")
+    return 0

@@ -1,0 +1,123 @@
+"""Hugging Face transformers benchmark: a ~1B Llama-shaped model (random weights, bf16) with
+attn_implementation="tileflash" against "sdpa" (and "flash_attention_2" where flash-attn imports).
+
+* generate: greedy ``model.generate`` with transformers' KV cache, batch 1 and 8, a prompt of
+  --prompt-len tokens, --new-tokens new ones; new tokens per second (batch x new / time).
+* train: forward + backward of the causal-LM loss (no optimizer step: it is the same for every
+  attention) at batch 1 x 8k and 1 x 16k tokens; ms per step (median of --repeats after a warm-up).
+
+Prints one table with the ratios to sdpa, plus the versions. Needs CUDA and transformers 5.x.
+
+    python tools/hf_bench.py                       # Llama-3.2-1B shape
+    python tools/hf_bench.py --layers 4 --quick    # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+
+def llama_config(args):
+    import transformers
+
+    return transformers.LlamaConfig(
+        vocab_size=args.vocab, hidden_size=2048, intermediate_size=8192, num_hidden_layers=args.layers,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=32768,
+        rope_theta=500000.0, tie_word_embeddings=True, pad_token_id=0, bos_token_id=None, eos_token_id=None)
+
+
+def timed(fn, repeats):
+    fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--vocab", type=int, default=128256)
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--train-tokens", type=int, nargs="+", default=[8192, 16384])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--impls", nargs="+", default=None)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("hf_bench needs a CUDA GPU", file=sys.stderr)
+        return 2
+    if args.quick:
+        args.new_tokens, args.train_tokens, args.repeats = 16, [2048], 1
+    import transformers
+
+    import tileflash.integrations.transformers as tf_hf
+
+    impls = args.impls or ["sdpa", tf_hf.register()]
+    if args.impls is None:
+        try:
+            import flash_attn  # noqa: F401
+
+            impls.append("flash_attention_2")
+        except ImportError:
+            pass
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(llama_config(args), attn_implementation="sdpa")
+    model.to(device="cuda", dtype=torch.bfloat16)
+    n_params = sum(p.numel() for p in model.parameters())
+    results = {}
+    for impl in impls:
+        model.set_attn_implementation(impl)
+        model.eval()
+        for b in args.batches:
+            ids = torch.randint(1, args.vocab, (b, args.prompt_len), device="cuda")
+            mask = torch.ones_like(ids)
+            kw = dict(attention_mask=mask, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                      do_sample=False, pad_token_id=0)
+            with torch.no_grad():
+                t = timed(lambda: model.generate(ids, **kw), args.repeats)
+            results[("generate", b, impl)] = b * args.new_tokens / t
+            print(f"generate B={b} {impl}: {b * args.new_tokens / t:.1f} tok/s", flush=True)
+        model.train()
+        for n in args.train_tokens:
+            ids = torch.randint(1, args.vocab, (1, n), device="cuda")
+
+            def step():
+                loss = model(ids, labels=ids, use_cache=False).loss
+                loss.backward()
+                for p in model.parameters():
+                    p.grad = None
+            torch.cuda.reset_peak_memory_stats()
+            t = timed(step, args.repeats)
+            results[("train", n, impl)] = (t * 1e3, torch.cuda.max_memory_allocated() / 2**30)
+            print(f"train 1x{n} {impl}: {t * 1e3:.1f} ms/step, peak {results[('train', n, impl)][1]:.1f} GiB",
+                  flush=True)
+    print(f"\nLlama-shaped model, {n_params / 1e9:.2f}B parameters, {args.layers} layers, hidden 2048, 32/8 heads, "
+          f"head dim 64, bf16, random weights. {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"transformers {transformers.__version__}")
+    print(f"| what | {' | '.join(impls)} | " + " | ".join(f"{i}/sdpa" for i in impls[1:]) + " |")
+    print("|---" * (2 * len(impls)) + "|")
+    for b in args.batches:
+        v = [results[("generate", b, i)] for i in impls]
+        print(f"| generate B={b}, tok/s (prompt {args.prompt_len}, {args.new_tokens} new) | "
+              + " | ".join(f"{x:.1f}" for x in v) + " | " + " | ".join(f"{x / v[0]:.2f}" for x in v[1:]) + " |")
+    for n in args.train_tokens:
+        v = [results[("train", n, i)][0] for i in impls]
+        print(f"| train fwd+bwd 1x{n}, ms/step | " + " | ".join(f"{x:.1f}" for x in v) + " | "
+              + " | ".join(f"{v[0] / x:.2f}" for x in v[1:]) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
