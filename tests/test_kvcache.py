@@ -214,6 +214,10 @@ def test_bf16_on_cuda_or_interpreter(backend):
         assert err <= 2 * (eager.double() - ref).abs().max().item() + rounding_atol(ref, torch.bfloat16)
 
 
+_VALUE_CASES = ("overflow", "table_range", "batch_idx_range", "leftpad", "dup_batch_idx", "shared_page",
+                "short_rotary")
+
+
 @pytest.mark.parametrize("bad,err,match", [
     ("overflow", ValueError, "cache overflow"),
     ("table_range", ValueError, "block_table entries must be in"),
@@ -230,9 +234,13 @@ def test_bf16_on_cuda_or_interpreter(backend):
     ("small_cache", ValueError, "k_cache holds 2 sequences"),
     ("short_rotary", ValueError, "rotary_cos has"),
 ])
-def test_bad_input_leaves_cache_untouched(backend, bad, err, match):
-    """On every device, CUDA included (where a read-only call skips value checks, an append never does)."""
+def test_bad_input_leaves_cache_untouched(backend, bad, err, match, monkeypatch):
+    """On every device. CUDA reads values inside tensors only with TILEFLASH_CHECK_INPUTS=1 (by
+    default it guards in the kernels instead: test_append_kernel_guards), so the value cases set it
+    there."""
     dev = backend_device(backend)
+    if dev == "cuda" and bad in _VALUE_CASES:
+        monkeypatch.setenv("TILEFLASH_CHECK_INPUTS", "1")
     dt = _dtype(dev)
     paged = bad in ("table_range", "shared_page")
     kc, vc, table, g = _setup(dev, 2, paged, 16, seed=5)
@@ -896,14 +904,17 @@ def test_kernel_clamps_unchecked_indices(backend):
     _assert_matches(out[:1], q[:1], kb, vb, 2e-5)
 
 
-def test_value_check_policy():
-    """When flash_attn_with_kvcache reads values on the host (a sync on CUDA)."""
+def test_value_check_policy(monkeypatch):
+    """When flash_attn_with_kvcache reads values on the host (a sync on CUDA): CPU always (a
+    read-only call not while tracing); CUDA never by default, appends included (flash-attn's rule)."""
     from tileflash.interface import _kvcache_checks_values as checks
 
-    assert checks("cuda", 1, False, False) and checks("cuda", 1, False, True)   # appends: always
-    assert checks("cuda", 0, True, True)                                         # rotary: always
+    monkeypatch.delenv("TILEFLASH_CHECK_INPUTS", raising=False)
+    assert checks("cpu", 1, False, False) and checks("cpu", 1, False, True)     # CPU appends: always
+    assert checks("cpu", 0, True, True)                                         # CPU rotary: always
     assert checks("cpu", 0, False, False) and not checks("cpu", 0, False, True)  # read-only CPU, not traced
-    assert not checks("cuda", 0, False, False)                                   # read-only CUDA: no sync
+    for args in ((0, False, False), (1, False, False), (1, False, True), (0, True, False)):
+        assert not checks("cuda", *args)                                        # CUDA: no sync
 
 
 def test_value_check_policy_env(monkeypatch):
@@ -911,6 +922,130 @@ def test_value_check_policy_env(monkeypatch):
 
     monkeypatch.setenv("TILEFLASH_CHECK_INPUTS", "1")
     assert checks("cuda", 0, False, False) and not checks("cuda", 0, False, True)
+    assert checks("cuda", 1, False, False) and checks("cuda", 1, False, True)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_append_kernel_guards(backend, paged):
+    """The append kernel (below the interface, where nothing is checked) writes exactly the valid
+    positions: a row whose lengths overflow keeps the tokens that fit, negative lengths, pages or
+    cache entries out of range write nothing, and no byte outside those positions changes."""
+    if backend == "tiled":
+        pytest.skip("the guards are in the Triton kernel")
+    from tileflash.ops import route
+
+    dev = backend_device(backend)
+    kc, vc, table, g = _setup(dev, 2, paged, 16, seed=21)
+    new = 3
+    k = torch.randn(B, new, 2, D, generator=g).to(dev, kc.dtype)
+    v = torch.randn(B, new, 2, D, generator=g).to(dev, kc.dtype)
+    seqlens = torch.tensor([4, CAP - 1, -2], dtype=torch.int32, device=dev)  # row 1 overflows, row 2 < 0
+    batch_idx = None
+    if paged:
+        table = table.clone()
+        table[0, 0] = 10 ** 6  # row 0's first page is out of range (positions 4..6 live in it)
+    else:
+        batch_idx = torch.tensor([0, 1, 7], dtype=torch.int32, device=dev)  # entry 7 does not exist
+    kc0, vc0 = kc.clone(), vc.clone()
+    route.kvcache_append(kc, vc, k, v, seqlens, 0, batch_idx, table)
+    exp_k, exp_v = kc0.clone(), vc0.clone()
+    for b, start in enumerate(seqlens.tolist()):
+        for t in range(new):
+            pos = start + t
+            if not 0 <= pos < CAP:
+                continue
+            if paged:
+                page = int(table[b, pos // 16])
+                if not 0 <= page < kc.shape[0]:
+                    continue
+                exp_k[page, pos % 16], exp_v[page, pos % 16] = k[b, t], v[b, t]
+            else:
+                row = b if batch_idx is None else int(batch_idx[b])
+                if not 0 <= row < kc.shape[0]:
+                    continue
+                exp_k[row, pos], exp_v[row, pos] = k[b, t], v[b, t]
+    assert torch.equal(kc, exp_k) and torch.equal(vc, exp_v)
+    assert not torch.equal(kc, kc0), "the valid positions must have been written"
+
+
+def test_append_does_not_sync_and_captures():
+    """On CUDA a decode step with an append reads no value on the host (torch's sync debug mode
+    would raise), and append + attention captured in a CUDA graph and replayed give the eager
+    results, the cache included."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    dev, dt = "cuda", torch.float16
+    kc, vc, table, g = _setup(dev, 2, True, 16, seed=22)
+    q = torch.randn(B, 1, H, D, generator=g).to(dev, dt)
+    k, v = torch.randn(B, 1, 2, D, generator=g).to(dev, dt), torch.randn(B, 1, 2, D, generator=g).to(dev, dt)
+    seqlens = torch.tensor([5, 17, 30], dtype=torch.int32, device=dev)
+    kw = dict(cache_seqlens=seqlens, block_table=table, causal=True)
+    kc_e, vc_e = kc.clone(), vc.clone()
+    ref = tileflash.flash_attn_with_kvcache(q, kc_e, vc_e, k, v, **kw)  # eager (also compiles the kernels)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        tileflash.flash_attn_with_kvcache(q, kc.clone(), vc.clone(), k, v, **kw)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            out = tileflash.flash_attn_with_kvcache(q, kc, vc, k, v, **kw)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref)
+    assert torch.equal(kc, kc_e) and torch.equal(vc, vc_e)
+
+
+def test_compiled_decode_step_reduce_overhead():
+    """torch.compile(mode="reduce-overhead") (CUDA graphs) of a decode step that appends to a
+    cache held as module buffers: three steps, each equal to the eager step, caches included."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    dev, dt = "cuda", torch.float16
+
+    class Step(torch.nn.Module):
+        def __init__(self, kc, vc):
+            super().__init__()
+            self.register_buffer("kc", kc)
+            self.register_buffer("vc", vc)
+
+        def forward(self, q, k, v, seqlens):
+            return tileflash.flash_attn_with_kvcache(q, self.kc, self.vc, k, v, cache_seqlens=seqlens, causal=True)
+
+    kc, vc, _, g = _setup(dev, 2, False, 16, seed=23)
+    eager, compiled = Step(kc.clone(), vc.clone()), Step(kc.clone(), vc.clone())
+    torch._dynamo.reset()
+    step = torch.compile(compiled, mode="reduce-overhead")
+    for i in range(3):
+        q = torch.randn(B, 1, H, D, generator=g).to(dev, dt)
+        k, v = torch.randn(B, 1, 2, D, generator=g).to(dev, dt), torch.randn(B, 1, 2, D, generator=g).to(dev, dt)
+        seqlens = torch.tensor([5 + i, 17 + i, 30 + i], dtype=torch.int32, device=dev)
+        ref = eager(q, k, v, seqlens)
+        out = step(q, k, v, seqlens).clone()
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+        assert torch.equal(compiled.kc, eager.kc) and torch.equal(compiled.vc, eager.vc)
+
+
+def test_compiled_append_functionalizes_on_cpu():
+    """The append is the mutating custom op tileflash::kvcache_append under torch.compile: with
+    aot_eager (functionalization) the compiled step writes the same cache and output as eager."""
+    kc, vc, _, g = _setup("cpu", 2, False, 16, seed=24)
+    q = torch.randn(B, 1, H, D, generator=g)
+    k, v = torch.randn(B, 1, 2, D, generator=g), torch.randn(B, 1, 2, D, generator=g)
+    kc2, vc2 = kc.clone(), vc.clone()
+    ref = tileflash.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=7, causal=True)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda q, kc, vc, k, v: tileflash.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=7,
+                                                                                 causal=True),
+                       backend="aot_eager")  # (CPU checks values: a graph break before the append)
+    out = fn(q, kc2, vc2, k, v)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    assert torch.equal(kc2, kc) and torch.equal(vc2, vc)
 
 
 @pytest.mark.parametrize("bad", ["overflow", "table_range"])

@@ -505,3 +505,23 @@ def kvcache_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, windo
                                       softcap=softcap, alibi_slopes=slopes)
         out[b], lse[b] = o[0], l_[0]
     return out, lse
+
+
+def append_kv(k_cache, v_cache, k, v, seqlens, seqlen_fixed, cache_batch_idx=None, block_table=None):
+    """The KV-cache append with PyTorch indexing (CPU tensors, whose values
+    ``flash_attn_with_kvcache`` has checked): k/v (batch, seqlen_new, nheads_k, d) go to positions
+    seqlens[b] + t (seqlen_fixed + t when seqlens is None) of each row's cache, in place."""
+    batch, seqlen_new = k.shape[:2]
+    dev = k.device
+    start = seqlens.long() if seqlens is not None else torch.full((batch,), seqlen_fixed, dtype=torch.long,
+                                                                  device=dev)
+    pos = start[:, None] + torch.arange(seqlen_new, device=dev)[None, :]        # (batch, seqlen_new)
+    if block_table is not None:
+        ps = k_cache.shape[1]
+        rows = (torch.gather(block_table.long(), 1, pos // ps), pos % ps)
+    else:
+        cb = cache_batch_idx.long() if cache_batch_idx is not None else torch.arange(batch, device=dev)
+        rows = (cb[:, None].expand_as(pos), pos)
+    with torch.no_grad():
+        k_cache[rows] = k
+        v_cache[rows] = v

@@ -10,7 +10,7 @@ import os
 import torch
 from torch import Tensor
 
-from tileflash.ops.attention import PackedAttention, attention, kvcache_forward, kvcache_fwd
+from tileflash.ops.attention import PackedAttention, attention, kvcache_append, kvcache_forward, kvcache_fwd
 from tileflash.ops import route
 from tileflash.ops.route import use_triton
 from tileflash.ops.triton.decode import check_grid, row_block_count
@@ -494,16 +494,19 @@ def _int_tensor(name, t, shape, device):
 
 
 def _kvcache_checks_values(device_type: str, seqlen_new: int, rotary_append: bool, compiling: bool) -> bool:
-    """Whether flash_attn_with_kvcache reads cache_seqlens / block_table / cache_batch_idx to check
-    them, which costs a device sync on CUDA. Always when the call writes the cache (an append) or
-    applies rotary (its table must cover the positions), even under torch.compile (a graph break);
-    for a read-only call, on CPU tensors or with TILEFLASH_CHECK_INPUTS=1, and not while tracing.
-    A read-only CUDA call skips them: the kernel clamps lengths and indices into the cache."""
-    if seqlen_new > 0 or rotary_append:
-        return True
-    if compiling:
+    """Whether flash_attn_with_kvcache reads cache_seqlens / block_table / cache_batch_idx /
+    cache_leftpad on the host to check them (on CUDA a device sync per tensor read).
+
+    CPU tensors: always, except for a read-only call while torch.compile traces (values unknown);
+    an append or rotary is checked there too, as a graph break. CUDA tensors: only with
+    TILEFLASH_CHECK_INPUTS=1 (likewise); by default a CUDA call reads no value, as in flash-attn,
+    and the kernels guard instead: the append kernel writes no position, page or cache entry out
+    of range, the attention kernel clamps lengths and indices into the cache, and rotary positions
+    are clamped into the table. Bad values then give wrong results for their rows, never a write
+    or read outside the cache."""
+    if device_type == "cuda" and os.environ.get("TILEFLASH_CHECK_INPUTS", "0") != "1":
         return False
-    return device_type != "cuda" or os.environ.get("TILEFLASH_CHECK_INPUTS", "0") == "1"
+    return seqlen_new > 0 or rotary_append or not compiling
 
 
 def _check_kvcache_lengths(sl, seqlen_new, capacity):
@@ -605,16 +608,19 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             the number of SMs and the cache length; 1 disables splitting.
         return_softmax_lse: also return the merged LSE (batch, nheads, seqlen_q), float32.
 
-    Everything is validated before anything is written: an append past the cache's end, block
-    table entries out of range, dtype/device/head mismatches raise and leave the cache untouched.
-    Checking values (cache_seqlens, block_table, cache_batch_idx, cache_leftpad) reads them on
-    the host, which on CUDA costs up to four syncs. It is done whenever the call appends (k/v given) or applies
-    rotary, also inside torch.compile (as a graph break); for a read-only call, on CPU tensors or
-    with the environment variable TILEFLASH_CHECK_INPUTS=1 (not while tracing). A read-only call
-    on CUDA skips it, so decode steps stay asynchronous and can be captured in a CUDA graph; the
-    kernel then clamps lengths and indices into the cache, so bad values give wrong outputs for
-    that row but never read outside the cache. cache_seqlens given as a Python int is checked for
-    free. With tensor lengths that are not read, the KV splits are sized by the cache's capacity
+    Shapes, dtypes, devices and head counts are validated before anything is written, and raise
+    leaving the cache untouched. Values inside tensors (cache_seqlens, block_table,
+    cache_batch_idx, cache_leftpad) are a different matter, as in flash-attn: reading them on the
+    host costs a device sync per tensor on CUDA, so on CUDA they are checked only with the
+    environment variable TILEFLASH_CHECK_INPUTS=1 (then an append past the cache's end, table
+    entries out of range, repeated pages or entries raise before any write). By default a CUDA
+    call reads no value, stays asynchronous (append and attention can be captured in a CUDA graph)
+    and the kernels guard instead: the append writes no position, page or cache entry outside the
+    cache (the tokens of an overflowing row that still fit are written, the rest dropped), the
+    attention kernel clamps lengths and indices into the cache, rotary positions are clamped into
+    the table. Bad values then give wrong outputs for their rows, never an access outside the
+    cache. CPU tensors are always checked (also inside torch.compile, as a graph break, when the
+    call appends), and cache_seqlens given as a Python int is checked for free everywhere. With tensor lengths that are not read, the KV splits are sized by the cache's capacity
     rather than the longest sequence, so a cache allocated much longer than its contents splits
     its work coarsely (fewer busy programs at small batch); passing cache_seqlens as an int, or a
     cache sized to the contents, avoids that.
@@ -690,8 +696,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         sl = [int(cache_seqlens) if cache_seqlens is not None else capacity] * batch  # known on the host
     else:
         sl = None
-    if _kvcache_checks_values(dev.type, seqlen_new, k is not None and rotary_cos is not None,
-                              torch.compiler.is_compiling()):
+    checked = _kvcache_checks_values(dev.type, seqlen_new, k is not None and rotary_cos is not None,
+                                     torch.compiler.is_compiling())
+    if checked:
         sl = _check_kvcache_values(sl, seqlens, seqlen_new, seqlen_q, capacity, k_cache.shape[0], k_cache.shape[1],
                                    block_table, cache_batch_idx, rotary_cos if k is not None else None,
                                    cache_leftpad)
@@ -704,29 +711,25 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         route.refuse_gluon_kvcache()
 
     # -- rotary and in-place append ----------------------------------------------------------------
-    t_new = torch.arange(seqlen_new, device=dev) if k is not None else None
-    if seqlens is None and k is not None:
-        seqlens = torch.full((batch,), sl[0] if sl else 0, dtype=torch.int32, device=dev)
+    # (uniform lengths: one host int, no length tensor is built; the kernels take the scalar)
+    first = (sl[0] if sl else 0) if uniform else 0
     if rotary_cos is not None and k is not None:  # flash-attn: rotary only applies with an append
+        start = first if uniform else seqlens.long()[:, None]
         span = capacity  # flash-attn's rule: a window at least the cache's size is no window
         local = 0 <= feats["window_left"] < span or 0 <= feats["window_right"] < span
         t_q = torch.arange(seqlen_q, device=dev) if (causal or local) else \
             torch.zeros(seqlen_q, dtype=torch.long, device=dev)
-        q = apply_rotary(q, rotary_cos, rotary_sin, seqlens.long()[:, None] + t_q[None, :], rotary_interleaved)
-        k = apply_rotary(k, rotary_cos, rotary_sin, seqlens.long()[:, None] + t_new[None, :], rotary_interleaved)
+        pos_q = start + t_q[None, :]
+        pos_k = start + torch.arange(seqlen_new, device=dev)[None, :]
+        if not checked:  # unchecked lengths (CUDA): clamp into the table rather than index past it
+            pos_q, pos_k = (p.clamp(0, rotary_cos.shape[0] - 1) for p in (pos_q, pos_k))
+        q = apply_rotary(q, rotary_cos, rotary_sin, pos_q, rotary_interleaved)
+        k = apply_rotary(k, rotary_cos, rotary_sin, pos_k, rotary_interleaved)
     if k is not None and seqlen_new > 0:
-        pos = seqlens.long()[:, None] + t_new[None, :]                          # (batch, seqlen_new)
-        if paged:
-            ps = k_cache.shape[1]
-            page = torch.gather(block_table.long(), 1, pos // ps)
-            rows = (page, pos % ps)
-        else:
-            cb = cache_batch_idx.long() if cache_batch_idx is not None else torch.arange(batch, device=dev)
-            rows = (cb[:, None].expand_as(pos), pos)
-        with torch.no_grad():
-            k_cache[rows] = k
-            v_cache[rows] = v
-        seqlens = seqlens + seqlen_new
+        append = kvcache_append if torch.compiler.is_compiling() else route.kvcache_append
+        append(k_cache, v_cache, k, v, None if uniform else seqlens, first, cache_batch_idx, block_table)
+        if not uniform:
+            seqlens = seqlens + seqlen_new
     q = _unit_last_stride(q)
     if uniform:
         seqlens = None  # every entry holds sl[0] + seqlen_new keys: the kernel takes that scalar

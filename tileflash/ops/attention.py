@@ -257,6 +257,21 @@ def kvcache_forward(
                          cache_leftpad=cache_leftpad, options=Options.decode(options))
 
 
+@torch.library.custom_op("tileflash::kvcache_append", mutates_args=("k_cache", "v_cache"))
+def kvcache_append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, seqlens: Optional[Tensor],
+                   seqlen_fixed: int, cache_batch_idx: Optional[Tensor] = None,
+                   block_table: Optional[Tensor] = None) -> None:
+    """Write k/v (batch, seqlen_new, nheads_k, d) into the cache in place at positions seqlens[b] + t
+    (seqlen_fixed + t without a length tensor): ``tileflash.ops.route.kvcache_append``. Reads no
+    value on the host on CUDA (guarded writes), so a decode step stays capturable in a CUDA graph."""
+    route.kvcache_append(k_cache, v_cache, k, v, seqlens, seqlen_fixed, cache_batch_idx, block_table)
+
+
+@kvcache_append.register_fake
+def _(k_cache, v_cache, k, v, seqlens, seqlen_fixed, cache_batch_idx=None, block_table=None):
+    return None
+
+
 @torch.library.custom_op("tileflash::kvcache_fwd", mutates_args=())
 def kvcache_fwd(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Optional[Tensor], softmax_scale: float, causal: bool,

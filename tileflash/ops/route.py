@@ -282,6 +282,18 @@ def refuse_gluon_kvcache():
     _gluon_refused("kernels", "there is no Gluon decode kernel; KV-cache calls run the Triton kernel")
 
 
+def kvcache_append(k_cache, v_cache, k, v, seqlens, seqlen_fixed: int, cache_batch_idx=None, block_table=None):
+    """Write the new k/v into the cache in place (``flash_attn_with_kvcache``'s append): the Triton
+    kernel on CUDA and in the interpreter (which reads no value on the host and guards every write
+    into the cache), PyTorch indexing on the tiled CPU path and for bf16 in the interpreter (its
+    bf16 loads/stores are wrong)."""
+    if k_cache.is_cuda or (use_triton(k_cache) and k_cache.dtype != torch.bfloat16):
+        with _device(k_cache):
+            tr_dec.append_kv(k_cache, v_cache, k, v, seqlens, seqlen_fixed, cache_batch_idx, block_table)
+        return
+    cpu.append_kv(k_cache, v_cache, k, v, seqlens, seqlen_fixed, cache_batch_idx, block_table)
+
+
 def kvcache(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, window=(-1, -1), softcap=0.0,
             alibi_slopes=None, cache_batch_idx=None, block_table=None, num_splits=0, max_seqlen_k=-1,
             cache_leftpad=None, options: Options = DEFAULT):

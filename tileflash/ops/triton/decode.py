@@ -705,3 +705,87 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         BH_AXIS0=bh_axis0,
     )
     return out, lse
+
+
+# ----------------------------------------------------------------------------------------------
+# In-place append of new keys/values (flash_attn_with_kvcache with k, v), without a host sync
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit(do_not_specialize=["seqlen_new", "seqlen_fixed"])
+def _append_kv(
+    K_NEW, V_NEW, K_CACHE, V_CACHE, SEQLENS, BATCH_IDX, BLOCK_TABLE,
+    stride_knb, stride_knt, stride_knh, stride_vnb, stride_vnt, stride_vnh,
+    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, stride_btb,
+    seqlen_new, seqlen_fixed, nheads_k, capacity, num_cache, page_size, max_blocks,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+    HAS_SEQLENS: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, PAGED: tl.constexpr,
+):
+    """New token t of batch row b goes to position p = seqlens[b] + t (seqlen_fixed without a
+    length tensor) of that row's cache: page block_table[b, p // page_size], row p % page_size
+    (paged), or row p of cache entry batch_idx[b] (contiguous). One program per (b, t) and block
+    of BLOCK_H kv heads. Guards instead of host-side checks: a position outside [0, capacity), a
+    page or cache entry outside the cache is not written (the rest of the row still is), so bad
+    lengths or tables never write outside the cache."""
+    pid = tl.program_id(0)
+    b = pid // seqlen_new
+    t = pid % seqlen_new
+    if HAS_SEQLENS:
+        pos = tl.load(SEQLENS + b) + t
+    else:
+        pos = seqlen_fixed + t
+    ok = (pos >= 0) & (pos < capacity)
+    pos = tl.where(ok, pos, 0)
+    if PAGED:
+        slot = tl.minimum(pos // page_size, max_blocks - 1)
+        row = tl.load(BLOCK_TABLE + b.to(tl.int64) * stride_btb + slot)
+        col = pos % page_size
+    else:
+        if HAS_BATCH_IDX:
+            row = tl.load(BATCH_IDX + b)
+        else:
+            row = b
+        col = pos
+    ok = ok & (row >= 0) & (row < num_cache)
+    row = tl.where(ok, row, 0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)                 # [BLOCK_H]
+    offs_d = tl.arange(0, BLOCK_D)                                              # [BLOCK_D]
+    n_heads = tl.where(ok, nheads_k, 0)  # (the interpreter rejects a scalar bool &-ed into a block mask)
+    mask = (offs_h[:, None] < n_heads) & (offs_d[None, :] < HEAD_DIM)          # [BLOCK_H, BLOCK_D]
+    b64, t64, col64 = b.to(tl.int64), t.to(tl.int64), col.to(tl.int64)
+    kn = tl.load(K_NEW + b64 * stride_knb + t64 * stride_knt + offs_h[:, None] * stride_knh + offs_d[None, :],
+                 mask=mask)
+    vn = tl.load(V_NEW + b64 * stride_vnb + t64 * stride_vnt + offs_h[:, None] * stride_vnh + offs_d[None, :],
+                 mask=mask)
+    tl.store(K_CACHE + row * stride_kcb + col64 * stride_kcs + offs_h[:, None] * stride_kch + offs_d[None, :], kn,
+             mask=mask)
+    tl.store(V_CACHE + row * stride_vcb + col64 * stride_vcs + offs_h[:, None] * stride_vch + offs_d[None, :], vn,
+             mask=mask)
+
+
+def append_kv(k_cache, v_cache, k, v, seqlens, seqlen_fixed: int, cache_batch_idx=None, block_table=None):
+    """Write k/v (batch, seqlen_new, nheads_k, d) into the cache at positions seqlens[b] + t
+    (seqlen_fixed + t when seqlens is None), in place, in one launch and without reading any value
+    on the host (see ``_append_kv`` for what is done with positions or pages out of range)."""
+    batch, seqlen_new, nheads_k, d = k.shape
+    if batch == 0 or seqlen_new == 0 or nheads_k == 0:
+        return
+    k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
+    paged = block_table is not None
+    block_d = next_pow2(d)
+    block_h = max(1, min(next_pow2(nheads_k), 4096 // block_d))
+    grid = (batch * seqlen_new, cdiv(nheads_k, block_h))
+    if grid[1] > GRID_YZ_MAX:
+        raise ValueError(f"flash_attn_with_kvcache: {nheads_k} kv heads exceed the append kernel's grid")
+    capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+    if capacity == 0:
+        return
+    _append_kv[grid](
+        k, v, k_cache, v_cache, seqlens, cache_batch_idx, block_table,
+        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
+        v_cache.stride(2), block_table.stride(0) if paged else 0,
+        seqlen_new, seqlen_fixed, nheads_k, capacity, k_cache.shape[0], k_cache.shape[1],
+        block_table.shape[1] if paged else 1,
+        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=block_h, HAS_SEQLENS=seqlens is not None,
+        HAS_BATCH_IDX=cache_batch_idx is not None, PAGED=paged, num_warps=4,
+    )
