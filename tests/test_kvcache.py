@@ -1127,3 +1127,32 @@ def test_compiled_read_only_fullgraph():
     fn = torch.compile(lambda *a: tileflash.flash_attn_with_kvcache(*a, cache_seqlens=seqlens, block_table=table),
                        backend="eager", fullgraph=True)
     torch.testing.assert_close(fn(q, kc, vc), eager, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("sq,sk,causal,window", [(1, 300, True, (-1, -1)), (4, 97, False, (20, 3)),
+                                                 (16, 16, True, (-1, -1)), (17, 64, True, (-1, -1))])
+def test_decode_shaped_forward_runs_decode_kernel(backend, monkeypatch, sq, sk, causal, window):
+    """flash_attn_func with a few query tokens (decode_shaped) runs the split-KV decode kernel,
+    with the forward's results (out and lse against fp64) and a backward through them; more query
+    tokens than DECODE_MAX_Q keep the prefill kernels."""
+    if backend == "tiled":
+        pytest.skip("the tiled CPU path has no decode kernel")
+    from tileflash.ops import route
+
+    dev = backend_device(backend)
+    dt = _dtype(dev)
+    calls = []
+    real = route.tr_dec.decode_forward
+    monkeypatch.setattr(route.tr_dec, "decode_forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    g = torch.Generator().manual_seed(25)
+    q = torch.randn(2, sq, H, D, generator=g).to(dev, dt).requires_grad_()
+    k = torch.randn(2, sk, 2, D, generator=g).to(dev, dt).requires_grad_()
+    v = torch.randn(2, sk, 2, D, generator=g).to(dev, dt).requires_grad_()
+    out, lse, _ = tileflash.flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
+    assert bool(calls) == (sq <= route.DECODE_MAX_Q)
+    _assert_matches(out.detach(), q.detach(), k.detach(), v.detach(), 3e-5, causal=causal, window_size=window)
+    _, ref_lse = attention_ref(q.detach().cpu().double(), k.detach().cpu().double(), v.detach().cpu().double(),
+                               causal=causal, window_size=window)
+    assert (lse.cpu().double() - ref_lse).abs().max().item() < (1e-5 if dt == torch.float32 else 2e-2)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    assert all(torch.isfinite(t).all() for t in (dq, dk, dv))

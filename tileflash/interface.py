@@ -15,7 +15,7 @@ from tileflash.ops import route
 from tileflash.ops.route import use_triton
 from tileflash.ops.triton.decode import check_grid, row_block_count
 from tileflash.ops.utils import apply_rotary
-from tileflash.options import resolve
+from tileflash.options import Options, resolve
 
 MAX_HEADDIM = 256
 _GPU_DTYPES = (torch.float16, torch.bfloat16)
@@ -227,6 +227,25 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return out
 
 
+# A validated CUDA call's signature (what the checks read: shapes, last strides, dtypes, devices and
+# the scalar arguments with their types) -> (softmax scale, the op's feature arguments): a repeated
+# call skips the checks (host time; issue: host cost per call). Only calls without tensors among
+# the features, outside torch.compile.
+_PREPARED: dict = {}
+
+
+def _call_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, options):
+    if (type(q) is not Tensor or type(k) is not Tensor or type(v) is not Tensor or not q.is_cuda
+            or alibi_slopes is not None or type(dropout_p) is not float or dropout_p != 0.0
+            or type(window_size) is not tuple or len(window_size) != 2 or type(window_size[0]) is not int
+            or type(window_size[1]) is not int or (options is not None and type(options) is not Options)
+            or torch.compiler.is_compiling()):
+        return None
+    return (q.shape, k.shape, v.shape, q.stride(-1), k.stride(-1), v.stride(-1), q.dtype, k.dtype, v.dtype,
+            q.device, k.device, v.device, softmax_scale, type(softmax_scale), causal, type(causal), window_size,
+            softcap, type(softcap), deterministic, type(deterministic), options)
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, deterministic=False, return_attn_probs=False, options=None):
     """Exact attention, ``softmax(q kᵀ · softmax_scale) v``, without materialising the score matrix.
@@ -319,10 +338,19 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
             ALiBi its lse is ours + slope·(i + seqlen_k - seqlen_q) (it biases by +slope·j).
         None [optional, if return_attn_probs=True]: placeholder for the attention probabilities.
     """
-    _check_qkv(q, k, v)
-    feats = _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, deterministic,
-                            batch=q.shape[0], nheads=q.shape[2], options=options)
-    scale = _default_scale(softmax_scale, q.shape[-1])
+    key = _call_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                    options)
+    prepared = _PREPARED.get(key) if key is not None else None
+    if prepared is None:
+        _check_qkv(q, k, v)
+        feats = _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, deterministic,
+                                batch=q.shape[0], nheads=q.shape[2], options=options)
+        prepared = (_default_scale(softmax_scale, q.shape[-1]), feats)
+        if key is not None:
+            if len(_PREPARED) >= 1024:
+                _PREPARED.clear()
+            _PREPARED[key] = prepared
+    scale, feats = prepared
     q, k, v = (_unit_last_stride(t) for t in (q, k, v))
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
     out, lse = attention(q, k, v, scale, causal, seqlen_k - seqlen_q, **feats)

@@ -6,6 +6,7 @@
 #   grid-DTYPE   the D 64/128 x N 1k-16k x causal grid, forward and backward, against cuDNN and
 #                SDPA-flash (and FA4 when it imports: below), then tools/grid_report.py
 #   host         tileflash bench --host (per-call host cost) with cProfile statistics of tileflash's calls
+#   layers       tools/host_layers.py (host time of each layer of the call path)
 #   hf           tools/hf_bench.py (a ~1B Llama through transformers: generate and train against sdpa)
 #   ptx          tools/compile_check.py --ptx-digests with the machine's triton (compare trees)
 #
@@ -44,6 +45,9 @@ for stage in "$@"; do
     host)
       timeout ${HOST_LIMIT:-120} python3 -m tileflash bench --host --profile "$OUT/host-profile.txt" > "$OUT/host.log" 2>&1
       echo "host rc=$?"; tail -n 12 "$OUT/host.log" ;;
+    layers)
+      timeout 120 python3 tools/host_layers.py > "$OUT/layers.log" 2>&1
+      echo "layers rc=$?"; cat "$OUT/layers.log" | tail -n 14 ;;
     hf)
       timeout ${HF_LIMIT:-300} python3 tools/hf_bench.py > "$OUT/hf.log" 2>&1
       echo "hf rc=$?"; tail -n 8 "$OUT/hf.log" ;;

@@ -1,8 +1,8 @@
 """Hugging Face transformers benchmark: a ~1B Llama-shaped model (random weights, bf16) with
 attn_implementation="tileflash" against "sdpa" (and "flash_attention_2" where flash-attn imports).
 
-* generate: greedy ``model.generate`` with transformers' KV cache, batch 1 and 8, a prompt of
-  --prompt-len tokens, --new-tokens new ones; new tokens per second (batch x new / time).
+* generate: greedy ``model.generate`` with transformers' KV cache, batch 1 and 8, prompts of
+  each --prompt-len, --new-tokens new ones; new tokens per second (batch x new / time).
 * train: forward + backward of the causal-LM loss (no optimizer step: it is the same for every
   attention) at batch 1 x 8k and 1 x 16k tokens; ms per step (median of --repeats after a warm-up).
 
@@ -47,7 +47,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--vocab", type=int, default=128256)
-    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--prompt-len", type=int, nargs="+", default=[512, 4096])
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--train-tokens", type=int, nargs="+", default=[8192, 16384])
@@ -59,19 +59,17 @@ def main(argv=None):
         print("hf_bench needs a CUDA GPU", file=sys.stderr)
         return 2
     if args.quick:
-        args.new_tokens, args.train_tokens, args.repeats = 16, [2048], 1
+        args.new_tokens, args.train_tokens, args.repeats, args.prompt_len = 16, [2048], 1, [512]
     import transformers
 
     import tileflash.integrations.transformers as tf_hf
 
     impls = args.impls or ["sdpa", tf_hf.register()]
     if args.impls is None:
-        try:
-            import flash_attn  # noqa: F401
+        from transformers.utils import is_flash_attn_2_available
 
+        if is_flash_attn_2_available():  # (FA4's flash_attn.cute alone is not flash-attn 2)
             impls.append("flash_attention_2")
-        except ImportError:
-            pass
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(llama_config(args), attn_implementation="sdpa")
     model.to(device="cuda", dtype=torch.bfloat16)
@@ -80,15 +78,16 @@ def main(argv=None):
     for impl in impls:
         model.set_attn_implementation(impl)
         model.eval()
-        for b in args.batches:
-            ids = torch.randint(1, args.vocab, (b, args.prompt_len), device="cuda")
-            mask = torch.ones_like(ids)
-            kw = dict(attention_mask=mask, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                      do_sample=False, pad_token_id=0)
-            with torch.no_grad():
-                t = timed(lambda: model.generate(ids, **kw), args.repeats)
-            results[("generate", b, impl)] = b * args.new_tokens / t
-            print(f"generate B={b} {impl}: {b * args.new_tokens / t:.1f} tok/s", flush=True)
+        for plen in args.prompt_len:
+            for b in args.batches:
+                ids = torch.randint(1, args.vocab, (b, plen), device="cuda")
+                mask = torch.ones_like(ids)
+                kw = dict(attention_mask=mask, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                          do_sample=False, pad_token_id=0)
+                with torch.no_grad():
+                    t = timed(lambda: model.generate(ids, **kw), args.repeats)
+                results[("generate", plen, b, impl)] = b * args.new_tokens / t
+                print(f"generate prompt {plen} B={b} {impl}: {b * args.new_tokens / t:.1f} tok/s", flush=True)
         model.train()
         for n in args.train_tokens:
             ids = torch.randint(1, args.vocab, (1, n), device="cuda")
@@ -108,10 +107,11 @@ def main(argv=None):
           f"transformers {transformers.__version__}")
     print(f"| what | {' | '.join(impls)} | " + " | ".join(f"{i}/sdpa" for i in impls[1:]) + " |")
     print("|---" * (2 * len(impls)) + "|")
-    for b in args.batches:
-        v = [results[("generate", b, i)] for i in impls]
-        print(f"| generate B={b}, tok/s (prompt {args.prompt_len}, {args.new_tokens} new) | "
-              + " | ".join(f"{x:.1f}" for x in v) + " | " + " | ".join(f"{x / v[0]:.2f}" for x in v[1:]) + " |")
+    for plen in args.prompt_len:
+        for b in args.batches:
+            v = [results[("generate", plen, b, i)] for i in impls]
+            print(f"| generate B={b}, tok/s (prompt {plen}, {args.new_tokens} new) | "
+                  + " | ".join(f"{x:.1f}" for x in v) + " | " + " | ".join(f"{x / v[0]:.2f}" for x in v[1:]) + " |")
     for n in args.train_tokens:
         v = [results[("train", n, i)][0] for i in impls]
         print(f"| train fwd+bwd 1x{n}, ms/step | " + " | ".join(f"{x:.1f}" for x in v) + " | "

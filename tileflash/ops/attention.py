@@ -190,12 +190,14 @@ attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 class _EagerAttention(torch.autograd.Function):
     """Eager autograd of ``tileflash::fwd``: the op's body, context and backward, without the
     dispatcher's custom-op layers (which cost ~75 us of host time per differentiable call,
-    measured on this repository's 2-core CPU machine). torch.compile sees the op instead."""
+    measured on this repository's 2-core CPU machine). torch.compile sees the op instead.
+    ``rest``: the op's arguments after q, k, v as one tuple (each argument of ``apply`` costs
+    autograd host time)."""
 
     @staticmethod
-    def forward(ctx, *inputs):
-        out, lse = _attention_fwd_body(*inputs)
-        _setup_context(ctx, inputs, (out, lse))
+    def forward(ctx, q, k, v, rest):
+        out, lse = _attention_fwd_body(q, k, v, *rest)
+        _setup_context(ctx, (q, k, v, *rest), (out, lse))
         # the LSE's gradient is ignored: let autograd pass None rather than build zeros for it (a
         # fill kernel and an allocation per backward)
         ctx.set_materialize_grads(False)
@@ -206,12 +208,12 @@ class _EagerAttention(torch.autograd.Function):
         # _backward's work, calling the body of tileflash::bwd rather than the op (dlse is ignored)
         q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seed = ctx.saved_tensors
         if dout is None:  # only the LSE was differentiated: zero gradients, as the op's backward gives
-            return tuple(torch.zeros_like(t) for t in (q, k, v)) + (None,) * (3 + len(_FEATURES))
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None
         f = ctx.features
         kw = _kw(f["window_left"], f["window_right"], f["softcap"], alibi_slopes, cu_seqlens_q, cu_seqlens_k,
                  f["max_seqlen_q"], f["max_seqlen_k"], f["dropout_p"], seed, f["options"])
-        grads = route.backward(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.causal_shift, **kw)
-        return tuple(grads) + (None,) * (3 + len(_FEATURES))
+        dq, dk, dv = route.backward(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.causal_shift, **kw)
+        return dq, dk, dv, None
 
 
 # the feature arguments' defaults, read off the op's body (one place to change them)
@@ -231,10 +233,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: boo
         return attention_fwd(q, k, v, softmax_scale, causal, causal_shift, **features)
     if features.keys() - _FEATURE_DEFAULTS.keys():
         raise TypeError(f"attention: unknown feature arguments {sorted(features.keys() - _FEATURE_DEFAULTS.keys())}")
-    args = (q, k, v, softmax_scale, causal, causal_shift, *(features.get(n, d) for n, d in _FEATURE_DEFAULTS.items()))
+    rest = (softmax_scale, causal, causal_shift, *[features.get(n, d) for n, d in _FEATURE_DEFAULTS.items()])
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _EagerAttention.apply(*args)
-    return _attention_fwd_body(*args)
+        return _EagerAttention.apply(q, k, v, rest)
+    return _attention_fwd_body(q, k, v, *rest)
 
 
 def kvcache_forward(

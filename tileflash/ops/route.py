@@ -28,7 +28,7 @@ from tileflash import cpu
 from tileflash.ops.triton import backward as tr_bwd
 from tileflash.ops.triton import decode as tr_dec
 from tileflash.ops.triton import forward as tr_fwd
-from tileflash.ops.utils import feature_args, problem_dims
+from tileflash.ops.utils import LOG2E, feature_args, problem_dims
 from tileflash.options import DEBUG, DEFAULT, Options
 
 # Triton decides interpreter-or-GPU when a kernel is decorated, i.e. at import.
@@ -94,16 +94,42 @@ def forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int | Non
     kw = dict(window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed,
               cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
               max_seqlen_k=max_seqlen_k)
-    if not use_triton(q):
+    if not q.is_cuda and not use_triton(q):
         res_out, res_lse = cpu.forward(q, k, v, softmax_scale, causal, causal_shift, kw)
         return _into(res_out, out), _into(res_lse, lse)
+    decode = config is None and options.backend != "gluon"  # (decode_shaped calls may go to the decode kernel)
     if not q.is_cuda:  # the interpreter
+        if decode and decode_shaped(q, k, causal_shift, dropout_p, cu_seqlens_q):
+            res_out, res_lse = _decode_forward(q, k, v, softmax_scale, causal, window, softcap, alibi_slopes)
+            return _into(res_out, out), _into(res_lse, lse)
         dt = _interpreter_dtype(q)
         res_out, res_lse = tr_fwd.flash_attn_forward(q.to(dt), k.to(dt), v.to(dt), softmax_scale, causal, causal_shift,
                                                      **kw, config=config, use_tma=options.use_tma,
                                                      autotune=options.autotune,
                                                      out=out if out is not None and out.dtype == dt else None, lse=lse)
         return _into(res_out.to(q.dtype), out), res_lse
+    if (config is None and out is None and lse is None and alibi_slopes is None and seed is None
+            and cu_seqlens_q is None and cu_seqlens_k is None):
+        # the common call: its route is planned once per layout (_FWD_PLANS) and replayed
+        key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device, softmax_scale,
+               causal, causal_shift, window, softcap, dropout_p, options)
+        plan = _FWD_PLANS.get(key)
+        if plan is None:
+            plan = _plan_forward(q, k, v, softmax_scale, causal, causal_shift, kw, options, key)
+        if plan is _DECODE:
+            return _decode_forward(q, k, v, softmax_scale, causal, window, softcap, None)
+        if plan is not _SLOW and not (q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16):
+            gf, gplan, lse_shape = plan
+            with _on_device(q):
+                out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+                lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+                if gf.forward(q, k, v, out, lse, softmax_scale, causal, plan=gplan) is not None:
+                    return out, lse
+            _FWD_PLANS.pop(key, None)  # it did not compile (warned): plan again
+            out = lse = None
+    elif decode and decode_shaped(q, k, causal_shift, dropout_p, cu_seqlens_q):
+        res_out, res_lse = _decode_forward(q, k, v, softmax_scale, causal, window, softcap, alibi_slopes)
+        return _into(res_out, out), _into(res_lse, lse)
     with torch.cuda.device(q.device):
         if options.backend != "triton":
             # (the buffers it allocated come back, so that a call it declines allocates them once)
@@ -113,6 +139,82 @@ def forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int | Non
                 return done
         return tr_fwd.flash_attn_forward(q, k, v, softmax_scale, causal, causal_shift, **kw, config=config, out=out,
                                          lse=lse, use_tma=options.use_tma, autotune=options.autotune)
+
+
+# layout and arguments of a common forward call -> (Gluon forward module, its plan, the LSE's
+# shape), or _SLOW where the Gluon kernel does not take it as it is (the full route decides:
+# padded head dims, the Triton kernel, a refusal)
+_FWD_PLANS: dict = {}
+_SLOW = "slow"
+_DECODE = "decode"  # the split-KV decode kernel (decode_shaped)
+_PLANS_MAX = 1024
+
+
+def _plan_forward(q, k, v, softmax_scale, causal, causal_shift, kw, options, key):
+    """Decide once what ``forward`` runs for this layout (the Gluon kernel on q/k/v as they are, or
+    anything else: padded head dims, the Triton kernel, a refusal), with the checks of
+    :func:`_gluon_forward` and ``gluon.forward.plan_for`` that do not depend on the pointers."""
+    plan = _SLOW
+    if options.backend != "gluon" and decode_shaped(q, k, causal_shift, kw["dropout_p"], None):
+        plan = _DECODE
+    mods = (gluon_modules() if plan is _SLOW and options.backend != "triton" and q.numel() and k.shape[1]
+            else None)
+    if mods is not None and q.shape[-1] == mods[0].padded_head_dim(q.shape[-1]):
+        gf = mods[0]
+        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        shift = seqlen_k - seqlen_q if causal_shift is None else causal_shift
+        flags, _, _ = feature_args(softmax_scale, causal, kw["window"], kw["softcap"], None, batch,
+                                   kw["dropout_p"], seqlen_q + abs(shift), seqlen_k + abs(shift))
+        lse_shape = (batch, q.shape[2], seqlen_q)
+        with _on_device(q):
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+            lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+            gplan = gf.plan_for(q, k, v, out, lse, softmax_scale, causal, shift, flags, False, None)
+        if gplan is not None:
+            plan = (gf, gplan, lse_shape)
+        elif q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16:
+            return _SLOW  # declined for these pointers only: not remembered for the layout
+    if len(_FWD_PLANS) >= _PLANS_MAX:
+        _FWD_PLANS.clear()
+    _FWD_PLANS[key] = plan
+    return plan
+
+
+def _on_device(t):
+    """``torch.cuda.device(t.device)`` unless it is already the current device (host time)."""
+    if t.device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(t.device)
+
+
+# At most this many query tokens, with the GQA group's heads packed into one row block of the
+# split-KV decode kernel, go to that kernel rather than the prefill kernels (a 128-row Q tile
+# holding one or a few rows leaves the GPU idle; the decode kernel splits the keys instead).
+DECODE_MAX_Q = 16
+DECODE_MAX_ROWS = 64
+
+
+def decode_shaped(q, k, causal_shift, dropout_p, cu_seqlens_q) -> bool:
+    """Whether a dense forward is a decode step (a few query tokens against a longer key sequence)
+    that :func:`forward` gives to the split-KV decode kernel (``tileflash.ops.triton.decode``),
+    which computes the same attention for it: bottom-right alignment, windows, softcap, ALiBi;
+    not dropout, varlen or another causal alignment."""
+    if cu_seqlens_q is not None or dropout_p > 0 or q.dim() != 4:
+        return False
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    return (0 < seqlen_q <= DECODE_MAX_Q and seqlen_q <= seqlen_k and q.shape[0] > 0
+            and seqlen_q * (q.shape[2] // max(k.shape[2], 1)) <= DECODE_MAX_ROWS
+            and (causal_shift is None or causal_shift == seqlen_k - seqlen_q))
+
+
+def _decode_forward(q, k, v, softmax_scale, causal, window, softcap, alibi_slopes):
+    """A :func:`decode_shaped` forward by the decode kernel, k/v as a full cache of seqlen_k keys."""
+    dt = q.dtype if q.is_cuda else _interpreter_dtype(q)
+    conv = (lambda t: t) if dt == q.dtype else (lambda t: t.to(dt))
+    with _device(q):
+        out, lse = tr_dec.decode_forward(conv(q), conv(k), conv(v), None, softmax_scale, causal, window=window,
+                                         softcap=softcap, alibi_slopes=alibi_slopes, max_seqlen_k=k.shape[1])
+    return out.to(q.dtype), lse
 
 
 def _into(res, buf):
@@ -200,12 +302,47 @@ def backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, causal
         grads = tr_bwd.flash_attn_backward(*(t.to(dt) for t in (dout, q, k, v, out)), lse, softmax_scale, causal,
                                            causal_shift, **kw, config=config, use_tma=options.use_tma)
         return tuple(_into(g.to(q.dtype), buf) for g, buf in zip(grads, (dq, dk, dv)))
-    with torch.cuda.device(q.device):
+    with _on_device(q):
+        if (config is None and dq is None and dk is None and dv is None and alibi_slopes is None and seed is None
+                and cu_seqlens_q is None and cu_seqlens_k is None):
+            # the common call: replay the launches recorded for its layout (_BWD_PLANS)
+            key = (dout.shape, dout.stride(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+                   out.shape, out.stride(), lse.shape, lse.stride(), q.dtype, q.device, softmax_scale, causal,
+                   causal_shift, window, softcap, dropout_p, options)
+            plan = _BWD_PLANS.get(key)
+            if plan is not None and not (q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16
+                                         or dout.data_ptr() % 16):
+                return _replay_backward(plan, dout, q, k, v, out, lse, softmax_scale)
+            return _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw, config, dq, dk,
+                                  dv, options, key)
         return _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw, config, dq, dk, dv,
                               options)
 
 
-def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw, config, dq, dk, dv, options):
+# layout and arguments of a common backward call -> the two Gluon launches its default route made
+# (dQ computing delta, then dK/dV): gluon.backward.default_launches
+_BWD_PLANS: dict = {}
+
+
+def _replay_backward(plan, dout, q, k, v, out, lse, softmax_scale):
+    """The default Gluon backward of a recorded layout: allocations and the two cached launches."""
+    dq_launch, dkdv_launch = plan
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+    scales = (softmax_scale * LOG2E, softmax_scale)
+    dq_launch((q, k, v, dout), (lse, delta, dq, out), scales, _aligned(lse, delta, dq, out))
+    dkdv_launch((q, k, v, dout), (lse, delta, dk, dv, None, None), scales, _aligned(lse, delta, dk, dv))
+    return dq, dk, dv
+
+
+def _aligned(*tensors) -> bool:
+    return all(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw, config, dq, dk, dv, options,
+                   plan_key=None):
     mods = gluon_modules() if options.backend != "triton" and DEBUG.gluon_bwd else None
     varlen, batch, seqlen_q, seqlen_k, _, _ = problem_dims(q, k, kw["cu_seqlens_q"], kw["max_seqlen_q"],
                                                            kw["max_seqlen_k"])
@@ -220,6 +357,7 @@ def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift,
     nheads, head_dim = q.shape[-2], q.shape[-1]
     if causal_shift is None:
         causal_shift = seqlen_k - seqlen_q
+    dout_in, lse_in = dout, lse
     if dout.stride(-1) != 1:
         dout = dout.contiguous()  # e.g. the expanded ones of loss = out.sum()
     lse = lse.contiguous()
@@ -249,10 +387,12 @@ def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift,
         if options.backend == "gluon" and DEBUG.gluon_dq and not dq_gluon:
             _gluon_refused("dQ kernel", "its lengths must be multiples of its tiles, with at most 65535 batch*heads "
                                         "(tileflash.ops.gluon.backward.dq_supported)")
+        dq_first = False
         if (dq_gluon and delta is None and gb.dq_computes_delta(width, causal)
                 and gb.out_supported(out, g_in[1], dq)):
             delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
             dq_done = gb.backward_dq(*g_in, lse, delta, dq, softmax_scale, causal, out=out) is not None
+            dq_first = dq_done
             if not dq_done:
                 delta = None
         if delta is None:
@@ -262,6 +402,13 @@ def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift,
         if gluon_done and dq_gluon and not dq_done:
             dq_done = gb.backward_dq(*g_in, lse, delta, dq, softmax_scale, causal) is not None
         if gluon_done and dq_done:
+            # (recorded only where the launches ran on the caller's own dO and LSE, as a replay passes them)
+            if plan_key is not None and dq_first and width == head_dim and lse is lse_in and dout is dout_in:
+                plan = gb.default_launches(dout, q, k, v, lse, delta, dq, dk, dv, causal, out)
+                if plan is not None:
+                    if len(_BWD_PLANS) >= _PLANS_MAX:
+                        _BWD_PLANS.clear()
+                    _BWD_PLANS[plan_key] = plan
             return dq, dk, dv
     if options.backend == "gluon" and not (gluon_done and (dq_done or not DEBUG.gluon_dq)):
         _gluon_refused("backward", "its scope is dense fp16/bf16 on sm90, head dim 64-256, no window/softcap/ALiBi/"

@@ -1534,3 +1534,21 @@ def dq_computes_delta(head_dim: int, causal: bool) -> bool:
     with the debug switch ``dq_delta=0`` (``tileflash.options.DEBUG``)."""
     cfg = dq_config_for(head_dim, causal)
     return DEBUG.dq_delta and not cfg.get("SPLIT_D", False) and not cfg.get("PDL", False)
+
+
+def default_launches(dout, q, k, v, lse, delta, dq, dk, dv, causal: bool, out):
+    """The cached launches of the default backward of this layout, (dQ kernel computing delta from
+    ``out``, dK/dV kernel), as :func:`backward_dq` (with ``out``) and :func:`backward` made them, or
+    None where the default configs are not those two launches. ``tileflash.ops.route`` replays
+    them for repeated calls of one layout (host time)."""
+    d = q.shape[-1]
+    cfg, dcfg = config_for(d, causal, q.shape[1]), dq_config_for(d, causal)
+    if not cfg.get("WS", False) or cfg.get("WITH_DQ", False) or dcfg.get("SPLIT_D", False):
+        return None
+    if _f90._key(d, causal, q.dtype, cfg) in _BROKEN or ("dq",) + _f90._key(d, causal, q.dtype, dcfg) + (True,) in _BROKEN:
+        return None
+    dq_launch = _cached_launch("dq", lambda: _dq_launch(dout, q, k, v, lse, dq, causal, dcfg, out),
+                               (dout, q, k, v, lse, dq, delta, out), (bool(causal), True), dcfg)
+    dkdv_launch = _cached_launch("dkdv", lambda: _dkdv_launch(dout, q, k, v, lse, dk, dv, causal, cfg, True),
+                                 (dout, q, k, v, lse, dk, dv, delta), (bool(causal), True), cfg)
+    return dq_launch, dkdv_launch

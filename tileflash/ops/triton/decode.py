@@ -31,6 +31,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tileflash.ops.triton.common import LN2_C, LOG2E_C, score_mods, visible
 from tileflash.ops.triton.forward import block_d_for, interpreting
+from tileflash.ops.launch import Launch
 from tileflash.ops.utils import GRID_YZ_MAX, LOG2E, cdiv, feature_args, next_pow2
 from tileflash.options import DEBUG
 
@@ -602,6 +603,62 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     """
     if seqlens_k is None and max_seqlen_k < 0:
         raise ValueError("decode_forward: pass seqlens_k, or max_seqlen_k >= 0 as every entry's length")
+    paged = block_table is not None
+    key = None
+    if config is None and alibi_slopes is None and not (paged and block_table.shape[1] == 0):
+        # what the plan depends on: layouts, the scalar arguments, which optional tensors are given
+        key = (q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), q.dtype, k_cache.dtype,
+               v_cache.dtype, q.device, None if seqlens_k is None else seqlens_k.dtype, max_seqlen_k, softmax_scale, causal, window, softcap, num_splits,
+               None if cache_batch_idx is None else cache_batch_idx.dtype,
+               None if cache_leftpad is None else cache_leftpad.dtype,
+               None if not paged else (block_table.shape, block_table.stride(), block_table.dtype,
+                                       block_table.data_ptr() % 16 == 0))
+        plan = _DECODE_PLANS.get(key)
+        if plan is not None:
+            return plan(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, None, cache_leftpad)
+    plan = _plan_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, softcap, alibi_slopes,
+                        cache_batch_idx, block_table, num_splits, max_seqlen_k, cache_leftpad, config)
+    if key is not None:
+        if len(_DECODE_PLANS) >= 1024:
+            _DECODE_PLANS.clear()
+        _DECODE_PLANS[key] = plan
+    if paged and block_table.shape[1] == 0:  # the one-entry table _plan_decode planned with
+        block_table = torch.zeros((q.shape[0], 1), dtype=block_table.dtype, device=block_table.device)
+    return plan(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, alibi_slopes, cache_leftpad)
+
+
+_DECODE_PLANS: dict = {}  # decode_forward's key -> _DecodePlan
+
+
+class _DecodePlan:
+    """One decode launch, decided once per key (``decode_forward``): the output shapes, the split
+    buffers' size and the kernel's :class:`Launch` (its grid, integer arguments, scales and
+    constexprs); a call allocates the buffers and launches."""
+
+    __slots__ = ("launch", "lse_shape", "part_sizes", "n_counters", "scales", "empty")
+
+    def __call__(self, q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, alibi_slopes, cache_leftpad):
+        out = torch.empty_like(q)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
+        if self.empty:
+            return out, lse
+        if self.part_sizes is not None:  # partial outs, then partial LSEs, in one fp32 buffer
+            n_o, n_l = self.part_sizes
+            buf = torch.empty(n_o + n_l, dtype=torch.float32, device=q.device)
+            o_part, lse_part = buf[:n_o], buf[n_o:]
+            counter = (ticket_counters(self.n_counters, q.device) if self.n_counters > 0
+                       else torch.zeros(-self.n_counters, dtype=torch.int32, device=q.device))
+        else:
+            o_part = lse_part = counter = None
+        ptrs = (q, k_cache, v_cache, out, lse, o_part, lse_part, counter, seqlens_k, cache_batch_idx, block_table,
+                alibi_slopes, cache_leftpad)
+        self.launch((), ptrs, self.scales, all(t is None or t.data_ptr() % 16 == 0 for t in ptrs))
+        return out, lse
+
+
+def _plan_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, softcap, alibi_slopes,
+                 cache_batch_idx, block_table, num_splits, max_seqlen_k, cache_leftpad, config):
+    """The :class:`_DecodePlan` of a ``decode_forward`` call (arguments as there)."""
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
     group = nheads // nheads_k
@@ -641,19 +698,18 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     block_m, m_blocks = row_blocks(group, seqlen_q)
     rows_total = m_blocks * block_m
     block_d = block_d_for(head_dim)
-    out = torch.empty_like(q)
-    lse = torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
-    if out.numel() == 0:
-        return out, lse
+    plan = object.__new__(_DecodePlan)
+    plan.lse_shape = (batch, nheads, seqlen_q)
+    plan.empty = q.numel() == 0
+    plan.part_sizes, plan.n_counters, plan.scales, plan.launch = None, 0, (), None
+    if plan.empty:
+        return plan
     split = num_splits > 1
     n_bh = batch * nheads_k
     if split:  # partial outs, then partial LSEs, in one fp32 buffer; tickets reset by the merging programs
-        buf = torch.empty(num_splits * n_bh * rows_total * (block_d + 1), dtype=torch.float32, device=q.device)
-        o_part, lse_part = buf[: num_splits * n_bh * rows_total * block_d], buf[num_splits * n_bh * rows_total * block_d:]
-        counter = (ticket_counters(n_bh * m_blocks, q.device) if cfg.get("reuse_counter", True)
-                   else torch.zeros(n_bh * m_blocks, dtype=torch.int32, device=q.device))
-    else:
-        o_part = lse_part = counter = None
+        plan.part_sizes = (num_splits * n_bh * rows_total * block_d, num_splits * n_bh * rows_total)
+        # (reuse_counter=False: a fresh zeroed buffer per call, marked by a negative count)
+        plan.n_counters = n_bh * m_blocks if cfg.get("reuse_counter", True) else -n_bh * m_blocks
     flags, sc, alibi_strides = feature_args(softmax_scale, causal, window, softcap, alibi_slopes, batch, 0.0,
                                             seqlen_q + max_k, seqlen_q + max_k)
     flags.pop("HAS_DROPOUT")
@@ -678,33 +734,42 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     pdl = pdl_trigger(q.device, cfg.get("pdl", 0))   # the debug switch pdl, if set, wins over the config
     if paged and block_table.shape[1] == 0:
         # no pages: every length clamps to capacity 0, but the pipeliner's prologue still reads
-        # entry 0 of a row (see _decode_split), so hand it a one-entry table
+        # entry 0 of a row (see _decode_split), so hand it a one-entry table (such plans are not
+        # kept; decode_forward passes such a table to the launch too)
         block_table = torch.zeros((batch, 1), dtype=block_table.dtype, device=block_table.device)
     # batch·kv heads on grid axis 1, or on axis 0 (up to 2**31 - 1) past axis 1's limit
     bh_axis0 = check_grid(n_bh, m_blocks, num_splits)
     grid = (n_bh, num_splits, m_blocks) if bh_axis0 else (num_splits, n_bh, m_blocks)
-    _decode_split[grid](
-        q, k_cache, v_cache, out, lse, o_part, lse_part, counter, seqlens_k, cache_batch_idx, block_table,
-        alibi_slopes, cache_leftpad,
-        q.stride(0), q.stride(1), q.stride(2),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        block_table.stride(0) if paged else 0, *alibi_strides,
-        nheads, nheads_k, seqlen_q, max_seqlen_k if seqlens_k is None else 0, split_len, num_splits,
-        k_cache.shape[1] if paged else 1, sc["window_left"], sc["window_right"],
-        rows_total, capacity, k_cache.shape[0],
-        softmax_scale * LOG2E, sc["softcap_scale"], sc["softcap2"],
+    out_strides = _empty_like_strides(q)
+    ints = (q.stride(0), q.stride(1), q.stride(2),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            out_strides[0], out_strides[1], out_strides[2],
+            block_table.stride(0) if paged else 0, *alibi_strides,
+            nheads, nheads_k, seqlen_q, max_seqlen_k if seqlens_k is None else 0, split_len, num_splits,
+            k_cache.shape[1] if paged else 1, sc["window_left"], sc["window_right"],
+            rows_total, capacity, k_cache.shape[0])
+    plan.scales = (softmax_scale * LOG2E, sc["softcap_scale"], sc["softcap2"])
+    constexprs = dict(
         KV_GROUP=group, **flags, HAS_BATCH_IDX=cache_batch_idx is not None, PAGED=paged,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, DOT_PRECISION=precision,
         PAGE_TILE=page_tile, HAS_SEQLENS=seqlens_k is not None, SPLIT=split,
         BLOCK_S=block_s, S_CHUNK=s_chunk, MERGE_ROWS=merge_rows, HAS_LEFTPAD=cache_leftpad is not None,
         TABLE_ASM=table_asm,
         PAGES_PER_TILE=ppt, TABLE_VEC=table_vec,
-        PDL=pdl, SKEW=cfg.get("skew", SKEW if batch > 1 else 0), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0,
-        BH_AXIS0=bh_axis0,
+        PDL=pdl, SKEW=cfg.get("skew", SKEW if batch > 1 else 0), num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], launch_pdl=pdl > 0, BH_AXIS0=bh_axis0,
     )
-    return out, lse
+    plan.launch = Launch(_decode_split, grid, (), 13, ints, 3, constexprs)
+    return plan
+
+
+def _empty_like_strides(q):
+    """The strides ``torch.empty_like(q)`` gives (q's own for a dense non-overlapping q, else
+    contiguous ones), without allocating."""
+    if q.is_contiguous():
+        return q.stride()
+    return torch.empty_like(q, device="meta").stride()
 
 
 # ----------------------------------------------------------------------------------------------
