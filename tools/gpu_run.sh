@@ -49,7 +49,7 @@ for stage in "$@"; do
       timeout 120 python3 tools/host_layers.py > "$OUT/layers.log" 2>&1
       echo "layers rc=$?"; cat "$OUT/layers.log" | tail -n 14 ;;
     hf)
-      timeout ${HF_LIMIT:-300} python3 tools/hf_bench.py > "$OUT/hf.log" 2>&1
+      timeout ${HF_LIMIT:-300} python3 tools/hf_bench.py ${HF_ARGS:-} > "$OUT/hf.log" 2>&1
       echo "hf rc=$?"; tail -n 8 "$OUT/hf.log" ;;
     ptx)
       timeout ${PTX_LIMIT:-400} python3 tools/compile_check.py --ptx-digests "$OUT/ptx.json" > "$OUT/ptx.log" 2>&1

@@ -156,9 +156,8 @@ def _plan_forward(q, k, v, softmax_scale, causal, causal_shift, kw, options, key
     :func:`_gluon_forward` and ``gluon.forward.plan_for`` that do not depend on the pointers."""
     plan = _SLOW
     if options.backend != "gluon" and decode_shaped(q, k, causal_shift, kw["dropout_p"], None):
-        plan = _DECODE
-    mods = (gluon_modules() if plan is _SLOW and options.backend != "triton" and q.numel() and k.shape[1]
-            else None)
+        return _DECODE  # (not kept: a decoding loop's keys grow at every step, so would its keys here)
+    mods = gluon_modules() if options.backend != "triton" and q.numel() and k.shape[1] else None
     if mods is not None and q.shape[-1] == mods[0].padded_head_dim(q.shape[-1]):
         gf = mods[0]
         batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
@@ -211,10 +210,10 @@ def _decode_forward(q, k, v, softmax_scale, causal, window, softcap, alibi_slope
     """A :func:`decode_shaped` forward by the decode kernel, k/v as a full cache of seqlen_k keys."""
     dt = q.dtype if q.is_cuda else _interpreter_dtype(q)
     conv = (lambda t: t) if dt == q.dtype else (lambda t: t.to(dt))
-    with _device(q):
+    with _on_device(q) if q.is_cuda else contextlib.nullcontext():
         out, lse = tr_dec.decode_forward(conv(q), conv(k), conv(v), None, softmax_scale, causal, window=window,
                                          softcap=softcap, alibi_slopes=alibi_slopes, max_seqlen_k=k.shape[1])
-    return out.to(q.dtype), lse
+    return (out if out.dtype == q.dtype else out.to(q.dtype)), lse
 
 
 def _into(res, buf):
@@ -454,9 +453,9 @@ def kvcache(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, window=(-1
                                    alibi_slopes, cache_batch_idx, block_table, max_seqlen_k, cache_leftpad)
     dt = q.dtype if q.is_cuda else _interpreter_dtype(q)
     conv = (lambda t: t) if dt == q.dtype else (lambda t: t.to(dt))
-    with _device(q):
+    with _on_device(q) if q.is_cuda else contextlib.nullcontext():
         out, lse = tr_dec.decode_forward(conv(q), conv(k_cache), conv(v_cache), seqlens_k, softmax_scale, causal,
                                          window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                                          cache_batch_idx=cache_batch_idx, block_table=block_table,
                                          num_splits=num_splits, max_seqlen_k=max_seqlen_k, cache_leftpad=cache_leftpad)
-    return out.to(q.dtype), lse
+    return (out if out.dtype == q.dtype else out.to(q.dtype)), lse
