@@ -239,3 +239,23 @@ def test_speedup_plot_uses_the_first_baseline_present(tmp_path):
     bare.mkdir()
     assert [p.name for p in plot.make_plots(only, bare)] == ["tflops.png", "memory.png"]
     assert not (bare / "speedup.png").exists()
+
+
+def test_host_bench_cpu(capsys, tmp_path):
+    """`tileflash bench --host` on a machine without a GPU: it says it times the tiled CPU path, and
+    prints a row per (case, provider) with positive times and the ratio to SDPA; --profile writes
+    cProfile statistics of tileflash's calls."""
+    from tileflash.bench import host
+
+    prof = tmp_path / "prof.txt"
+    rc = cli.main(["bench", "--host", "--device", "cpu", "--calls", "1", "--profile", str(prof)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "tiled CPU path" in printed
+    lines = [ln.split() for ln in printed.splitlines() if ln.split() and ln.split()[0] in host.CASES]
+    assert {(ln[0], ln[1]) for ln in lines} == {(c, p) for c in host.CASES for p in ("tileflash", "sdpa")}
+    for ln in lines:
+        assert float(ln[2]) > 0 and float(ln[3]) > 0, ln
+        if ln[1] == "sdpa":
+            assert float(ln[4]) == 1.0
+    assert "flash_attn_func" in prof.read_text() and "flash_attn_with_kvcache" in prof.read_text()
