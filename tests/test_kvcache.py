@@ -1156,3 +1156,39 @@ def test_decode_shaped_forward_runs_decode_kernel(backend, monkeypatch, sq, sk, 
     assert (lse.cpu().double() - ref_lse).abs().max().item() < (1e-5 if dt == torch.float32 else 2e-2)
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     assert all(torch.isfinite(t).all() for t in (dq, dk, dv))
+
+
+def test_decode_outputs_are_contiguous(backend):
+    """The decode kernel's output is contiguous whatever q's strides (a transposed q, as
+    transformers passes it), as the custom ops' fake outputs are: torch.compile checks the
+    strides of what an op returns against its fake."""
+    if backend == "tiled":
+        pytest.skip("the tiled CPU path has no decode kernel")
+    dev = backend_device(backend)
+    dt = _dtype(dev)
+    g = torch.Generator().manual_seed(26)
+    q = torch.randn(2, H, 3, D, generator=g).to(dev, dt).transpose(1, 2)          # (2, 3, H, D), head-major
+    kc, vc = (torch.randn(2, 40, 2, D, generator=g).to(dev, dt) for _ in range(2))
+    contiguous = torch.empty(q.shape, device="meta").stride()
+    out = tileflash.flash_attn_func(q, kc, vc, causal=True)                       # decode-shaped
+    assert out.stride() == contiguous
+    out2 = tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=torch.tensor([40, 17], dtype=torch.int32,
+                                                                                      device=dev), causal=True)
+    assert out2.stride() == contiguous
+    _assert_matches(out, q, kc, vc, 3e-5, causal=True)
+
+
+def test_int_lengths_check_rotary_without_value_checks(monkeypatch):
+    """With cache_seqlens a Python int the rotary table's length is checked even where tensor
+    values are not read (CUDA's default, forced here on CPU): a short table raises, untouched cache."""
+    import tileflash.interface as interface
+
+    monkeypatch.setattr(interface, "_kvcache_checks_values", lambda *a: False)
+    kc, vc, _, g = _setup("cpu", 2, False, 16, seed=27)
+    q = torch.randn(B, 1, H, D, generator=g)
+    k, v = torch.randn(B, 1, 2, D, generator=g), torch.randn(B, 1, 2, D, generator=g)
+    cos, sin = _rotary_tables(4, 16, "cpu")
+    kc0 = kc.clone()
+    with pytest.raises(ValueError, match="rotary_cos has 4 positions"):
+        tileflash.flash_attn_with_kvcache(q, kc, vc, k, v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=5)
+    assert torch.equal(kc, kc0)

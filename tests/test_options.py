@@ -378,6 +378,20 @@ def test_repeated_calls_replay_their_launch_plans(causal):
         assert torch.equal(a, b)
     q2, k2, v2 = make_qkv(2, 256, 256, 4, 2, 128, torch.float16, "cuda", seed=4)
     got = run(q2, k2, v2)
+    # a debug switch changed after the recording is seen: the Gluon backward is not replayed
+    from tileflash.options import DEBUG
+
+    gb = gluon_modules()[1]
+    calls = []
+    real = gb.backward_dq
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(DEBUG, "gluon_bwd", False)
+        mp.setattr(gb, "backward_dq", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+        off = run(q2, k2, v2)
+        plans_off = len(route._BWD_PLANS)
+    assert not calls and plans_off == 1, "gluon_bwd=0 must not replay (nor record) a Gluon backward"
+    for a, b in zip(got[1:], off[1:]):
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-2)
     ref = attention_ref(*(t.cpu().double() for t in (q2, k2, v2)), causal=causal)[0]
     plain = attention_ref(q2.cpu(), k2.cpu(), v2.cpu(), causal=causal, upcast=False)[0]
     base = (plain.double() - ref).abs().max().item()

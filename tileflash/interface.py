@@ -592,10 +592,16 @@ def _check_kvcache_values(sl, seqlens, seqlen_new, seqlen_q, capacity, num_cache
         if bad:
             raise ValueError(f"cache_leftpad must satisfy 0 <= cache_leftpad[b] <= cache_seqlens[b]; batch {bad[0]} "
                              f"has cache_leftpad {pad[bad[0]]} and cache_seqlens {sl[bad[0]]}")
-    if rotary_cos is not None and max(sl, default=0) + max(seqlen_new, seqlen_q) > rotary_cos.shape[0]:
+    if rotary_cos is not None:
+        _check_rotary_length(sl, seqlen_new, seqlen_q, rotary_cos)
+    return sl
+
+
+def _check_rotary_length(sl, seqlen_new, seqlen_q, rotary_cos):
+    """The rotary table covers every position the call rotates (lengths known on the host)."""
+    if max(sl, default=0) + max(seqlen_new, seqlen_q) > rotary_cos.shape[0]:
         raise ValueError(f"rotary_cos has {rotary_cos.shape[0]} positions but positions up to "
                          f"{max(sl) + max(seqlen_new, seqlen_q) - 1} are needed")
-    return sl
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
@@ -730,8 +736,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         sl = _check_kvcache_values(sl, seqlens, seqlen_new, seqlen_q, capacity, k_cache.shape[0], k_cache.shape[1],
                                    block_table, cache_batch_idx, rotary_cos if k is not None else None,
                                    cache_leftpad)
-    elif sl is not None:
-        _check_kvcache_lengths(sl, seqlen_new, capacity)  # host-known lengths: free to check, no sync
+    elif sl is not None:  # host-known lengths: free to check, no sync
+        _check_kvcache_lengths(sl, seqlen_new, capacity)
+        if rotary_cos is not None and k is not None:
+            _check_rotary_length(sl, seqlen_new, seqlen_q, rotary_cos)
 
     if use_triton(q):  # a grid past CUDA's limits must raise before the append, not after it
         check_grid(batch * nheads_k, row_block_count(nheads // nheads_k, seqlen_q))

@@ -307,7 +307,8 @@ def backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, causal
             # the common call: replay the launches recorded for its layout (_BWD_PLANS)
             key = (dout.shape, dout.stride(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
                    out.shape, out.stride(), lse.shape, lse.stride(), q.dtype, q.device, softmax_scale, causal,
-                   causal_shift, window, softcap, dropout_p, options)
+                   causal_shift, window, softcap, dropout_p, options, DEBUG.gluon_bwd, DEBUG.gluon_dq,
+                   DEBUG.dq_delta, DEBUG.gluon_fused)
             plan = _BWD_PLANS.get(key)
             if plan is not None and not (q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16
                                          or dout.data_ptr() % 16):

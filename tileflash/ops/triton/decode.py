@@ -605,9 +605,12 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         raise ValueError("decode_forward: pass seqlens_k, or max_seqlen_k >= 0 as every entry's length")
     paged = block_table is not None
     key = None
-    if config is None and alibi_slopes is None and not (paged and block_table.shape[1] == 0):
-        # what the plan depends on: layouts, the scalar arguments, which optional tensors are given
-        key = (q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), q.dtype, k_cache.dtype,
+    if (config is None and alibi_slopes is None and seqlens_k is not None
+            and not (paged and block_table.shape[1] == 0)):
+        # what the plan depends on: layouts, the scalar arguments, which optional tensors are given,
+        # the debug switch pdl. (Not kept without a length tensor: max_seqlen_k, then part of the
+        # key, grows with every step of a decoding loop, whose plans would only crowd out others.)
+        key = (DEBUG.pdl, q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), q.dtype, k_cache.dtype,
                v_cache.dtype, q.device, None if seqlens_k is None else seqlens_k.dtype, max_seqlen_k, softmax_scale, causal, window, softcap, num_splits,
                None if cache_batch_idx is None else cache_batch_idx.dtype,
                None if cache_leftpad is None else cache_leftpad.dtype,
@@ -638,7 +641,7 @@ class _DecodePlan:
     __slots__ = ("launch", "lse_shape", "part_sizes", "n_counters", "scales", "empty")
 
     def __call__(self, q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, alibi_slopes, cache_leftpad):
-        out = torch.empty_like(q)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous, as the ops' fake outputs
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
         if self.empty:
             return out, lse
@@ -740,7 +743,7 @@ def _plan_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, 
     # batch·kv heads on grid axis 1, or on axis 0 (up to 2**31 - 1) past axis 1's limit
     bh_axis0 = check_grid(n_bh, m_blocks, num_splits)
     grid = (n_bh, num_splits, m_blocks) if bh_axis0 else (num_splits, n_bh, m_blocks)
-    out_strides = _empty_like_strides(q)
+    out_strides = torch.empty(q.shape, device="meta").stride()  # _DecodePlan's contiguous output
     ints = (q.stride(0), q.stride(1), q.stride(2),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -762,14 +765,6 @@ def _plan_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, 
     )
     plan.launch = Launch(_decode_split, grid, (), 13, ints, 3, constexprs)
     return plan
-
-
-def _empty_like_strides(q):
-    """The strides ``torch.empty_like(q)`` gives (q's own for a dense non-overlapping q, else
-    contiguous ones), without allocating."""
-    if q.is_contiguous():
-        return q.stride()
-    return torch.empty_like(q, device="meta").stride()
 
 
 # ----------------------------------------------------------------------------------------------
