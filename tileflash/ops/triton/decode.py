@@ -605,11 +605,10 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         raise ValueError("decode_forward: pass seqlens_k, or max_seqlen_k >= 0 as every entry's length")
     paged = block_table is not None
     key = None
-    if (config is None and alibi_slopes is None and seqlens_k is not None
-            and not (paged and block_table.shape[1] == 0)):
+    if config is None and alibi_slopes is None and not (paged and block_table.shape[1] == 0):
         # what the plan depends on: layouts, the scalar arguments, which optional tensors are given,
-        # the debug switch pdl. (Not kept without a length tensor: max_seqlen_k, then part of the
-        # key, grows with every step of a decoding loop, whose plans would only crowd out others.)
+        # the debug switch pdl. (Without a length tensor max_seqlen_k is in the key: a decoding loop
+        # whose keys grow makes a plan per step, and the cache is emptied every 1024 plans.)
         key = (DEBUG.pdl, q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), q.dtype, k_cache.dtype,
                v_cache.dtype, q.device, None if seqlens_k is None else seqlens_k.dtype, max_seqlen_k, softmax_scale, causal, window, softcap, num_splits,
                None if cache_batch_idx is None else cache_batch_idx.dtype,
