@@ -654,10 +654,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     attention kernel clamps lengths and indices into the cache, rotary positions are clamped into
     the table. Bad values then give wrong outputs for their rows, never an access outside the
     cache. CPU tensors are always checked (also inside torch.compile, as a graph break, when the
-    call appends), and cache_seqlens given as a Python int is checked for free everywhere. With tensor lengths that are not read, the KV splits are sized by the cache's capacity
-    rather than the longest sequence, so a cache allocated much longer than its contents splits
-    its work coarsely (fewer busy programs at small batch); passing cache_seqlens as an int, or a
-    cache sized to the contents, avoids that.
+    call appends), and cache_seqlens given as a Python int is checked for free everywhere (the
+    overflow and the rotary table's length). With tensor lengths that are not read, the KV splits
+    are sized by the cache's capacity rather than the longest sequence, so a cache allocated much
+    longer than its contents splits its work coarsely (fewer busy programs at small batch);
+    passing cache_seqlens as an int, or a cache sized to the contents, avoids that.
     """
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, Tensor):

@@ -174,6 +174,12 @@ class DescRunner:
                  self.pdl, None, None, self.packed, None, None, None, *expanded, *args[self.n_desc:])
 
 
+def aligned(*tensors) -> bool:
+    """Whether every given pointer (None entries skipped) is 16-byte aligned, as triton specializes
+    raw pointers on that: a cached launcher (:class:`Launch`) is used only then (and made only then)."""
+    return all(t is None or t.data_ptr() % 16 == 0 for t in tensors)
+
+
 @functools.lru_cache(maxsize=None)
 def sm_count(device) -> int:
     """Streaming multiprocessors of a CUDA device (1 elsewhere: CPU tensors only build plans in tests)."""

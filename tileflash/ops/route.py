@@ -28,7 +28,8 @@ from tileflash import cpu
 from tileflash.ops.triton import backward as tr_bwd
 from tileflash.ops.triton import decode as tr_dec
 from tileflash.ops.triton import forward as tr_fwd
-from tileflash.ops.utils import LOG2E, feature_args, problem_dims
+from tileflash.ops.launch import aligned
+from tileflash.ops.utils import feature_args, problem_dims
 from tileflash.options import DEBUG, DEFAULT, Options
 
 # Triton decides interpreter-or-GPU when a kernel is decorated, i.e. at import.
@@ -73,7 +74,11 @@ def _interpreter_dtype(t: torch.Tensor) -> torch.dtype:
 
 
 def _device(t):
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+    """``torch.cuda.device(t.device)`` for a CUDA tensor not on the current device, else nothing to
+    enter (a device switch costs host time on every call)."""
+    if not t.is_cuda or t.device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(t.device)
 
 
 def _gluon_refused(what: str, why: str):
@@ -118,9 +123,9 @@ def forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int | Non
             plan = _plan_forward(q, k, v, softmax_scale, causal, causal_shift, kw, options, key)
         if plan is _DECODE:
             return _decode_forward(q, k, v, softmax_scale, causal, window, softcap, None)
-        if plan is not _SLOW and not (q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16):
+        if plan is not _SLOW and aligned(q, k, v):
             gf, gplan, lse_shape = plan
-            with _on_device(q):
+            with _device(q):
                 out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
                 lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
                 if gf.forward(q, k, v, out, lse, softmax_scale, causal, plan=gplan) is not None:
@@ -130,7 +135,7 @@ def forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int | Non
     elif decode and decode_shaped(q, k, causal_shift, dropout_p, cu_seqlens_q):
         res_out, res_lse = _decode_forward(q, k, v, softmax_scale, causal, window, softcap, alibi_slopes)
         return _into(res_out, out), _into(res_lse, lse)
-    with torch.cuda.device(q.device):
+    with _device(q):
         if options.backend != "triton":
             # (the buffers it allocated come back, so that a call it declines allocates them once)
             done, out, lse = _gluon_forward(q, k, v, softmax_scale, causal, causal_shift, kw, config, out, lse,
@@ -165,25 +170,18 @@ def _plan_forward(q, k, v, softmax_scale, causal, causal_shift, kw, options, key
         flags, _, _ = feature_args(softmax_scale, causal, kw["window"], kw["softcap"], None, batch,
                                    kw["dropout_p"], seqlen_q + abs(shift), seqlen_k + abs(shift))
         lse_shape = (batch, q.shape[2], seqlen_q)
-        with _on_device(q):
+        with _device(q):
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
             lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
             gplan = gf.plan_for(q, k, v, out, lse, softmax_scale, causal, shift, flags, False, None)
         if gplan is not None:
             plan = (gf, gplan, lse_shape)
-        elif q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16:
+        elif not aligned(q, k, v):
             return _SLOW  # declined for these pointers only: not remembered for the layout
     if len(_FWD_PLANS) >= _PLANS_MAX:
         _FWD_PLANS.clear()
     _FWD_PLANS[key] = plan
     return plan
-
-
-def _on_device(t):
-    """``torch.cuda.device(t.device)`` unless it is already the current device (host time)."""
-    if t.device.index == torch.cuda.current_device():
-        return contextlib.nullcontext()
-    return torch.cuda.device(t.device)
 
 
 # At most this many query tokens, with the GQA group's heads packed into one row block of the
@@ -210,7 +208,7 @@ def _decode_forward(q, k, v, softmax_scale, causal, window, softcap, alibi_slope
     """A :func:`decode_shaped` forward by the decode kernel, k/v as a full cache of seqlen_k keys."""
     dt = q.dtype if q.is_cuda else _interpreter_dtype(q)
     conv = (lambda t: t) if dt == q.dtype else (lambda t: t.to(dt))
-    with _on_device(q) if q.is_cuda else contextlib.nullcontext():
+    with _device(q):
         out, lse = tr_dec.decode_forward(conv(q), conv(k), conv(v), None, softmax_scale, causal, window=window,
                                          softcap=softcap, alibi_slopes=alibi_slopes, max_seqlen_k=k.shape[1])
     return (out if out.dtype == q.dtype else out.to(q.dtype)), lse
@@ -301,7 +299,7 @@ def backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, causal
         grads = tr_bwd.flash_attn_backward(*(t.to(dt) for t in (dout, q, k, v, out)), lse, softmax_scale, causal,
                                            causal_shift, **kw, config=config, use_tma=options.use_tma)
         return tuple(_into(g.to(q.dtype), buf) for g, buf in zip(grads, (dq, dk, dv)))
-    with _on_device(q):
+    with _device(q):
         if (config is None and dq is None and dk is None and dv is None and alibi_slopes is None and seed is None
                 and cu_seqlens_q is None and cu_seqlens_k is None):
             # the common call: replay the launches recorded for its layout (_BWD_PLANS)
@@ -310,35 +308,18 @@ def backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, causal
                    causal_shift, window, softcap, dropout_p, options, DEBUG.gluon_bwd, DEBUG.gluon_dq,
                    DEBUG.dq_delta, DEBUG.gluon_fused)
             plan = _BWD_PLANS.get(key)
-            if plan is not None and not (q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16
-                                         or dout.data_ptr() % 16):
-                return _replay_backward(plan, dout, q, k, v, out, lse, softmax_scale)
+            if plan is not None and aligned(q, k, v, dout):
+                gb, launches = plan
+                return gb.replay_default(launches, dout, q, k, v, out, lse, softmax_scale)
             return _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw, config, dq, dk,
                                   dv, options, key)
         return _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw, config, dq, dk, dv,
                               options)
 
 
-# layout and arguments of a common backward call -> the two Gluon launches its default route made
-# (dQ computing delta, then dK/dV): gluon.backward.default_launches
+# layout and arguments of a common backward call -> (Gluon backward module, the two launches its
+# default route made: dQ computing delta, then dK/dV), replayed by gluon.backward.replay_default
 _BWD_PLANS: dict = {}
-
-
-def _replay_backward(plan, dout, q, k, v, out, lse, softmax_scale):
-    """The default Gluon backward of a recorded layout: allocations and the two cached launches."""
-    dq_launch, dkdv_launch = plan
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
-    scales = (softmax_scale * LOG2E, softmax_scale)
-    dq_launch((q, k, v, dout), (lse, delta, dq, out), scales, _aligned(lse, delta, dq, out))
-    dkdv_launch((q, k, v, dout), (lse, delta, dk, dv, None, None), scales, _aligned(lse, delta, dk, dv))
-    return dq, dk, dv
-
-
-def _aligned(*tensors) -> bool:
-    return all(t.data_ptr() % 16 == 0 for t in tensors)
 
 
 def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw, config, dq, dk, dv, options,
@@ -404,11 +385,11 @@ def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift,
         if gluon_done and dq_done:
             # (recorded only where the launches ran on the caller's own dO and LSE, as a replay passes them)
             if plan_key is not None and dq_first and width == head_dim and lse is lse_in and dout is dout_in:
-                plan = gb.default_launches(dout, q, k, v, lse, delta, dq, dk, dv, causal, out)
-                if plan is not None:
+                launches = gb.default_launches(dout, q, k, v, lse, delta, dq, dk, dv, causal, out)
+                if launches is not None:
                     if len(_BWD_PLANS) >= _PLANS_MAX:
                         _BWD_PLANS.clear()
-                    _BWD_PLANS[plan_key] = plan
+                    _BWD_PLANS[plan_key] = (gb, launches)
             return dq, dk, dv
     if options.backend == "gluon" and not (gluon_done and (dq_done or not DEBUG.gluon_dq)):
         _gluon_refused("backward", "its scope is dense fp16/bf16 on sm90, head dim 64-256, no window/softcap/ALiBi/"
@@ -454,7 +435,7 @@ def kvcache(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, window=(-1
                                    alibi_slopes, cache_batch_idx, block_table, max_seqlen_k, cache_leftpad)
     dt = q.dtype if q.is_cuda else _interpreter_dtype(q)
     conv = (lambda t: t) if dt == q.dtype else (lambda t: t.to(dt))
-    with _on_device(q) if q.is_cuda else contextlib.nullcontext():
+    with _device(q):
         out, lse = tr_dec.decode_forward(conv(q), conv(k_cache), conv(v_cache), seqlens_k, softmax_scale, causal,
                                          window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                                          cache_batch_idx=cache_batch_idx, block_table=block_table,

@@ -103,7 +103,7 @@ from __future__ import annotations
 import torch
 
 from tileflash.ops.gluon import forward as _f90
-from tileflash.ops.launch import Launch, launch_or_fall_back
+from tileflash.ops.launch import Launch, aligned, launch_or_fall_back
 from tileflash.options import DEBUG
 from tileflash.ops.utils import GRID_YZ_MAX, LOG2E
 
@@ -1315,10 +1315,16 @@ def _d_out(grad, d: int) -> int:
     return 0 if grad.shape[-1] == d else grad.shape[-1]
 
 
-def _aligned(*tensors) -> bool:
-    """Whether every pointer is 16-byte aligned, as triton specializes raw pointers on that: a cached
-    launcher (:class:`Launch`) is used only then (and made only then)."""
-    return all(t.data_ptr() % 16 == 0 for t in tensors)
+def _run_dkdv(launch, dout, q, k, v, lse, delta, dk, dv, softmax_scale):
+    """One launch of the cached dK/dV kernel (:func:`_dkdv_launch`'s argument layout)."""
+    launch((q, k, v, dout), (lse, delta, dk, dv, None, None), (softmax_scale * LOG2E, softmax_scale),
+           aligned(lse, delta, dk, dv))
+
+
+def _run_dq(launch, dout, q, k, v, lse, delta, dq, o, softmax_scale):
+    """One launch of the cached dQ kernel (:func:`_dq_launch`'s argument layout; ``o`` is the
+    forward's output when the kernel computes delta, else dq in its place)."""
+    launch((q, k, v, dout), (lse, delta, dq, o), (softmax_scale * LOG2E, softmax_scale), aligned(lse, delta, dq, o))
 
 
 def _dkdv_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic):
@@ -1355,8 +1361,7 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
     if ws and not with_dq:  # the default: a launch cached per layout (host time; docs/perf-notes.md, "Host path")
         launch = _cached_launch("dkdv", lambda: _dkdv_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic),
                                 (dout, q, k, v, lse, dk, dv, delta), (bool(causal), bool(deterministic)), cfg)
-        launch((q, k, v, dout), (lse, delta, dk, dv, None, None), (softmax_scale * LOG2E, softmax_scale),
-               _aligned(lse, delta, dk, dv))
+        _run_dkdv(launch, dout, q, k, v, lse, delta, dk, dv, softmax_scale)
         return
     if with_dq and ws and cfg.get("PINGPONG", False):
         raise ValueError("the warp-specialized Gluon backward's fused mode (WITH_DQ) runs without PINGPONG")
@@ -1497,7 +1502,7 @@ def backward_dq(dout, q, k, v, lse, delta, dq, softmax_scale: float, causal: boo
                              f"unit last stride and head offsets within int32; got {tuple(out.shape)} {out.dtype}, "
                              f"strides {out.stride()}")
     batch, seqlen_q, nheads, d = q.shape
-    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    seqlen_k = k.shape[1]
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     if not _head_offsets_fit(dq):
         raise ValueError("backward_dq: dq's head offsets overflow int32; use the Triton dQ kernel")
@@ -1514,8 +1519,7 @@ def backward_dq(dout, q, k, v, lse, delta, dq, softmax_scale: float, causal: boo
     o = dq if out is None else out
     if not launch_or_fall_back(
             _BROKEN, key, "the Gluon dQ kernel", "using the Triton dQ kernel for this configuration.",
-            lambda: launch((q, k, v, dout), (lse, delta, dq, o), (softmax_scale * LOG2E, softmax_scale),
-                           _aligned(lse, delta, dq, o))):
+            lambda: _run_dq(launch, dout, q, k, v, lse, delta, dq, o, softmax_scale)):
         return None
     return dq
 
@@ -1545,10 +1549,24 @@ def default_launches(dout, q, k, v, lse, delta, dq, dk, dv, causal: bool, out):
     cfg, dcfg = config_for(d, causal, q.shape[1]), dq_config_for(d, causal)
     if not cfg.get("WS", False) or cfg.get("WITH_DQ", False) or dcfg.get("SPLIT_D", False):
         return None
-    if _f90._key(d, causal, q.dtype, cfg) in _BROKEN or ("dq",) + _f90._key(d, causal, q.dtype, dcfg) + (True,) in _BROKEN:
+    dq_key = ("dq",) + _f90._key(d, causal, q.dtype, dcfg) + (True,)  # as backward_dq keys it, with out
+    if _f90._key(d, causal, q.dtype, cfg) in _BROKEN or dq_key in _BROKEN:
         return None
     dq_launch = _cached_launch("dq", lambda: _dq_launch(dout, q, k, v, lse, dq, causal, dcfg, out),
                                (dout, q, k, v, lse, dq, delta, out), (bool(causal), True), dcfg)
     dkdv_launch = _cached_launch("dkdv", lambda: _dkdv_launch(dout, q, k, v, lse, dk, dv, causal, cfg, True),
                                  (dout, q, k, v, lse, dk, dv, delta), (bool(causal), True), cfg)
     return dq_launch, dkdv_launch
+
+
+def replay_default(launches, dout, q, k, v, out, lse, softmax_scale):
+    """The default backward of a layout whose launches :func:`default_launches` returned, on new
+    tensors of that layout: allocations, the dQ kernel (computing delta), the dK/dV kernel."""
+    dq_launch, dkdv_launch = launches
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+    _run_dq(dq_launch, dout, q, k, v, lse, delta, dq, out, softmax_scale)
+    _run_dkdv(dkdv_launch, dout, q, k, v, lse, delta, dk, dv, softmax_scale)
+    return dq, dk, dv

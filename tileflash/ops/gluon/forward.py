@@ -48,13 +48,11 @@ covers the (B, S, H, D) and the SDPA (B, H, S, D) memory layouts without a copy.
 from __future__ import annotations
 
 import functools
-import inspect
-import warnings
 
 import torch
 import triton
 
-from tileflash.ops.launch import Launch, launch_or_fall_back, rebase, sm_count
+from tileflash.ops.launch import Launch, launch_or_fall_back, sm_count
 from tileflash.ops.utils import GRID_YZ_MAX, LOG2E
 from tileflash.ops.gluon.common import (TensorDescriptor, _tma_add, _tma_load, _tma_store, fence_async_shared,  # noqa: F401
                                         gl, gluon, mbarrier, tma, warpgroup_mma, warpgroup_mma_init,

@@ -31,7 +31,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tileflash.ops.triton.common import LN2_C, LOG2E_C, score_mods, visible
 from tileflash.ops.triton.forward import block_d_for, interpreting
-from tileflash.ops.launch import Launch
+from tileflash.ops.launch import Launch, aligned
 from tileflash.ops.utils import GRID_YZ_MAX, LOG2E, cdiv, feature_args, next_pow2
 from tileflash.options import DEBUG
 
@@ -609,8 +609,9 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         # what the plan depends on: layouts, the scalar arguments, which optional tensors are given,
         # the debug switch pdl. (Without a length tensor max_seqlen_k is in the key: a decoding loop
         # whose keys grow makes a plan per step, and the cache is emptied every 1024 plans.)
-        key = (DEBUG.pdl, q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), q.dtype, k_cache.dtype,
-               v_cache.dtype, q.device, None if seqlens_k is None else seqlens_k.dtype, max_seqlen_k, softmax_scale, causal, window, softcap, num_splits,
+        key = (DEBUG.pdl, q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), q.dtype,
+               k_cache.dtype, v_cache.dtype, q.device, None if seqlens_k is None else seqlens_k.dtype, max_seqlen_k,
+               softmax_scale, causal, window, softcap, num_splits,
                None if cache_batch_idx is None else cache_batch_idx.dtype,
                None if cache_leftpad is None else cache_leftpad.dtype,
                None if not paged else (block_table.shape, block_table.stride(), block_table.dtype,
@@ -654,7 +655,7 @@ class _DecodePlan:
             o_part = lse_part = counter = None
         ptrs = (q, k_cache, v_cache, out, lse, o_part, lse_part, counter, seqlens_k, cache_batch_idx, block_table,
                 alibi_slopes, cache_leftpad)
-        self.launch((), ptrs, self.scales, all(t is None or t.data_ptr() % 16 == 0 for t in ptrs))
+        self.launch((), ptrs, self.scales, aligned(*ptrs))
         return out, lse
 
 
