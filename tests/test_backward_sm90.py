@@ -1199,3 +1199,99 @@ def test_default_kernels_keep_wgmma_asynchronous():
         assert r["hgmma"] >= 16 and r["loop"] > 0, (name, r)
         if name != "bwd D=64 causal=0":
             assert r["waits0"] * 4 <= r["hgmma"], f"{name}: wgmmas serialized ({r})"
+
+
+@needs_gluon
+def test_deterministic_flag_picks_the_backward(monkeypatch):
+    """``deterministic=False`` takes the fused kernel with unordered dQ sums only where it measured
+    faster than the split pair (route._fused_backward: D = 128, non-causal, both lengths >= 16k);
+    ``deterministic=True`` never takes it, unless the debug switch gluon_fused forces the fused
+    kernel, which then keeps its ordered (bitwise) sums. CPU tensors, launchers recorded."""
+    _debug_defaults(monkeypatch)
+    launches, _ = _record_launches(monkeypatch)
+    modes = []
+    real = gb.backward  # (the recorder _record_launches installed)
+    monkeypatch.setattr(gb, "backward", lambda *a, deterministic=True, **kw: modes.append(deterministic)
+                        or real(*a, **kw))
+
+    def route_of(d, causal, sq, sk, deterministic):
+        launches.clear()
+        modes.clear()
+        q, k, v = (torch.empty(1, n, 1, d) for n in (sq, sk, sk))
+        do, out, lse = torch.empty_like(q), torch.empty_like(q), torch.empty(1, 1, sq)
+        kw = dict(window=(-1, -1), softcap=0.0, alibi_slopes=None, dropout_p=0.0, seed=None, cu_seqlens_q=None,
+                  cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None)
+        route._cuda_backward(do, q, k, v, out, lse, 0.1, causal, None, kw, None, None, None, None, DEFAULT,
+                             deterministic)
+        fused = [cfg for name, cfg in launches if name == "dkdv" and cfg and cfg.get("WITH_DQ")]
+        return ("fused", modes[0]) if fused else "split"
+
+    assert route_of(128, False, 16384, 16384, False) == ("fused", False)
+    assert route_of(128, False, 16384, 32768, False) == ("fused", False)
+    assert route_of(128, False, 16384, 16384, True) == "split"
+    for d, causal, sq, sk in ((128, False, 8192, 8192), (128, True, 16384, 16384), (64, False, 16384, 16384),
+                              (256, False, 16384, 16384), (128, False, 16384, 8192)):
+        assert route_of(d, causal, sq, sk, False) == "split", (d, causal, sq, sk)
+    monkeypatch.setattr(DEBUG, "gluon_fused", True)
+    assert route_of(64, True, 256, 256, True) == ("fused", True)
+    assert route_of(64, True, 256, 256, False) == ("fused", False)
+    assert route_of(256, False, 256, 256, False) == "split"  # no fused kernel at D = 256
+
+
+def test_deterministic_reaches_the_backward(monkeypatch):
+    """flash-attn's ``deterministic`` travels from every public entry (eager autograd, the packed
+    variants, the custom op's registered autograd) to ``route.backward``; default False."""
+    from tileflash.ops import attention as ops
+
+    seen = []
+    real = route.backward
+    monkeypatch.setattr(route, "backward", lambda *a, deterministic=None, **kw: seen.append(deterministic)
+                        or real(*a, deterministic=bool(deterministic), **kw))
+    q, k, v = make_qkv(1, 33, 33, 2, 2, 16, torch.float32, "cpu", seed=3)
+    for det in (None, False, True):
+        extra = {} if det is None else dict(deterministic=det)
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        tileflash.flash_attn_func(qg, kg, vg, causal=True, **extra).sum().backward()
+        qkv = torch.stack((q, k, v), 2).requires_grad_()
+        tileflash.flash_attn_qkvpacked_func(qkv, **extra).sum().backward()
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        out, _ = ops.attention_fwd(qg, kg, vg, 0.25, False, 0, **extra)  # the op, as torch.compile sees it
+        out.sum().backward()
+    assert seen == [False] * 3 + [False] * 3 + [True] * 3
+    with pytest.raises(TypeError, match="deterministic must be a bool"):
+        tileflash.flash_attn_func(q, k, v, deterministic=1)
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_nondeterministic_backward_where_routed(dtype, monkeypatch):
+    """Where deterministic=False routes to the fused kernel (D = 128, non-causal, 16k), its gradients
+    meet the fp32-reference rule; deterministic=True (and torch.use_deterministic_algorithms) take
+    the split kernels, whose gradients are the same bits on every run."""
+    _debug_defaults(monkeypatch)
+    calls = count_calls(monkeypatch, gb, "backward")
+    q, k, v = make_qkv(1, 16384, 16384, 2, 1, 128, dtype, "cuda", seed=5)
+    do = torch.randn_like(q)
+
+    def grads(**kw):
+        calls.clear()
+        qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        out = tileflash.flash_attn_func(qg, kg, vg, **kw)
+        g = torch.autograd.grad(out, (qg, kg, vg), do)
+        # (route passes the fused config as the 12th positional argument, the split call none)
+        return g, [len(args) > 11 and bool(args[11].get("WITH_DQ")) for args in calls]
+
+    g_nd, fused = grads()
+    assert fused == [True], fused
+    check_cuda_grads(g_nd, q, k, v, do, False)
+    g_d, fused = grads(deterministic=True)
+    assert fused == [False], fused
+    check_cuda_grads(g_d, q, k, v, do, False)
+    g_d2, _ = grads(deterministic=True)
+    assert all(torch.equal(a, b) for a, b in zip(g_d, g_d2))
+    torch.use_deterministic_algorithms(True)
+    try:
+        _, fused = grads()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert fused == [False], fused

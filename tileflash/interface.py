@@ -122,7 +122,7 @@ def _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, de
             raise ValueError(f"alibi_slopes must have shape (nheads,) = ({nheads},) or (batch, nheads) = "
                              f"({batch}, {nheads}), got {tuple(alibi_slopes.shape)}")
     feats = dict(window_left=int(window_size[0]), window_right=int(window_size[1]), softcap=float(softcap),
-                 alibi_slopes=alibi_slopes, options=resolve(options).encode())
+                 alibi_slopes=alibi_slopes, deterministic=deterministic, options=resolve(options).encode())
     if dropout_p > 0.0:
         # One 62-bit Philox seed per call, drawn from torch's generator on q's device, so
         # torch.manual_seed makes dropout reproducible; the backward reuses it (never a stored mask).
@@ -304,8 +304,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         softcap: float. > 0 caps the scores with softcap · tanh(s / softcap); 0 disables.
         alibi_slopes: (nheads,) or (batch, nheads), float32, on q's device. Adds
             -slope · |i + seqlen_k - seqlen_q - j| to the score of (i, j). No gradient.
-        deterministic: bool. Accepted for flash-attn compatibility. The backward is always
-            deterministic (bitwise reproducible): it uses no atomic adds, whatever this flag says.
+        deterministic: bool. As in flash-attn: False (default) lets the backward sum dQ with
+            unordered fp32 reductions where that is faster, so two runs may differ in the last bits;
+            True makes the backward bitwise reproducible (as does
+            ``torch.use_deterministic_algorithms(True)``). Today only the Hopper Gluon backward at
+            head dim 128, non-causal, both lengths >= 16384 takes the unordered kernel; every other
+            call is bitwise reproducible either way.
         return_attn_probs: bool. If True, also return ``softmax_lse``. The attention
             probabilities themselves are never formed, so the third element is None
             (flash-attn returns them only for testing with dropout).

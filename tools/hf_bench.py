@@ -43,6 +43,65 @@ def timed(fn, repeats):
     return statistics.median(ts)
 
 
+def profile(model, impls, args):
+    """Where one B=1 generate's time goes, per implementation: torch.profiler's top host ops and
+    CUDA kernels, and cProfile's top Python functions (by own time)."""
+    import cProfile
+    import io
+    import pstats
+
+    ids = torch.randint(1, args.vocab, (1, args.prompt_len[0]), device="cuda")
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=16, min_new_tokens=16, do_sample=False,
+              pad_token_id=0)
+    import triton.compiler.compiler as tcc
+
+    compiles = []  # seconds of each triton compile (the JIT's in-memory cache missed)
+    real_compile = tcc.compile
+
+    def counting_compile(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return real_compile(*a, **k)
+        finally:
+            compiles.append(time.perf_counter() - t0)
+    import triton.compiler
+
+    tcc.compile = triton.compiler.compile = counting_compile  # (the JIT imports it from triton.compiler per call)
+    with open(args.profile, "w") as f:
+        for impl in impls:
+            model.set_attn_implementation(impl)
+            model.eval()
+            with torch.no_grad():
+                for run in range(5):  # does a later run get faster, and does triton compile during it?
+                    n0, c0 = len(compiles), sum(compiles)
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    model.generate(ids, **kw)
+                    torch.cuda.synchronize()
+                    t = time.perf_counter() - t0
+                    line = (f"{impl} run {run}: {t * 1e3:.1f} ms, {len(compiles) - n0} triton compiles "
+                            f"({sum(compiles) - c0:.2f} s)")
+                    print(line, flush=True)
+                    f.write(line + "\n")
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                        torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    model.generate(ids, **kw)
+                    torch.cuda.synchronize()
+                pr = cProfile.Profile()
+                pr.enable()
+                model.generate(ids, **kw)
+                torch.cuda.synchronize()
+                pr.disable()
+            s = io.StringIO()
+            pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(25)
+            f.write(f"==== {impl}: generate B=1 prompt {args.prompt_len[0]} 16 new: {t * 1e3:.1f} ms ====\n")
+            f.write(prof.key_averages().table(sort_by="cpu_time_total", row_limit=30) + "\n")
+            f.write(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=15) + "\n")
+            f.write(s.getvalue() + "\n")
+            print(f"profiled {impl}: {t * 1e3:.1f} ms", flush=True)
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=16)
@@ -54,6 +113,9 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--impls", nargs="+", default=None)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--profile", metavar="FILE", default=None,
+                    help="instead of the table: profile one B=1 generate per implementation (torch.profiler and "
+                         "cProfile, first --prompt-len, 16 new tokens) and write the top entries to FILE")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("hf_bench needs a CUDA GPU", file=sys.stderr)
@@ -74,6 +136,8 @@ def main(argv=None):
     model = transformers.AutoModelForCausalLM.from_config(llama_config(args), attn_implementation="sdpa")
     model.to(device="cuda", dtype=torch.bfloat16)
     n_params = sum(p.numel() for p in model.parameters())
+    if args.profile:
+        return profile(model, impls, args)
     results = {}
     for impl in impls:
         model.set_attn_implementation(impl)

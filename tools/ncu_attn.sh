@@ -27,4 +27,9 @@ for c in $CASES; do case $c in
   # the fused backward (opt-in, docs/perf-notes.md): one kernel, dQ by ordered TMA reductions
   fbwd128) export TILEFLASH_DEBUG=gluon_fused=1; run fbwd128 '_attn_bwd_sm90' bwd --d 128 --n 8192; unset TILEFLASH_DEBUG ;;
   cbwd64) run cbwd64 '.' cudnn-bwd --d 64 --n 8192 ;;
+  # at 16k, D = 128 non-causal: deterministic=False routes to the fused kernel (unordered dQ sums)
+  nbwd128k16) run nbwd128k16 '_attn_bwd_sm90' bwd --d 128 --n 16384 ;;
+  dbwd128k16) run dbwd128k16 '_attn_bwd_sm90|_bwd_dq' bwd --d 128 --n 16384 --deterministic ;;
+  fa4bwd128k16) run fa4bwd128k16 '.' fa4-bwd --d 128 --n 16384 ;;
+  fa4bwd128) run fa4bwd128 '.' fa4-bwd --d 128 --n 8192 ;;
 esac; done

@@ -24,6 +24,8 @@ from tileflash.options import Options
 
 def _kw(window_left, window_right, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         dropout_p, seed, options=""):
+    """The op's feature arguments as ``route``'s keywords (``deterministic`` travels apart: only the
+    backward reads it)."""
     return dict(window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
                 cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                 max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, dropout_p=dropout_p, seed=seed,
@@ -36,7 +38,7 @@ def attention_fwd(
     window_left: int = -1, window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
     cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
     max_seqlen_q: int = 0, max_seqlen_k: int = 0, dropout_p: float = 0.0, seed: Optional[Tensor] = None,
-    options: str = "",
+    deterministic: bool = False, options: str = "",
 ) -> tuple[Tensor, Tensor]:
     """Attention forward -> (out, lse fp32, natural log).
 
@@ -49,13 +51,14 @@ def attention_fwd(
     """
     return _attention_fwd_body(q, k, v, softmax_scale, causal, causal_shift, window_left, window_right, softcap,
                                alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, seed,
-                               options)
+                               deterministic, options)
 
 
 def _attention_fwd_body(q, k, v, softmax_scale, causal, causal_shift, window_left=-1, window_right=-1, softcap=0.0,
                         alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
-                        dropout_p=0.0, seed=None, options=""):
-    """The body of ``tileflash::fwd`` (``tileflash.ops.route.forward``)."""
+                        dropout_p=0.0, seed=None, deterministic=False, options=""):
+    """The body of ``tileflash::fwd`` (``tileflash.ops.route.forward``; ``deterministic`` is kept
+    for the backward)."""
     kw = _kw(window_left, window_right, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
              max_seqlen_k, dropout_p, seed, options)
     return route.forward(q, k, v, softmax_scale, causal, causal_shift, **kw)
@@ -64,7 +67,7 @@ def _attention_fwd_body(q, k, v, softmax_scale, causal, causal_shift, window_lef
 @attention_fwd.register_fake
 def _(q, k, v, softmax_scale, causal, causal_shift, window_left=-1, window_right=-1, softcap=0.0,
       alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, dropout_p=0.0,
-      seed=None, options=""):
+      seed=None, deterministic=False, options=""):
     out = q.new_empty(q.shape)
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     if cu_seqlens_q is not None:
@@ -81,15 +84,17 @@ def attention_bwd(
     window_left: int = -1, window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
     cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
     max_seqlen_q: int = 0, max_seqlen_k: int = 0, dropout_p: float = 0.0, seed: Optional[Tensor] = None,
-    options: str = "",
+    deterministic: bool = False, options: str = "",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Attention backward by recomputation from (q, k, v, out, lse) -> (dq, dk, dv).
 
-    Deterministic: no atomics (dK/dV and dQ are separate kernels), bitwise repeatable.
+    ``deterministic=True``: bitwise repeatable (no atomics: dK/dV and dQ are separate kernels).
+    False lets ``route.backward`` sum dQ in an unordered way where that is faster.
     """
     kw = _kw(window_left, window_right, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
              max_seqlen_k, dropout_p, seed, options)
-    return route.backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, **kw)
+    return route.backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, **kw,
+                          deterministic=deterministic)
 
 
 @torch.library.custom_op("tileflash::bwd_into", mutates_args=("dq", "dk", "dv"))
@@ -99,13 +104,14 @@ def attention_bwd_into(
     window_left: int = -1, window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
     cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
     max_seqlen_q: int = 0, max_seqlen_k: int = 0, dropout_p: float = 0.0, seed: Optional[Tensor] = None,
-    options: str = "",
+    deterministic: bool = False, options: str = "",
 ) -> None:
     """``tileflash::bwd`` writing its gradients into given (strided) buffers: the packed variants
     pass views of one packed gradient tensor, so no concatenation is ever made."""
     kw = _kw(window_left, window_right, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
              max_seqlen_k, dropout_p, seed, options)
-    route.backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, **kw, dq=dq, dk=dk, dv=dv)
+    route.backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, **kw, dq=dq, dk=dk, dv=dv,
+                   deterministic=deterministic)
 
 
 @attention_bwd_into.register_fake
@@ -159,7 +165,7 @@ def _(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, *args):
 
 
 _FEATURES = ("window_left", "window_right", "softcap", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k",
-             "max_seqlen_q", "max_seqlen_k", "dropout_p", "seed", "options")
+             "max_seqlen_q", "max_seqlen_k", "dropout_p", "seed", "deterministic", "options")
 
 
 def _setup_context(ctx, inputs, output):
@@ -212,7 +218,8 @@ class _EagerAttention(torch.autograd.Function):
         f = ctx.features
         kw = _kw(f["window_left"], f["window_right"], f["softcap"], alibi_slopes, cu_seqlens_q, cu_seqlens_k,
                  f["max_seqlen_q"], f["max_seqlen_k"], f["dropout_p"], seed, f["options"])
-        dq, dk, dv = route.backward(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.causal_shift, **kw)
+        dq, dk, dv = route.backward(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.causal_shift, **kw,
+                                    deterministic=f["deterministic"])
         return dq, dk, dv, None
 
 

@@ -285,9 +285,12 @@ def _gluon_forward_padded(gf, q, k, v, out, lse, softmax_scale, causal, causal_s
 def backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, causal_shift: int | None = None, *,
              window=(-1, -1), softcap: float = 0.0, alibi_slopes=None, dropout_p: float = 0.0, seed=None,
              cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, config: dict | None = None,
-             dq=None, dk=None, dv=None, options: Options = DEFAULT):
+             dq=None, dk=None, dv=None, options: Options = DEFAULT, deterministic: bool = False):
     """Attention backward -> (dq, dk, dv), written into dq/dk/dv when given. Arguments as
-    ``tileflash.ops.triton.backward.flash_attn_backward``; ``options`` picks the kernels."""
+    ``tileflash.ops.triton.backward.flash_attn_backward``; ``options`` picks the kernels.
+    ``deterministic=False`` (flash-attn's default) lets the Hopper backward run the fused kernel with
+    unordered dQ sums where it measured faster than the split kernels (:func:`_fused_backward`);
+    True, or ``torch.use_deterministic_algorithms(True)``, keeps every path bitwise repeatable."""
     kw = dict(window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed,
               cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
               max_seqlen_k=max_seqlen_k)
@@ -299,22 +302,23 @@ def backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, causal
         grads = tr_bwd.flash_attn_backward(*(t.to(dt) for t in (dout, q, k, v, out)), lse, softmax_scale, causal,
                                            causal_shift, **kw, config=config, use_tma=options.use_tma)
         return tuple(_into(g.to(q.dtype), buf) for g, buf in zip(grads, (dq, dk, dv)))
+    deterministic = deterministic or torch.are_deterministic_algorithms_enabled()
     with _device(q):
         if (config is None and dq is None and dk is None and dv is None and alibi_slopes is None and seed is None
                 and cu_seqlens_q is None and cu_seqlens_k is None):
             # the common call: replay the launches recorded for its layout (_BWD_PLANS)
             key = (dout.shape, dout.stride(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
                    out.shape, out.stride(), lse.shape, lse.stride(), q.dtype, q.device, softmax_scale, causal,
-                   causal_shift, window, softcap, dropout_p, options, DEBUG.gluon_bwd, DEBUG.gluon_dq,
-                   DEBUG.dq_delta, DEBUG.gluon_fused)
+                   causal_shift, window, softcap, dropout_p, options, deterministic, DEBUG.gluon_bwd,
+                   DEBUG.gluon_dq, DEBUG.dq_delta, DEBUG.gluon_fused)
             plan = _BWD_PLANS.get(key)
             if plan is not None and aligned(q, k, v, dout):
                 gb, launches = plan
                 return gb.replay_default(launches, dout, q, k, v, out, lse, softmax_scale)
             return _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw, config, dq, dk,
-                                  dv, options, key)
+                                  dv, options, deterministic, key)
         return _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw, config, dq, dk, dv,
-                              options)
+                              options, deterministic)
 
 
 # layout and arguments of a common backward call -> (Gluon backward module, the two launches its
@@ -322,8 +326,20 @@ def backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, causal
 _BWD_PLANS: dict = {}
 
 
+def _fused_backward(width: int, causal: bool, seqlen_q: int, seqlen_k: int, deterministic: bool) -> bool:
+    """Whether a Gluon-eligible backward runs the fused kernel (dQ summed in the K/V loop) rather
+    than the split dQ + dK/dV kernels. Always with the debug switch ``gluon_fused=1`` (ordered sums
+    when ``deterministic``). Otherwise only unordered (``deterministic=False``) and only where it
+    measured faster than the split pair: D = 128 non-causal at 16k tokens and more
+    (1.03-1.04x; H200, fp16/bf16, B*N = 16k, 2026-12-03, ``tools/fused_ab.py``). Everywhere else it
+    measured 0.67-0.99x, D = 64 and causal worst: docs/perf-notes.md, "Hopper backward"."""
+    if DEBUG.gluon_fused:
+        return width <= 128
+    return not deterministic and width == 128 and not causal and min(seqlen_q, seqlen_k) >= 16384
+
+
 def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw, config, dq, dk, dv, options,
-                   plan_key=None):
+                   deterministic=False, plan_key=None):
     mods = gluon_modules() if options.backend != "triton" and DEBUG.gluon_bwd else None
     varlen, batch, seqlen_q, seqlen_k, _, _ = problem_dims(q, k, kw["cu_seqlens_q"], kw["max_seqlen_q"],
                                                            kw["max_seqlen_k"])
@@ -357,10 +373,10 @@ def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift,
         # is the same either way (gluon.forward.padded_head_dim says why that is exact).
         width = gb._f90.padded_head_dim(head_dim)
         g_in = (dout, q, k, v) if width == head_dim else tuple(tr_fwd.pad_head_dim(t, width) for t in (dout, q, k, v))
-        if DEBUG.gluon_fused and width <= 128 and dq.stride(-1) == 1:
+        if _fused_backward(width, causal, seqlen_q, seqlen_k, deterministic) and dq.stride(-1) == 1:
             delta = tr_bwd.compute_delta(out, dout, lse, varlen, nheads, head_dim)
-            if gb.backward(*g_in, lse, delta, dq, dk, dv, softmax_scale, causal,
-                           gb.fused_config_for(width, causal)) is not None:
+            if gb.backward(*g_in, lse, delta, dq, dk, dv, softmax_scale, causal, gb.fused_config_for(width, causal),
+                           deterministic=deterministic) is not None:
                 return dq, dk, dv  # fused: one Gluon kernel wrote dQ, dK and dV
         # dQ by the Gluon dQ kernel (None: it did not compile, the Triton dQ kernel runs). By default
         # it runs first and computes delta itself, which the dK/dV kernel then reads: no delta kernel.

@@ -1,0 +1,125 @@
+"""A/B of the Hopper backward designs in one process, with FA4 and cuDNN beside them.
+
+For each (dtype, D, causal, N) of the grid (B·N = 16k tokens, H = 2048/D): the backward alone
+(dQ, dK, dV from saved out/lse), TFLOP/s by the ×2.5 convention, of
+
+* ``split``     the split dK/dV + dQ kernels (bitwise deterministic; the ``deterministic=True`` route)
+* ``fused_ord`` the fused warp-specialized kernel, dQ sums ordered (bitwise deterministic)
+* ``fused``     the same kernel, dQ sums unordered (``deterministic=False``)
+* ``fa4``       FA4 (flash_attn.cute), when it imports
+* ``cudnn``     SDPA's cuDNN backend
+
+The fused results are checked against the split ones (max abs difference per gradient, relative to
+the gradient's max). Prints one line per cell and a table last.
+
+    python tools/fused_ab.py [--dtypes float16 bfloat16] [--seqlens 1024 ... 16384] [--dims 64 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
+
+from tileflash.ops import route
+from tileflash.ops.gluon import backward as gb
+from tileflash.ops.triton import backward as tr_bwd
+
+
+def ours(kind, dout, q, k, v, out, lse, scale, causal):
+    if kind == "split":
+        return lambda: route.backward(dout, q, k, v, out, lse, scale, causal)
+    cfg = gb.fused_config_for(q.shape[-1], causal)
+
+    def run():
+        delta = tr_bwd.compute_delta(out, dout, lse, False, q.shape[2], q.shape[3])
+        dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+        gb.backward(dout, q, k, v, lse, delta, dq, dk, dv, scale, causal, cfg, deterministic=(kind == "fused_ord"))
+        return dq, dk, dv
+    return run
+
+
+def autograd_bwd(fn, q, k, v, dout, causal):
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves, causal)
+    return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
+
+
+def fa4_fn():
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception:
+        return None
+
+    def fn(q, k, v, causal):
+        o = flash_attn_func(q, k, v, causal=causal)
+        return o[0] if isinstance(o, tuple) else o
+    return fn
+
+
+def cudnn_fn(q, k, v, causal):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                              is_causal=causal).transpose(1, 2)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtypes", nargs="+", default=["float16", "bfloat16"])
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--dims", type=int, nargs="+", default=[64, 128])
+    a = ap.parse_args()
+    fa4 = fa4_fn()
+    kinds = ["split", "fused_ord", "fused"] + (["fa4"] if fa4 else []) + ["cudnn"]
+    rows = []
+    for dt in a.dtypes:
+        dtype = getattr(torch, dt)
+        for d in a.dims:
+            for causal in (False, True):
+                for n in a.seqlens:
+                    b, h = 16384 // n, 2048 // d
+                    torch.manual_seed(0)
+                    q, k, v, dout = (torch.randn(b, n, h, d, device="cuda", dtype=dtype) for _ in range(4))
+                    scale = d ** -0.5
+                    out, lse = route.forward(q, k, v, scale, causal)
+                    flops = 4 * b * h * n * n * d * (0.5 if causal else 1) * 2.5
+                    ref = ours("split", dout, q, k, v, out, lse, scale, causal)()
+                    err = {}
+                    for kind in ("fused_ord", "fused"):
+                        g = ours(kind, dout, q, k, v, out, lse, scale, causal)()
+                        err[kind] = max(((x.float() - y.float()).abs().max() / y.float().abs().max()).item()
+                                        for x, y in zip(g, ref))
+                    tf = {}
+                    for kind in kinds:
+                        if kind == "fa4":
+                            fn = autograd_bwd(fa4, q, k, v, dout, causal)
+                        elif kind == "cudnn":
+                            fn = autograd_bwd(cudnn_fn, q, k, v, dout, causal)
+                        else:
+                            fn = ours(kind, dout, q, k, v, out, lse, scale, causal)
+                        ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                        tf[kind] = flops / ms * 1e-9
+                    rows.append((dt, d, causal, n, tf, err))
+                    print(f"{dt} D={d} causal={int(causal)} N={n}: "
+                          + " ".join(f"{kk}={x:.0f}" for kk, x in tf.items())
+                          + f" | rel.diff vs split: ordered {err['fused_ord']:.1e}, unordered {err['fused']:.1e}",
+                          flush=True)
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}; backward TFLOP/s (x2.5), B*N=16k, H=2048/D")
+    print("| dtype | D | causal | N | " + " | ".join(kinds) + " | fused/split | fused/fa4 | fused/cudnn |")
+    print("|---" * (4 + len(kinds) + 3) + "|")
+    for dt, d, causal, n, tf, _ in rows:
+        r = [tf["fused"] / tf["split"], tf["fused"] / tf["fa4"] if "fa4" in tf else float("nan"),
+             tf["fused"] / tf["cudnn"]]
+        print(f"| {dt} | {d} | {int(causal)} | {n} | " + " | ".join(f"{tf[kk]:.0f}" for kk in kinds) + " | "
+              + " | ".join(f"{x:.2f}" for x in r) + " |")
+    med = {kk: statistics.median(tf[kk] / tf["split"] for *_, tf, _ in rows) for kk in kinds}
+    print("median ratio to split: " + ", ".join(f"{kk} {x:.3f}" for kk, x in med.items()))
+
+
+if __name__ == "__main__":
+    main()
