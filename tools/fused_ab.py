@@ -18,6 +18,7 @@ the gradient's max). Prints one line per cell and a table last.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 
 import torch
@@ -29,10 +30,10 @@ from tileflash.ops.gluon import backward as gb
 from tileflash.ops.triton import backward as tr_bwd
 
 
-def ours(kind, dout, q, k, v, out, lse, scale, causal):
+def ours(kind, dout, q, k, v, out, lse, scale, causal, fused_cfg=None):
     if kind == "split":
-        return lambda: route.backward(dout, q, k, v, out, lse, scale, causal)
-    cfg = gb.fused_config_for(q.shape[-1], causal)
+        return lambda: route.backward(dout, q, k, v, out, lse, scale, causal, deterministic=True)
+    cfg = dict(gb.fused_config_for(q.shape[-1], causal), **(fused_cfg or {}))
 
     def run():
         delta = tr_bwd.compute_delta(out, dout, lse, False, q.shape[2], q.shape[3])
@@ -73,6 +74,9 @@ def main():
     ap.add_argument("--dtypes", nargs="+", default=["float16", "bfloat16"])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--dims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--fused-cfg", type=json.loads, default=None,
+                    help='JSON overrides of fused_config_for for the fused kinds, e.g. {"LSE_EARLY": 2}')
     a = ap.parse_args()
     fa4 = fa4_fn()
     kinds = ["split", "fused_ord", "fused"] + (["fa4"] if fa4 else []) + ["cudnn"]
@@ -80,7 +84,7 @@ def main():
     for dt in a.dtypes:
         dtype = getattr(torch, dt)
         for d in a.dims:
-            for causal in (False, True):
+            for causal in map(bool, a.causal):
                 for n in a.seqlens:
                     b, h = 16384 // n, 2048 // d
                     torch.manual_seed(0)
@@ -91,7 +95,7 @@ def main():
                     ref = ours("split", dout, q, k, v, out, lse, scale, causal)()
                     err = {}
                     for kind in ("fused_ord", "fused"):
-                        g = ours(kind, dout, q, k, v, out, lse, scale, causal)()
+                        g = ours(kind, dout, q, k, v, out, lse, scale, causal, a.fused_cfg)()
                         err[kind] = max(((x.float() - y.float()).abs().max() / y.float().abs().max()).item()
                                         for x, y in zip(g, ref))
                     tf = {}
@@ -101,7 +105,7 @@ def main():
                         elif kind == "cudnn":
                             fn = autograd_bwd(cudnn_fn, q, k, v, dout, causal)
                         else:
-                            fn = ours(kind, dout, q, k, v, out, lse, scale, causal)
+                            fn = ours(kind, dout, q, k, v, out, lse, scale, causal, a.fused_cfg)
                         ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
                         tf[kind] = flops / ms * 1e-9
                     rows.append((dt, d, causal, n, tf, err))
@@ -109,7 +113,8 @@ def main():
                           + " ".join(f"{kk}={x:.0f}" for kk, x in tf.items())
                           + f" | rel.diff vs split: ordered {err['fused_ord']:.1e}, unordered {err['fused']:.1e}",
                           flush=True)
-    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}; backward TFLOP/s (x2.5), B*N=16k, H=2048/D")
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}; backward TFLOP/s (x2.5), B*N=16k, H=2048/D"
+          + (f"; fused config overrides {a.fused_cfg}" if a.fused_cfg else ""))
     print("| dtype | D | causal | N | " + " | ".join(kinds) + " | fused/split | fused/fa4 | fused/cudnn |")
     print("|---" * (4 + len(kinds) + 3) + "|")
     for dt, d, causal, n, tf, _ in rows:
