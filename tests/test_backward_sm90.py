@@ -1287,11 +1287,11 @@ def test_nondeterministic_backward_where_routed(dtype, monkeypatch):
     g_d, fused = grads(deterministic=True)
     assert fused == [False], fused
     check_cuda_grads(g_d, q, k, v, do, False)
-    g_d2, _ = grads(deterministic=True)
-    assert all(torch.equal(a, b) for a, b in zip(g_d, g_d2))
+    g_d2, fused = grads(deterministic=True)  # (a repeated layout may replay its plan: no gb.backward call)
+    assert True not in fused and all(torch.equal(a, b) for a, b in zip(g_d, g_d2))
     torch.use_deterministic_algorithms(True)
     try:
-        _, fused = grads()
+        g_d3, fused = grads()
     finally:
         torch.use_deterministic_algorithms(False)
-    assert fused == [False], fused
+    assert True not in fused and all(torch.equal(a, b) for a, b in zip(g_d, g_d3))
