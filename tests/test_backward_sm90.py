@@ -162,7 +162,7 @@ def test_fused_mode_is_opt_in(fused, monkeypatch):
     if fused:
         assert [name for name, _ in launches] == ["delta", "dkdv"]
         cfg = launches[1][1]
-        assert cfg == gb.fused_config_for(64, True)
+        assert cfg == gb.fused_config_for(64, True, deterministic=False)  # (route's default: deterministic=False)
         assert cfg["WS"] and cfg["WITH_DQ"] and not cfg["CARRY_DK"] and cfg["STAGES"] == 2
     else:
         # the dQ kernel first, computing delta from out (no delta kernel); then the dK/dV kernel
@@ -512,9 +512,9 @@ def test_bwd_routing_rules_on_gpu(monkeypatch):
     assert len(calls) == 1  # on by default
 
 
-def _grads(q, k, v, do, causal):
+def _grads(q, k, v, do, causal, deterministic=False):
     qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    out = tileflash.flash_attn_func(qg, kg, vg, causal=causal)
+    out = tileflash.flash_attn_func(qg, kg, vg, causal=causal, deterministic=deterministic)
     return torch.autograd.grad(out, (qg, kg, vg), do)
 
 
@@ -841,6 +841,11 @@ def test_lse_early_rule():
     assert gb.config_for(128, False, 4096)["LSE_EARLY"] == 2 and gb.config_for(128, False, 8192)["LSE_EARLY"] == 1
     assert gb.config_for(64, False, 1024)["LSE_EARLY"] == 0 and gb.config_for(64, False, 16384)["LSE_EARLY"] == 0
     assert all(gb.fused_config_for(d, c)["LSE_EARLY"] == 0 for d in (64, 128) for c in (False, True))
+    # unordered (deterministic=False) fused: a block ahead; otherwise the same config
+    for d in (64, 128):
+        for c in (False, True):
+            nd = gb.fused_config_for(d, c, deterministic=False)
+            assert nd["LSE_EARLY"] == 2 and dict(nd, LSE_EARLY=0) == gb.fused_config_for(d, c)
 
 
 @needs_sm90
@@ -886,17 +891,22 @@ def test_ws_fused_mode_matches_reference(case, d, causal, dtype):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_ws_fused_mode_through_the_public_api(causal, monkeypatch, gluon_bwd_calls):
     """The debug switch gluon_fused=1: autograd of flash_attn_func takes the fused kernel (one Gluon
-    launch, no dQ kernel) and its gradients are bitwise the same in three runs (ordered sums)."""
+    launch, no dQ kernel); with deterministic=True its gradients are bitwise the same in three runs
+    (ordered sums); with deterministic=False (unordered, LSE_EARLY=2) they meet the reference rule."""
     monkeypatch.setattr(DEBUG, "gluon_fused", True)
     dq_calls = count_calls(monkeypatch, gb, "backward_dq")
     q, k, v = make_qkv(2, 2048, 2048, 8, 2, 128, torch.bfloat16, "cuda", seed=9)
     do = torch.randn_like(q)
-    runs = [_grads(q, k, v, do, causal) for _ in range(3)]
+    runs = [_grads(q, k, v, do, causal, deterministic=True) for _ in range(3)]
     assert len(gluon_bwd_calls) == 3 and not dq_calls
     check_cuda_grads(runs[0], q, k, v, do, causal)
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
             assert torch.equal(a, b)
+    unordered = _grads(q, k, v, do, causal)
+    assert len(gluon_bwd_calls) == 4 and not dq_calls
+    assert gluon_bwd_calls[-1][11] == gb.fused_config_for(128, causal, deterministic=False)
+    check_cuda_grads(unordered, q, k, v, do, causal)
     monkeypatch.setattr(DEBUG, "gluon_fused", False)
     split = _grads(q, k, v, do, causal)
     for a, b in zip(runs[0], split):  # the split default: same math, other fp32 summation order for dQ
@@ -1224,6 +1234,8 @@ def test_deterministic_flag_picks_the_backward(monkeypatch):
         route._cuda_backward(do, q, k, v, out, lse, 0.1, causal, None, kw, None, None, None, None, DEFAULT,
                              deterministic)
         fused = [cfg for name, cfg in launches if name == "dkdv" and cfg and cfg.get("WITH_DQ")]
+        if fused:
+            assert fused == [gb.fused_config_for(min(d, 128), causal, modes[0])]
         return ("fused", modes[0]) if fused else "split"
 
     assert route_of(128, False, 16384, 16384, False) == ("fused", False)

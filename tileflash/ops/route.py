@@ -330,9 +330,10 @@ def _fused_backward(width: int, causal: bool, seqlen_q: int, seqlen_k: int, dete
     """Whether a Gluon-eligible backward runs the fused kernel (dQ summed in the K/V loop) rather
     than the split dQ + dK/dV kernels. Always with the debug switch ``gluon_fused=1`` (ordered sums
     when ``deterministic``). Otherwise only unordered (``deterministic=False``) and only where it
-    measured faster than the split pair: D = 128 non-causal at 16k tokens and more
-    (1.03-1.04x; H200, fp16/bf16, B*N = 16k, 2026-12-03, ``tools/fused_ab.py``). Everywhere else it
-    measured 0.67-0.99x, D = 64 and causal worst: docs/perf-notes.md, "Hopper backward"."""
+    measured faster than the split pair: D = 128 non-causal at 16k tokens and more (1.03-1.04x in
+    the 40-cell run, 1.10x with the unordered config's LSE_EARLY=2; H200, B*N = 16k, 2026-12-03,
+    ``tools/fused_ab.py``). Elsewhere it measured 0.67-1.00x, D = 64 and short lengths worst:
+    docs/perf-notes.md, "Hopper backward"."""
     if DEBUG.gluon_fused:
         return width <= 128
     return not deterministic and width == 128 and not causal and min(seqlen_q, seqlen_k) >= 16384
@@ -375,8 +376,8 @@ def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift,
         g_in = (dout, q, k, v) if width == head_dim else tuple(tr_fwd.pad_head_dim(t, width) for t in (dout, q, k, v))
         if _fused_backward(width, causal, seqlen_q, seqlen_k, deterministic) and dq.stride(-1) == 1:
             delta = tr_bwd.compute_delta(out, dout, lse, varlen, nheads, head_dim)
-            if gb.backward(*g_in, lse, delta, dq, dk, dv, softmax_scale, causal, gb.fused_config_for(width, causal),
-                           deterministic=deterministic) is not None:
+            if gb.backward(*g_in, lse, delta, dq, dk, dv, softmax_scale, causal,
+                           gb.fused_config_for(width, causal, deterministic), deterministic=deterministic) is not None:
                 return dq, dk, dv  # fused: one Gluon kernel wrote dQ, dK and dV
         # dQ by the Gluon dQ kernel (None: it did not compile, the Triton dQ kernel runs). By default
         # it runs first and computes delta itself, which the dK/dV kernel then reads: no delta kernel.
