@@ -16,12 +16,12 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def test_quick_cpu_bench_writes_json_csv_png(tmp_path, capsys):
     out = tmp_path / "run"
     rc = cli.main(["bench", "--device", "cpu", "--quick", "--modes", "fwd", "bwd", "--seqlens", "64", "96",
-                   "--providers", "tileflash", "eager", "sdpa_math", "--out", str(out)])
+                   "--providers", "tileflash", "tileflash_det", "eager", "sdpa_math", "--out", str(out)])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "CPU version" in printed
     rows = json.loads((out / "results.json").read_text())["results"]
-    assert {r["provider"] for r in rows} == {"tileflash", "eager", "sdpa_math"}
+    assert {r["provider"] for r in rows} == {"tileflash", "tileflash_det", "eager", "sdpa_math"}
     assert {r["mode"] for r in rows} == {"fwd", "bwd"}
     for r in rows:
         assert r["status"] == "ok", r

@@ -10,6 +10,8 @@
 #   growth       tools/decode_growth.py (a growing-cache decode loop: tileflash against SDPA, cProfile)
 #   hf           tools/hf_bench.py (a ~1B Llama through transformers: generate and train against sdpa)
 #   ptx          tools/compile_check.py --ptx-digests with the machine's triton (compare trees)
+#   ab           tools/fused_ab.py (backward designs: split, fused ordered/unordered, FA4, cuDNN; AB_ARGS)
+#   diag         tools/hf_diag.py (where a transformers B=1 generate's time goes, variants)
 #
 # FA4 (flash-attn-4) joins the grid when .fa4/fa4-site.tar.xz is carried: a site folder of its
 # wheels (flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1 + libs, quack-kernels 0.6.5,
@@ -37,7 +39,8 @@ for stage in "$@"; do
     grid-*)
       dt=${stage#grid-}
       for mode in fwd bwd; do
-        timeout ${BENCH_LIMIT:-200} python3 -m tileflash bench --modes $mode --dtype $dt --providers $providers \
+        extra=""; [ $mode = bwd ] && extra=tileflash_det  # the deterministic=True backward beside the default
+        timeout ${BENCH_LIMIT:-200} python3 -m tileflash bench --modes $mode --dtype $dt --providers $providers $extra \
             --seqlens 1024 2048 4096 8192 16384 --head-dim 64 128 --out "$OUT/$mode-$dt" > "$OUT/$mode-$dt.log" 2>&1
         echo "bench $mode $dt rc=$?"
         python3 tools/grid_report.py "$OUT/$mode-$dt" > "$OUT/report-$mode-$dt.md" 2>&1
@@ -55,6 +58,12 @@ for stage in "$@"; do
     hf)
       timeout ${HF_LIMIT:-300} python3 tools/hf_bench.py ${HF_ARGS:-} > "$OUT/hf.log" 2>&1
       echo "hf rc=$?"; tail -n 8 "$OUT/hf.log" ;;
+    ab)
+      timeout ${AB_LIMIT:-330} python3 tools/fused_ab.py ${AB_ARGS:-} > "$OUT/fused_ab.log" 2>&1
+      echo "ab rc=$?"; tail -n 24 "$OUT/fused_ab.log" ;;
+    diag)
+      PYTHONPATH=$PYTHONPATH:tools timeout 200 python3 tools/hf_diag.py > "$OUT/diag.log" 2>&1
+      echo "diag rc=$?"; tail -n 10 "$OUT/diag.log" ;;
     ptx)
       timeout ${PTX_LIMIT:-400} python3 tools/compile_check.py --ptx-digests "$OUT/ptx.json" > "$OUT/ptx.log" 2>&1
       echo "ptx rc=$? $(tail -n 1 "$OUT/ptx.log")" ;;

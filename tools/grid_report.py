@@ -15,7 +15,8 @@ import statistics
 import sys
 from pathlib import Path
 
-BASELINES = [("sdpa_cudnn", "cuDNN"), ("sdpa_flash", "SDPA-flash"), ("fa4", "FA4")]
+BASELINES = [("sdpa_cudnn", "cuDNN"), ("sdpa_flash", "SDPA-flash"), ("fa4", "FA4"),
+             ("tileflash_det", "deterministic=True")]  # (the last: the default against its bitwise backward)
 
 
 def _key(r):

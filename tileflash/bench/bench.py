@@ -1,6 +1,7 @@
 """Benchmark attention providers: time, TFLOP/s, peak memory and error, per shape and mode.
 
-Providers (see ``tileflash/bench/providers.py``): tileflash, eager (standard attention),
+Providers (see ``tileflash/bench/providers.py``): tileflash (default call; tileflash_det with
+deterministic=True, tileflash_triton on the Triton kernels only), eager (standard attention),
 torch SDPA with its math / efficient / flash / cuDNN backends, compiled FlexAttention, and
 flash-attn if it is installed. Absent providers are skipped with a note.
 

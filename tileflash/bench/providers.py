@@ -30,6 +30,14 @@ def _tileflash(q, k, v, causal):
     return tileflash.flash_attn_func(q, k, v, causal=causal)
 
 
+def _tileflash_deterministic(q, k, v, causal):
+    """tileflash with ``deterministic=True``: the bitwise-reproducible backward (the default,
+    ``deterministic=False``, may take the fused kernel with unordered dQ sums where faster)."""
+    import tileflash
+
+    return tileflash.flash_attn_func(q, k, v, causal=causal, deterministic=True)
+
+
 def _tileflash_triton(q, k, v, causal):
     """tileflash on its portable Triton kernels only (``Options(backend="triton")``): what GPUs
     other than Hopper run, measured on Hopper."""
@@ -153,6 +161,7 @@ PROVIDERS = {
     p.name: p
     for p in [
         Provider("tileflash", _tileflash, _always),
+        Provider("tileflash_det", _tileflash_deterministic, _always),
         Provider("tileflash_triton", _tileflash_triton, _cuda_only),
         Provider("eager", eager_attention, _always),
         Provider("sdpa_math", _sdpa("MATH"), _always),
