@@ -386,6 +386,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     ``options``: :class:`tileflash.Options`, as in :func:`flash_attn_func`.
 
+    The backward is :func:`flash_attn_func`'s with ``deterministic=False``: bitwise reproducible
+    under ``torch.use_deterministic_algorithms(True)``, and otherwise allowed unordered dQ sums where
+    faster (see ``deterministic`` there).
+
     Not supported yet (raise ``NotImplementedError``): ``attn_mask`` other than None,
     ``dropout_p > 0``.
     """
