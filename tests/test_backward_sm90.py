@@ -1242,7 +1242,7 @@ def test_deterministic_flag_picks_the_backward(monkeypatch):
     assert route_of(128, False, 16384, 32768, False) == ("fused", False)
     assert route_of(128, False, 16384, 16384, True) == "split"
     for d, causal, sq, sk in ((128, False, 8192, 8192), (128, True, 16384, 16384), (64, False, 16384, 16384),
-                              (256, False, 16384, 16384), (128, False, 16384, 8192)):
+                              (256, False, 16384, 16384), (128, False, 16384, 8192), (96, False, 16384, 16384)):
         assert route_of(d, causal, sq, sk, False) == "split", (d, causal, sq, sk)
     monkeypatch.setattr(DEBUG, "gluon_fused", True)
     assert route_of(64, True, 256, 256, True) == ("fused", True)

@@ -326,7 +326,8 @@ def backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, causal
 _BWD_PLANS: dict = {}
 
 
-def _fused_backward(width: int, causal: bool, seqlen_q: int, seqlen_k: int, deterministic: bool) -> bool:
+def _fused_backward(width: int, head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int,
+                    deterministic: bool) -> bool:
     """Whether a Gluon-eligible backward runs the fused kernel (dQ summed in the K/V loop) rather
     than the split dQ + dK/dV kernels. Always with the debug switch ``gluon_fused=1`` (ordered sums
     when ``deterministic``). Otherwise only unordered (``deterministic=False``) and only where it
@@ -336,7 +337,8 @@ def _fused_backward(width: int, causal: bool, seqlen_q: int, seqlen_k: int, dete
     docs/perf-notes.md, "Hopper backward"."""
     if DEBUG.gluon_fused:
         return width <= 128
-    return not deterministic and width == 128 and not causal and min(seqlen_q, seqlen_k) >= 16384
+    # (head dims padded to 128 are not taken: measured and GPU-tested at D = 128 only)
+    return not deterministic and head_dim == width == 128 and not causal and min(seqlen_q, seqlen_k) >= 16384
 
 
 def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw, config, dq, dk, dv, options,
@@ -374,7 +376,7 @@ def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift,
         # is the same either way (gluon.forward.padded_head_dim says why that is exact).
         width = gb._f90.padded_head_dim(head_dim)
         g_in = (dout, q, k, v) if width == head_dim else tuple(tr_fwd.pad_head_dim(t, width) for t in (dout, q, k, v))
-        if _fused_backward(width, causal, seqlen_q, seqlen_k, deterministic) and dq.stride(-1) == 1:
+        if _fused_backward(width, head_dim, causal, seqlen_q, seqlen_k, deterministic) and dq.stride(-1) == 1:
             delta = tr_bwd.compute_delta(out, dout, lse, varlen, nheads, head_dim)
             if gb.backward(*g_in, lse, delta, dq, dk, dv, softmax_scale, causal,
                            gb.fused_config_for(width, causal, deterministic), deterministic=deterministic) is not None:
