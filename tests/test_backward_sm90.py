@@ -287,7 +287,8 @@ def test_fused_mode_compiles_for_sm90():
     """No GPU needed: the fused mode compiles for sm_90 with the installed triton, adds dQ with TMA
     bulk reductions issued by its writer warp (one per column half of the head; triton splits a
     128-byte-swizzled fp32 tile wider than 32 columns in two), and orders them (one acquire load
-    before, one release after) only when deterministic; DQ_MODE 1/2, the timing variants, add nothing."""
+    before, one release after) only when deterministic; DQ_MODE 1/2, the timing variants, add nothing.
+    Each case compiles the config route runs for it (fused_config_for(d, causal, deterministic))."""
     rows = _compile_rows("""
 import json, re, sys
 sys.path.insert(0, "tools")
@@ -296,7 +297,8 @@ from tileflash.ops.gluon import backward as GB
 rows = {}
 for d, causal, det, mode in ((128, False, True, 0), (128, True, False, 0), (64, False, True, 0), (64, True, True, 0),
                              (128, False, False, 1), (128, False, False, 2)):
-    ptx = compile_gluon_bwd(d, causal, dict(GB.fused_config_for(d, causal), DQ_MODE=mode), deterministic=det).asm["ptx"]
+    ptx = compile_gluon_bwd(d, causal, dict(GB.fused_config_for(d, causal, det), DQ_MODE=mode),
+                            deterministic=det).asm["ptx"]
     rows[f"{d} {int(causal)} {int(det)} {mode}"] = [ptx.count("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"),
         len(re.findall(r"(?:atom|red)[.]global[.]gpu[.]release", ptx)), ptx.count("ld.global.gpu.acquire"),
         ptx.count("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group")]

@@ -303,6 +303,10 @@ def main():
                 # the default route's dQ kernel, which computes delta from O (backward_dq with out)
                 cases.append((f"gluon-dq D={d} causal={causal!s:<5}", dict(GB.dq_config_for(d, causal), FUSE_DELTA=True),
                               compile_gluon_bwd_dq))
+                if d == 128:  # what deterministic=False routes to: the fused kernel, unordered dQ sums
+                    cases.append((f"gluon-bwd-unordered D={d} causal={causal!s:<5}",
+                                  GB.fused_config_for(d, causal, deterministic=False),
+                                  lambda d_, c_, cfg_, dt_: compile_gluon_bwd(d_, c_, cfg_, dt_, deterministic=False)))
                 if d == 128:  # a padded head dim (padded_head_dim): the gradients' first 96 columns stored
                     for cfg in (base, dict(lock, WITH_DQ=True), GB.fused_config_for(d, causal)):
                         cases.append((f"gluon-bwd D={d} causal={causal!s:<5}", dict(cfg, D_OUT=96), compile_gluon_bwd))

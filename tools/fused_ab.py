@@ -33,7 +33,8 @@ from tileflash.ops.triton import backward as tr_bwd
 def ours(kind, dout, q, k, v, out, lse, scale, causal, fused_cfg=None):
     if kind == "split":
         return lambda: route.backward(dout, q, k, v, out, lse, scale, causal, deterministic=True)
-    cfg = dict(gb.fused_config_for(q.shape[-1], causal), **(fused_cfg or {}))
+    # the config route runs for each mode (unordered: LSE_EARLY=2), then --fused-cfg's overrides
+    cfg = dict(gb.fused_config_for(q.shape[-1], causal, deterministic=(kind == "fused_ord")), **(fused_cfg or {}))
 
     def run():
         delta = tr_bwd.compute_delta(out, dout, lse, False, q.shape[2], q.shape[3])
