@@ -88,7 +88,11 @@ def test_gluon_kernels_compile_for_sm90(dtype):
     native = [ln for ln in lines if ln.startswith("ok") and "'D_OUT'" not in ln]
     padded = [ln for ln in lines if ln.startswith("ok") and "'D_OUT': 96" in ln]
     assert len([ln for ln in native if "gluon-bwd D=64" in ln or "gluon-bwd D=128" in ln]) == 16
-    assert len([ln for ln in native if "gluon-bwd" in ln and "'WS': True" in ln and "'SPLIT_D'" not in ln]) == 4
+    ws = [ln for ln in native if "gluon-bwd" in ln and "'WS': True" in ln and "'SPLIT_D'" not in ln]
+    assert len([ln for ln in ws if "gluon-bwd-unordered" not in ln]) == 4
+    # the fused config that deterministic=False routes to (D = 128, causal and not), unordered sums
+    unordered = [ln for ln in native if "gluon-bwd-unordered D=128" in ln]
+    assert len(unordered) == 2 and all("'WITH_DQ': True" in ln and "'LSE_EARLY': 2" in ln for ln in unordered)
     # D = 256: the warp-specialized dK/dV kernel with dK's and dV's columns split between the consumers
     split = [ln for ln in native if "gluon-bwd D=256" in ln]
     assert len(split) == 2 and all("'SPLIT_D': True" in ln for ln in split), split
