@@ -22,9 +22,9 @@ import json
 import statistics
 
 import torch
-import torch.nn.functional as F
 from triton.testing import do_bench
 
+from tileflash.bench.providers import PROVIDERS
 from tileflash.ops import route
 from tileflash.ops.gluon import backward as gb
 from tileflash.ops.triton import backward as tr_bwd
@@ -50,26 +50,6 @@ def autograd_bwd(fn, q, k, v, dout, causal):
     return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
 
 
-def fa4_fn():
-    try:
-        from flash_attn.cute import flash_attn_func
-    except Exception:
-        return None
-
-    def fn(q, k, v, causal):
-        o = flash_attn_func(q, k, v, causal=causal)
-        return o[0] if isinstance(o, tuple) else o
-    return fn
-
-
-def cudnn_fn(q, k, v, causal):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                              is_causal=causal).transpose(1, 2)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtypes", nargs="+", default=["float16", "bfloat16"])
@@ -79,7 +59,9 @@ def main():
     ap.add_argument("--fused-cfg", type=json.loads, default=None,
                     help='JSON overrides of fused_config_for for the fused kinds, e.g. {"LSE_EARLY": 2}')
     a = ap.parse_args()
-    fa4 = fa4_fn()
+    # FA4 and cuDNN as the benchmark calls them (tileflash.bench.providers)
+    fa4 = PROVIDERS["fa4"].fn if PROVIDERS["fa4"].unavailable("cuda") is None else None
+    cudnn = PROVIDERS["sdpa_cudnn"].fn
     kinds = ["split", "fused_ord", "fused"] + (["fa4"] if fa4 else []) + ["cudnn"]
     rows = []
     for dt in a.dtypes:
@@ -104,7 +86,7 @@ def main():
                         if kind == "fa4":
                             fn = autograd_bwd(fa4, q, k, v, dout, causal)
                         elif kind == "cudnn":
-                            fn = autograd_bwd(cudnn_fn, q, k, v, dout, causal)
+                            fn = autograd_bwd(cudnn, q, k, v, dout, causal)
                         else:
                             fn = ours(kind, dout, q, k, v, out, lse, scale, causal, a.fused_cfg)
                         ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
