@@ -80,10 +80,12 @@ class Launch:
     def descriptors(self, *tensors):
         return tuple(rebase(t, x) for t, x in zip(self.templates, tensors))
 
-    def __call__(self, tensors, ptrs, scales, cacheable: bool):
+    def __call__(self, tensors, ptrs, scales, cacheable: bool, ints=None):
         # scales as floats: triton would specialize an integer 1 into a constexpr, and the cached
-        # launcher skips constexpr slots
-        args = (*self.descriptors(*tensors), *ptrs, *self.ints, *(float(x) for x in scales))
+        # launcher skips constexpr slots. ``ints``: this call's integer arguments in place of the
+        # plan's, for kernels whose varying ints triton does not specialize (``do_not_specialize``)
+        args = (*self.descriptors(*tensors), *ptrs, *(self.ints if ints is None else ints),
+                *(float(x) for x in scales))
         runner = self.runner
         if runner is not None and cacheable and torch.cuda.current_device() == runner[0]:
             runner[1](*args, *self.tail)

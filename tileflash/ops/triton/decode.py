@@ -825,11 +825,40 @@ def _append_kv(
 def append_kv(k_cache, v_cache, k, v, seqlens, seqlen_fixed: int, cache_batch_idx=None, block_table=None):
     """Write k/v (batch, seqlen_new, nheads_k, d) into the cache at positions seqlens[b] + t
     (seqlen_fixed + t when seqlens is None), in place, in one launch and without reading any value
-    on the host (see ``_append_kv`` for what is done with positions or pages out of range)."""
+    on the host (see ``_append_kv`` for what is done with positions or pages out of range).
+
+    The launch is planned once per layout (``_APPEND_PLANS``: grid, strides, constexprs) and replayed
+    through the compiled kernel's launcher; seqlen_fixed, which grows by a token per decoding step,
+    is a per-call argument that triton does not specialize on, so a decoding loop reuses one plan."""
     batch, seqlen_new, nheads_k, d = k.shape
     if batch == 0 or seqlen_new == 0 or nheads_k == 0:
         return
     k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
+    paged = block_table is not None
+    key = (k.shape, k.stride(), v.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), k.dtype,
+           k_cache.dtype, k.device, seqlens is None, cache_batch_idx is None,
+           None if not paged else (block_table.shape, block_table.stride()))
+    launch = _APPEND_PLANS.get(key)
+    if launch is None:
+        launch = _plan_append(k_cache, v_cache, k, v, seqlens, cache_batch_idx, block_table)
+        if len(_APPEND_PLANS) >= 1024:
+            _APPEND_PLANS.clear()
+        _APPEND_PLANS[key] = launch
+    if launch is _NOTHING:
+        return
+    ptrs = (k, v, k_cache, v_cache, seqlens, cache_batch_idx, block_table)
+    ints = launch.ints
+    launch((), ptrs, (), aligned(*ptrs), ints[:_APPEND_FIXED] + (seqlen_fixed,) + ints[_APPEND_FIXED + 1:])
+
+
+_APPEND_PLANS: dict = {}  # append_kv's key -> Launch, or _NOTHING (a cache with no room: no launch)
+_NOTHING = object()
+_APPEND_FIXED = 14  # the index of seqlen_fixed among _append_kv's integer arguments
+
+
+def _plan_append(k_cache, v_cache, k, v, seqlens, cache_batch_idx, block_table):
+    """The :class:`Launch` of an ``append_kv`` layout (seqlen_fixed 0 in its ints: the call passes its own)."""
+    batch, seqlen_new, nheads_k, d = k.shape
     paged = block_table is not None
     block_d = next_pow2(d)
     block_h = max(1, min(next_pow2(nheads_k), 4096 // block_d))
@@ -838,14 +867,13 @@ def append_kv(k_cache, v_cache, k, v, seqlens, seqlen_fixed: int, cache_batch_id
         raise ValueError(f"flash_attn_with_kvcache: {nheads_k} kv heads exceed the append kernel's grid")
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
     if capacity == 0:
-        return
-    _append_kv[grid](
-        k, v, k_cache, v_cache, seqlens, cache_batch_idx, block_table,
-        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
-        v_cache.stride(2), block_table.stride(0) if paged else 0,
-        seqlen_new, seqlen_fixed, nheads_k, capacity, k_cache.shape[0], k_cache.shape[1],
-        block_table.shape[1] if paged else 1,
-        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=block_h, HAS_SEQLENS=seqlens is not None,
-        HAS_BATCH_IDX=cache_batch_idx is not None, PAGED=paged, num_warps=4,
-    )
+        return _NOTHING
+    ints = (k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
+            v_cache.stride(2), block_table.stride(0) if paged else 0,
+            seqlen_new, 0, nheads_k, capacity, k_cache.shape[0], k_cache.shape[1],
+            block_table.shape[1] if paged else 1)
+    assert _append_kv.arg_names[7 + _APPEND_FIXED] == "seqlen_fixed"
+    constexprs = dict(HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=block_h, HAS_SEQLENS=seqlens is not None,
+                      HAS_BATCH_IDX=cache_batch_idx is not None, PAGED=paged, num_warps=4)
+    return Launch(_append_kv, grid, (), 7, ints, 0, constexprs)
