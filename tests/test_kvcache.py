@@ -968,6 +968,47 @@ def test_append_kernel_guards(backend, paged):
     assert not torch.equal(kc, kc0), "the valid positions must have been written"
 
 
+@pytest.mark.parametrize("lengths", ["int", "tensor"])
+def test_decode_loop_reuses_its_checks_and_plans(lengths):
+    """A decoding loop (one appended token per step, lengths growing) checks its call signature
+    once (``interface._KV_PREPARED``) and plans its append once (``decode._APPEND_PLANS``, the
+    int length passed per launch); every step still matches the reference, cache included. A
+    changed call after that is checked in full: a wrong k shape and an int length that overflows
+    the cache raise ValueError and leave the cache untouched."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from tileflash import interface
+    from tileflash.ops.triton import decode
+
+    dev, dt = "cuda", torch.float16
+    kc, vc, _, g = _setup(dev, 2, False, 16, seed=31)
+    exp_k, exp_v = kc.clone(), vc.clone()
+    interface._KV_PREPARED.clear()
+    decode._APPEND_PLANS.clear()
+    for i in range(6):
+        q = torch.randn(B, 1, H, D, generator=g).to(dev, dt)
+        k, v = torch.randn(B, 1, 2, D, generator=g).to(dev, dt), torch.randn(B, 1, 2, D, generator=g).to(dev, dt)
+        pos = [5 + i] * B if lengths == "int" else [5 + i, 17 + i, 30 + i]
+        sl = pos[0] if lengths == "int" else torch.tensor(pos, dtype=torch.int32, device=dev)
+        out = torch.full_like(q, float("nan"))
+        out.copy_(tileflash.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=sl, causal=True))
+        for b in range(B):
+            exp_k[b, pos[b]], exp_v[b, pos[b]] = k[b, 0], v[b, 0]
+        assert torch.equal(kc, exp_k) and torch.equal(vc, exp_v), f"step {i}: the cache"
+        for b in range(B):
+            n = pos[b] + 1
+            _assert_matches(out[b:b + 1], q[b:b + 1], exp_k[b:b + 1, :n], exp_v[b:b + 1, :n], 0, causal=True)
+    assert len(interface._KV_PREPARED) == 1, "one signature for the whole loop"
+    assert len(decode._APPEND_PLANS) == 1, "one append plan for the whole loop"
+    with pytest.raises(ValueError, match="must be \\(batch, seqlen_new, nheads_k, headdim\\)"):
+        tileflash.flash_attn_with_kvcache(q, kc, vc, k[:, :, :1], v[:, :, :1], cache_seqlens=sl, causal=True)
+    if lengths == "int":
+        with pytest.raises(ValueError, match="cache overflow"):
+            tileflash.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=CAP, causal=True)
+    torch.cuda.synchronize()
+    assert torch.equal(kc, exp_k) and torch.equal(vc, exp_v), "a refused call wrote into the cache"
+
+
 def test_append_does_not_sync_and_captures():
     """On CUDA a decode step with an append reads no value on the host (torch's sync debug mode
     would raise), and append + attention captured in a CUDA graph and replayed give the eager

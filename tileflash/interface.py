@@ -668,6 +668,120 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     longer than its contents splits its work coarsely (fewer busy programs at small batch);
     passing cache_seqlens as an int, or a cache sized to the contents, avoids that.
     """
+    key = _kvcache_key(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                       cache_leftpad, block_table, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                       num_splits, options)
+    prepared = _KV_PREPARED.get(key) if key is not None else None
+    if prepared is None:
+        prepared = _kvcache_prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                                    cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_size,
+                                    softcap, alibi_slopes, num_splits, options)
+        # the tensors it made contiguous (a key is only made for contiguous ones, which it returns as given)
+        cache_batch_idx, cache_leftpad, block_table = prepared[4:7]
+        if key is not None:
+            if len(_KV_PREPARED) >= 1024:
+                _KV_PREPARED.clear()
+            _KV_PREPARED[key] = prepared[:4]
+    scale, feats, capacity, seqlen_new = prepared[:4]
+    batch, seqlen_q = q.shape[0], q.shape[1]
+    uniform = cache_seqlens is None or type(cache_seqlens) is int or (
+        isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool))
+    seqlens = None if uniform else cache_seqlens.contiguous()
+
+    # -- value checks, all before any write --------------------------------------------------------
+    if uniform:
+        sl = [int(cache_seqlens) if cache_seqlens is not None else capacity] * batch  # known on the host
+    else:
+        sl = None
+    checked = key is None and _kvcache_checks_values(q.device.type, seqlen_new, k is not None and rotary_cos is not None,
+                                                     torch.compiler.is_compiling())
+    if checked:
+        sl = _check_kvcache_values(sl, seqlens, seqlen_new, seqlen_q, capacity, k_cache.shape[0], k_cache.shape[1],
+                                   block_table, cache_batch_idx, rotary_cos if k is not None else None,
+                                   cache_leftpad)
+    elif sl is not None:  # host-known lengths: free to check, no sync
+        _check_kvcache_lengths(sl, seqlen_new, capacity)
+        if rotary_cos is not None and k is not None:
+            _check_rotary_length(sl, seqlen_new, seqlen_q, rotary_cos)
+
+    # -- rotary and in-place append ----------------------------------------------------------------
+    # (uniform lengths: one host int, no length tensor is built; the kernels take the scalar)
+    first = (sl[0] if sl else 0) if uniform else 0
+    if rotary_cos is not None and k is not None:  # flash-attn: rotary only applies with an append
+        dev = q.device
+        start = first if uniform else seqlens.long()[:, None]
+        span = capacity  # flash-attn's rule: a window at least the cache's size is no window
+        local = 0 <= feats["window_left"] < span or 0 <= feats["window_right"] < span
+        t_q = torch.arange(seqlen_q, device=dev) if (causal or local) else \
+            torch.zeros(seqlen_q, dtype=torch.long, device=dev)
+        pos_q = start + t_q[None, :]
+        pos_k = start + torch.arange(seqlen_new, device=dev)[None, :]
+        if not checked:  # unchecked lengths (CUDA): clamp into the table rather than index past it
+            pos_q, pos_k = (p.clamp(0, rotary_cos.shape[0] - 1) for p in (pos_q, pos_k))
+        q = apply_rotary(q, rotary_cos, rotary_sin, pos_q, rotary_interleaved)
+        k = apply_rotary(k, rotary_cos, rotary_sin, pos_k, rotary_interleaved)
+    if k is not None and seqlen_new > 0:
+        append = kvcache_append if torch.compiler.is_compiling() else route.kvcache_append
+        append(k_cache, v_cache, k, v, seqlens, first, cache_batch_idx, block_table)
+        if not uniform:
+            seqlens = seqlens + seqlen_new
+    q = _unit_last_stride(q)
+    if not uniform and seqlens.dtype != torch.int32:
+        seqlens = seqlens.to(torch.int32)
+    # forward-only: outside torch.compile the op's dispatch is pure host overhead, so call its body
+    fwd = kvcache_fwd if torch.compiler.is_compiling() else kvcache_forward
+    out, lse = fwd(q, k_cache, v_cache, seqlens, scale, causal,
+                   feats["window_left"], feats["window_right"], feats["softcap"], feats["alibi_slopes"],
+                   cache_batch_idx, block_table, num_splits,
+                   max(sl, default=0) + seqlen_new if sl is not None else -1, cache_leftpad, feats["options"])
+    return (out, lse) if return_softmax_lse else out
+
+
+# A validated CUDA call's signature (what _kvcache_prepare reads: shapes, strides, dtypes and devices
+# of every tensor argument, which optional ones are given, the scalar arguments and their types) ->
+# (softmax scale, feature arguments, cache capacity, seqlen_new): a repeated decoding step skips the
+# checks (host time; issue: host cost per call). Only calls without rotary or ALiBi, with contiguous
+# index tensors, outside torch.compile and without TILEFLASH_CHECK_INPUTS=1 (whose value checks run
+# at every call).
+_KV_PREPARED: dict = {}
+
+
+def _tensor_meta(t):
+    """An optional tensor argument's part of a call signature: None for None, False (no signature)
+    for anything but a contiguous plain Tensor."""
+    if t is None:
+        return None
+    if type(t) is not Tensor or not t.is_contiguous():
+        return False
+    return t.shape, t.dtype, t.device
+
+
+def _kvcache_key(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+                 block_table, softmax_scale, causal, window_size, softcap, alibi_slopes, num_splits, options):
+    """flash_attn_with_kvcache's call signature for ``_KV_PREPARED``, or None: check in full."""
+    if (type(q) is not Tensor or type(k_cache) is not Tensor or type(v_cache) is not Tensor or not q.is_cuda
+            or rotary_cos is not None or rotary_sin is not None or alibi_slopes is not None
+            or type(window_size) is not tuple or len(window_size) != 2 or type(window_size[0]) is not int
+            or type(window_size[1]) is not int or (options is not None and type(options) is not Options)
+            or os.environ.get("TILEFLASH_CHECK_INPUTS", "0") == "1" or torch.compiler.is_compiling()):
+        return None
+    lens = type(cache_seqlens) if cache_seqlens is None or type(cache_seqlens) is int else _tensor_meta(cache_seqlens)
+    metas = (lens, _tensor_meta(cache_batch_idx), _tensor_meta(cache_leftpad), _tensor_meta(block_table),
+             None if k is None else (type(k) is Tensor and (k.shape, k.stride(), k.dtype, k.device)),
+             None if v is None else (type(v) is Tensor and (v.shape, v.stride(), v.dtype, v.device)))
+    if any(m is False for m in metas):
+        return None
+    return (q.shape, q.stride(-1), q.dtype, q.device, k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device,
+            v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device, *metas, softmax_scale, type(softmax_scale),
+            causal, type(causal), window_size, softcap, type(softcap), num_splits, type(num_splits), options)
+
+
+def _kvcache_prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                     cache_leftpad, block_table, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                     num_splits, options):
+    """Every check of flash_attn_with_kvcache that reads no tensor value (shapes, dtypes, devices,
+    head counts, the grid's limits, the options) -> (softmax scale, feature arguments, the cache's
+    capacity, seqlen_new, cache_batch_idx, cache_leftpad, block_table), the last three contiguous."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -702,12 +816,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         cache_batch_idx = _int_tensor("cache_batch_idx", cache_batch_idx, (batch,), dev)
     if cache_leftpad is not None:
         cache_leftpad = _int_tensor("cache_leftpad", cache_leftpad, (batch,), dev)
-    uniform = cache_seqlens is None or (isinstance(cache_seqlens, numbers.Integral)
-                                        and not isinstance(cache_seqlens, bool))
-    if uniform:
-        seqlens = None  # one length known on the host: no tensor unless an append or rotary needs it
-    else:
-        seqlens = _int_tensor("cache_seqlens", cache_seqlens, (batch,), dev)
+    if not (cache_seqlens is None or (isinstance(cache_seqlens, numbers.Integral)
+                                      and not isinstance(cache_seqlens, bool))):
+        _int_tensor("cache_seqlens", cache_seqlens, (batch,), dev)
     if (k is None) != (v is None):
         raise ValueError("pass both k and v to append to the cache, or neither")
     seqlen_new = 0
@@ -733,57 +844,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     feats = _check_features(q, 0.0, causal, window_size, softcap, alibi_slopes, False, batch=batch, nheads=nheads,
                             options=options)
     scale = _default_scale(softmax_scale, d)
-
-    # -- value checks, all before any write --------------------------------------------------------
-    if isinstance(cache_seqlens, numbers.Integral) or cache_seqlens is None:
-        sl = [int(cache_seqlens) if cache_seqlens is not None else capacity] * batch  # known on the host
-    else:
-        sl = None
-    checked = _kvcache_checks_values(dev.type, seqlen_new, k is not None and rotary_cos is not None,
-                                     torch.compiler.is_compiling())
-    if checked:
-        sl = _check_kvcache_values(sl, seqlens, seqlen_new, seqlen_q, capacity, k_cache.shape[0], k_cache.shape[1],
-                                   block_table, cache_batch_idx, rotary_cos if k is not None else None,
-                                   cache_leftpad)
-    elif sl is not None:  # host-known lengths: free to check, no sync
-        _check_kvcache_lengths(sl, seqlen_new, capacity)
-        if rotary_cos is not None and k is not None:
-            _check_rotary_length(sl, seqlen_new, seqlen_q, rotary_cos)
-
     if use_triton(q):  # a grid past CUDA's limits must raise before the append, not after it
         check_grid(batch * nheads_k, row_block_count(nheads // nheads_k, seqlen_q))
     if q.is_cuda and resolve(options).backend == "gluon":  # before the append, too
         route.refuse_gluon_kvcache()
-
-    # -- rotary and in-place append ----------------------------------------------------------------
-    # (uniform lengths: one host int, no length tensor is built; the kernels take the scalar)
-    first = (sl[0] if sl else 0) if uniform else 0
-    if rotary_cos is not None and k is not None:  # flash-attn: rotary only applies with an append
-        start = first if uniform else seqlens.long()[:, None]
-        span = capacity  # flash-attn's rule: a window at least the cache's size is no window
-        local = 0 <= feats["window_left"] < span or 0 <= feats["window_right"] < span
-        t_q = torch.arange(seqlen_q, device=dev) if (causal or local) else \
-            torch.zeros(seqlen_q, dtype=torch.long, device=dev)
-        pos_q = start + t_q[None, :]
-        pos_k = start + torch.arange(seqlen_new, device=dev)[None, :]
-        if not checked:  # unchecked lengths (CUDA): clamp into the table rather than index past it
-            pos_q, pos_k = (p.clamp(0, rotary_cos.shape[0] - 1) for p in (pos_q, pos_k))
-        q = apply_rotary(q, rotary_cos, rotary_sin, pos_q, rotary_interleaved)
-        k = apply_rotary(k, rotary_cos, rotary_sin, pos_k, rotary_interleaved)
-    if k is not None and seqlen_new > 0:
-        append = kvcache_append if torch.compiler.is_compiling() else route.kvcache_append
-        append(k_cache, v_cache, k, v, None if uniform else seqlens, first, cache_batch_idx, block_table)
-        if not uniform:
-            seqlens = seqlens + seqlen_new
-    q = _unit_last_stride(q)
-    if uniform:
-        seqlens = None  # every entry holds sl[0] + seqlen_new keys: the kernel takes that scalar
-    elif seqlens.dtype != torch.int32 or not seqlens.is_contiguous():
-        seqlens = seqlens.to(torch.int32).contiguous()
-    # forward-only: outside torch.compile the op's dispatch is pure host overhead, so call its body
-    fwd = kvcache_fwd if torch.compiler.is_compiling() else kvcache_forward
-    out, lse = fwd(q, k_cache, v_cache, seqlens, scale, causal,
-                           feats["window_left"], feats["window_right"], feats["softcap"], feats["alibi_slopes"],
-                           cache_batch_idx, block_table, num_splits,
-                           max(sl, default=0) + seqlen_new if sl is not None else -1, cache_leftpad, feats["options"])
-    return (out, lse) if return_softmax_lse else out
+    return scale, feats, capacity, seqlen_new, cache_batch_idx, cache_leftpad, block_table
