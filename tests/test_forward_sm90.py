@@ -403,6 +403,10 @@ def test_desc_runner_encodes_once_per_slot_and_address_and_passes_triton_args(mo
                        "lse", 7, 0.5, "CONSTEXPR")
     runner(d(t0), d(t1), "lse", 7, 0.5, "CONSTEXPR")
     assert len(encodes) == 2 and len(raw) == 2                  # known addresses: no encode
+    templates = (d(None), d(None))                                # Launch's way: tensors, no descriptors
+    runner.call_tensors(templates, (t0, t1), ("lse", 7, 0.5, "CONSTEXPR"))
+    assert raw[-1] == raw[0] and len(encodes) == 2
+    assert templates[0].base is None and templates[1].base is None, "the templates must stay unbound"
     runner(d(t2), d(t1), "lse", 7, 0.5, "CONSTEXPR")
     assert encodes[-1] == (t2.data_ptr(), "m0") and len(encodes) == 3
     assert raw[-1][13] == ("map", t2.data_ptr(), "m0")
@@ -423,6 +427,8 @@ def test_desc_runner_encodes_once_per_slot_and_address_and_passes_triton_args(mo
     monkeypatch.setattr(DEBUG, "desc_cache", False)
     runner(d(t0), d(t1), "lse", 7, 0.5, "CONSTEXPR")
     assert len(raw) == n_raw and len(slow) == 2
+    runner.call_tensors(templates, (t2, t0), ("lse", 7, 0.5, "CONSTEXPR"))
+    assert len(raw) == n_raw and [x.base for x in slow[-1][:2]] == [t2, t0] and slow[-1][2:] == ("lse", 7, 0.5, "CONSTEXPR")
     # launchers it was not written for: it declines, and the caller keeps triton's runner
     assert launch_mod.DescRunner.make(compiled(indices=(0, 2)), None, (1, 1, 1), 2) is None
     assert launch_mod.DescRunner.make(compiled(metas=("m0", None)), None, (1, 1, 1), 2) is None

@@ -10,7 +10,8 @@ import os
 import torch
 from torch import Tensor
 
-from tileflash.ops.attention import PackedAttention, attention, kvcache_append, kvcache_forward, kvcache_fwd
+from tileflash.ops.attention import (PackedAttention, attention, attention_args, kvcache_append, kvcache_forward,
+                                     kvcache_fwd, op_args)
 from tileflash.ops import route
 from tileflash.ops.route import use_triton
 from tileflash.ops.triton.decode import check_grid, row_block_count
@@ -227,10 +228,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return out
 
 
-# A validated CUDA call's signature (what the checks read: shapes, last strides, dtypes, devices and
-# the scalar arguments with their types) -> (softmax scale, the op's feature arguments): a repeated
-# call skips the checks (host time; issue: host cost per call). Only calls without tensors among
-# the features, outside torch.compile.
+# A validated CUDA call's signature (what the checks read: shapes, strides, dtypes, devices and the
+# scalar arguments with their types) -> the op's arguments after q, k, v (``op_args``): a repeated
+# call skips the checks and the argument assembly (host time; issue: host cost per call). Only
+# calls without tensors among the features and with unit last strides, outside torch.compile.
 _PREPARED: dict = {}
 
 
@@ -239,9 +240,9 @@ def _call_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, a
             or alibi_slopes is not None or type(dropout_p) is not float or dropout_p != 0.0
             or type(window_size) is not tuple or len(window_size) != 2 or type(window_size[0]) is not int
             or type(window_size[1]) is not int or (options is not None and type(options) is not Options)
-            or torch.compiler.is_compiling()):
+            or torch.compiler.is_compiling() or q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1):
         return None
-    return (q.shape, k.shape, v.shape, q.stride(-1), k.stride(-1), v.stride(-1), q.dtype, k.dtype, v.dtype,
+    return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
             q.device, k.device, v.device, softmax_scale, type(softmax_scale), causal, type(causal), window_size,
             softcap, type(softcap), deterministic, type(deterministic), options)
 
@@ -344,20 +345,19 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     """
     key = _call_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                     options)
-    prepared = _PREPARED.get(key) if key is not None else None
-    if prepared is None:
+    args = _PREPARED.get(key) if key is not None else None
+    if args is None:
         _check_qkv(q, k, v)
         feats = _check_features(q, dropout_p, causal, window_size, softcap, alibi_slopes, deterministic,
                                 batch=q.shape[0], nheads=q.shape[2], options=options)
-        prepared = (_default_scale(softmax_scale, q.shape[-1]), feats)
+        args = op_args(_default_scale(softmax_scale, q.shape[-1]), causal, k.shape[1] - q.shape[1], **feats)
         if key is not None:
             if len(_PREPARED) >= 1024:
                 _PREPARED.clear()
-            _PREPARED[key] = prepared
-    scale, feats = prepared
-    q, k, v = (_unit_last_stride(t) for t in (q, k, v))
-    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
-    out, lse = attention(q, k, v, scale, causal, seqlen_k - seqlen_q, **feats)
+            _PREPARED[key] = args
+        else:
+            q, k, v = (_unit_last_stride(t) for t in (q, k, v))
+    out, lse = attention_args(q, k, v, args)
     if return_attn_probs:
         return out, lse, None
     return out

@@ -59,9 +59,10 @@ def _attention_fwd_body(q, k, v, softmax_scale, causal, causal_shift, window_lef
                         dropout_p=0.0, seed=None, deterministic=False, options=""):
     """The body of ``tileflash::fwd`` (``tileflash.ops.route.forward``; ``deterministic`` is kept
     for the backward)."""
-    kw = _kw(window_left, window_right, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-             max_seqlen_k, dropout_p, seed, options)
-    return route.forward(q, k, v, softmax_scale, causal, causal_shift, **kw)
+    return route.forward(q, k, v, softmax_scale, causal, causal_shift, window=(window_left, window_right),
+                         softcap=softcap, alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q,
+                         cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                         dropout_p=dropout_p, seed=seed, options=Options.decode(options))
 
 
 @attention_fwd.register_fake
@@ -203,7 +204,10 @@ class _EagerAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, rest):
         out, lse = _attention_fwd_body(q, k, v, *rest)
-        _setup_context(ctx, (q, k, v, *rest), (out, lse))
+        # Only q, k, v, out and the LSE are kept: P is recomputed. (rest's tensors, ALiBi slopes,
+        # cu_seqlens and the dropout seed, take no gradient and are read back from ctx.rest.)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.rest = rest
         # the LSE's gradient is ignored: let autograd pass None rather than build zeros for it (a
         # fill kernel and an allocation per backward)
         ctx.set_materialize_grads(False)
@@ -212,21 +216,32 @@ class _EagerAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         # _backward's work, calling the body of tileflash::bwd rather than the op (dlse is ignored)
-        q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seed = ctx.saved_tensors
+        q, k, v, out, lse = ctx.saved_tensors
         if dout is None:  # only the LSE was differentiated: zero gradients, as the op's backward gives
             return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None
-        f = ctx.features
-        kw = _kw(f["window_left"], f["window_right"], f["softcap"], alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                 f["max_seqlen_q"], f["max_seqlen_k"], f["dropout_p"], seed, f["options"])
-        dq, dk, dv = route.backward(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.causal_shift, **kw,
-                                    deterministic=f["deterministic"])
+        (softmax_scale, causal, causal_shift, window_left, window_right, softcap, alibi_slopes, cu_seqlens_q,
+         cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, seed, deterministic, options) = ctx.rest
+        dq, dk, dv = route.backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift,
+                                    window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
+                                    dropout_p=dropout_p, seed=seed, cu_seqlens_q=cu_seqlens_q,
+                                    cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                                    options=Options.decode(options), deterministic=deterministic)
         return dq, dk, dv, None
 
 
 # the feature arguments' defaults, read off the op's body (one place to change them)
 _FEATURE_DEFAULTS = {name: prm.default for name, prm in inspect.signature(_attention_fwd_body).parameters.items()
                      if name in _FEATURES}
-assert tuple(_FEATURE_DEFAULTS) == _FEATURES  # the op's positional order, which _setup_context relies on
+assert tuple(_FEATURE_DEFAULTS) == _FEATURES  # the op's positional order, which _setup_context and
+# _EagerAttention.backward rely on
+
+
+def op_args(softmax_scale: float, causal: bool, causal_shift: int, **features) -> tuple:
+    """The arguments of ``tileflash::fwd`` after q, k, v, in its order with the defaults filled in
+    (what :func:`attention_args` takes; callers that repeat a call may keep the tuple)."""
+    if features.keys() - _FEATURE_DEFAULTS.keys():
+        raise TypeError(f"attention: unknown feature arguments {sorted(features.keys() - _FEATURE_DEFAULTS.keys())}")
+    return (softmax_scale, causal, causal_shift, *[features.get(n, d) for n, d in _FEATURE_DEFAULTS.items()])
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, causal_shift: int,
@@ -236,14 +251,16 @@ def attention(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: boo
     Under torch.compile it is the custom op (no graph break, its registered autograd). In eager
     mode the same body runs through ``_EagerAttention`` when a gradient may be needed, and directly
     otherwise: the results and the backward are the op's, with less host time per call."""
+    return attention_args(q, k, v, op_args(softmax_scale, causal, causal_shift, **features))
+
+
+def attention_args(q: Tensor, k: Tensor, v: Tensor, args: tuple) -> tuple[Tensor, Tensor]:
+    """:func:`attention` with the op's other arguments as :func:`op_args` returned them."""
     if torch.compiler.is_compiling():
-        return attention_fwd(q, k, v, softmax_scale, causal, causal_shift, **features)
-    if features.keys() - _FEATURE_DEFAULTS.keys():
-        raise TypeError(f"attention: unknown feature arguments {sorted(features.keys() - _FEATURE_DEFAULTS.keys())}")
-    rest = (softmax_scale, causal, causal_shift, *[features.get(n, d) for n, d in _FEATURE_DEFAULTS.items()])
+        return attention_fwd(q, k, v, *args)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _EagerAttention.apply(q, k, v, rest)
-    return _attention_fwd_body(q, k, v, *rest)
+        return _EagerAttention.apply(q, k, v, args)
+    return _attention_fwd_body(q, k, v, *args)
 
 
 def kvcache_forward(

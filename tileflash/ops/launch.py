@@ -84,12 +84,15 @@ class Launch:
         # scales as floats: triton would specialize an integer 1 into a constexpr, and the cached
         # launcher skips constexpr slots. ``ints``: this call's integer arguments in place of the
         # plan's, for kernels whose varying ints triton does not specialize (``do_not_specialize``)
-        args = (*self.descriptors(*tensors), *ptrs, *(self.ints if ints is None else ints),
-                *(float(x) for x in scales))
+        rest = (*ptrs, *(self.ints if ints is None else ints), *(float(x) for x in scales))
         runner = self.runner
         if runner is not None and cacheable and torch.cuda.current_device() == runner[0]:
-            runner[1](*args, *self.tail)
+            if runner[1].__class__ is DescRunner:  # no descriptor objects unless it needs them
+                runner[1].call_tensors(self.templates, tensors, (*rest, *self.tail))
+            else:
+                runner[1](*self.descriptors(*tensors), *rest, *self.tail)
             return
+        args = (*self.descriptors(*tensors), *rest)
         kernel = self.kernel[self.grid](*args, **self.constexprs)
         if hasattr(kernel, "result"):  # triton's asynchronous compile mode hands back a future
             kernel = kernel.result()
@@ -158,22 +161,34 @@ class DescRunner:
             return None
 
     def __call__(self, *args):
+        """Launch with triton's arguments: the descriptors, then everything after them."""
+        n = self.n_desc
+        return self._launch(tuple(d.base for d in args[:n]), args.__getitem__, args[n:])
+
+    def call_tensors(self, templates, tensors, rest):
+        """Launch with the descriptors' tensors instead of descriptors (each with the layout of its
+        template in `templates`) and `rest`, the arguments after the descriptors: a descriptor
+        object is made only to encode an address not seen before, or for triton's runner."""
+        return self._launch(tensors, lambda i: rebase(templates[i], tensors[i]), rest)
+
+    def _launch(self, tensors, descriptor, rest):
+        # descriptor(i): the descriptor of slot i (made on demand)
         knobs = triton.knobs.runtime  # hooks: None or a HookChain (triton 3.6), empty unless a profiler set one
         enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook
         if getattr(enter, "calls", enter) or getattr(leave, "calls", leave) or not DEBUG.desc_cache:
-            return self.fallback(*args)
+            return self.fallback(*(descriptor(i) for i in range(self.n_desc)), *rest)
         expanded = []
-        for desc, maps, meta in zip(args[:self.n_desc], self.maps, self.metas):
-            addr = desc.base.data_ptr()
+        for i, (t, maps, meta) in enumerate(zip(tensors, self.maps, self.metas)):
+            addr = t.data_ptr()
             m = maps.get(addr)
             if m is None:
                 if len(maps) >= self.MAX_PER_SLOT:
                     maps.clear()
-                m = maps[addr] = tuple(self.encode(desc, meta))
+                m = maps[addr] = tuple(self.encode(descriptor(i), meta))
             expanded += m
         g = self.grid
         self.raw(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(self.device), self.function, self.coop,
-                 self.pdl, None, None, self.packed, None, None, None, *expanded, *args[self.n_desc:])
+                 self.pdl, None, None, self.packed, None, None, None, *expanded, *rest)
 
 
 def aligned(*tensors) -> bool:

@@ -96,6 +96,17 @@ def forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int | Non
             options: Options = DEFAULT):
     """Attention forward -> (out, lse). Arguments as ``tileflash.ops.triton.forward.flash_attn_forward``
     (``out``/``lse``: preallocated outputs, which tests poison with NaN); ``options`` picks the kernel."""
+    common = (config is None and out is None and lse is None and alibi_slopes is None and seed is None
+              and cu_seqlens_q is None and cu_seqlens_k is None)
+    if common and q.is_cuda:
+        # the common call: its route is planned once per layout (_FWD_PLANS) and replayed
+        key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device, softmax_scale,
+               causal, causal_shift, window, softcap, dropout_p, options)
+        plan = _FWD_PLANS.get(key)
+        if plan.__class__ is tuple and aligned(q, k, v):  # a planned Gluon launch
+            done = _replay_forward(plan, key, q, k, v, softmax_scale, causal)
+            if done is not None:
+                return done
     kw = dict(window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed,
               cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
               max_seqlen_k=max_seqlen_k)
@@ -113,25 +124,16 @@ def forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int | Non
                                                      autotune=options.autotune,
                                                      out=out if out is not None and out.dtype == dt else None, lse=lse)
         return _into(res_out.to(q.dtype), out), res_lse
-    if (config is None and out is None and lse is None and alibi_slopes is None and seed is None
-            and cu_seqlens_q is None and cu_seqlens_k is None):
-        # the common call: its route is planned once per layout (_FWD_PLANS) and replayed
-        key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device, softmax_scale,
-               causal, causal_shift, window, softcap, dropout_p, options)
+    if common:  # (on CUDA; the planned Gluon launches returned above)
         plan = _FWD_PLANS.get(key)
         if plan is None:
             plan = _plan_forward(q, k, v, softmax_scale, causal, causal_shift, kw, options, key)
         if plan is _DECODE:
             return _decode_forward(q, k, v, softmax_scale, causal, window, softcap, None)
-        if plan is not _SLOW and aligned(q, k, v):
-            gf, gplan, lse_shape = plan
-            with _device(q):
-                out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-                lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
-                if gf.forward(q, k, v, out, lse, softmax_scale, causal, plan=gplan) is not None:
-                    return out, lse
-            _FWD_PLANS.pop(key, None)  # it did not compile (warned): plan again
-            out = lse = None
+        if plan.__class__ is tuple and aligned(q, k, v):
+            done = _replay_forward(plan, key, q, k, v, softmax_scale, causal)
+            if done is not None:
+                return done
     elif decode and decode_shaped(q, k, causal_shift, dropout_p, cu_seqlens_q):
         res_out, res_lse = _decode_forward(q, k, v, softmax_scale, causal, window, softcap, alibi_slopes)
         return _into(res_out, out), _into(res_lse, lse)
@@ -144,6 +146,19 @@ def forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int | Non
                 return done
         return tr_fwd.flash_attn_forward(q, k, v, softmax_scale, causal, causal_shift, **kw, config=config, out=out,
                                          lse=lse, use_tma=options.use_tma, autotune=options.autotune)
+
+
+def _replay_forward(plan, key, q, k, v, softmax_scale, causal):
+    """The planned Gluon forward ``plan`` (a ``_FWD_PLANS`` entry) on these tensors -> (out, lse),
+    or None, with the plan dropped, if its kernel did not compile with this triton (warned)."""
+    gf, gplan, lse_shape = plan
+    with _device(q):
+        out = torch.empty(*q.shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty(*lse_shape, dtype=torch.float32, device=q.device)
+        if gf.forward(q, k, v, out, lse, softmax_scale, causal, plan=gplan) is not None:
+            return out, lse
+    _FWD_PLANS.pop(key, None)
+    return None
 
 
 # layout and arguments of a common forward call -> (Gluon forward module, its plan, the LSE's
@@ -291,6 +306,21 @@ def backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, causal
     ``deterministic=False`` (flash-attn's default) lets the Hopper backward run the fused kernel with
     unordered dQ sums where it measured faster than the split kernels (:func:`_fused_backward`);
     True, or ``torch.use_deterministic_algorithms(True)``, keeps every path bitwise repeatable."""
+    key = None
+    if q.is_cuda:
+        deterministic = deterministic or torch.are_deterministic_algorithms_enabled()
+        if (config is None and dq is None and dk is None and dv is None and alibi_slopes is None and seed is None
+                and cu_seqlens_q is None and cu_seqlens_k is None):
+            # the common call: replay the launches recorded for its layout (_BWD_PLANS)
+            key = (dout.shape, dout.stride(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+                   out.shape, out.stride(), lse.shape, lse.stride(), q.dtype, q.device, softmax_scale, causal,
+                   causal_shift, window, softcap, dropout_p, options, deterministic, DEBUG.gluon_bwd,
+                   DEBUG.gluon_dq, DEBUG.dq_delta, DEBUG.gluon_fused)
+            plan = _BWD_PLANS.get(key)
+            if plan is not None and aligned(q, k, v, dout):
+                gb, launches = plan
+                with _device(q):
+                    return gb.replay_default(launches, dout, q, k, v, out, lse, softmax_scale)
     kw = dict(window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed,
               cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
               max_seqlen_k=max_seqlen_k)
@@ -302,23 +332,10 @@ def backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, causal
         grads = tr_bwd.flash_attn_backward(*(t.to(dt) for t in (dout, q, k, v, out)), lse, softmax_scale, causal,
                                            causal_shift, **kw, config=config, use_tma=options.use_tma)
         return tuple(_into(g.to(q.dtype), buf) for g, buf in zip(grads, (dq, dk, dv)))
-    deterministic = deterministic or torch.are_deterministic_algorithms_enabled()
     with _device(q):
-        if (config is None and dq is None and dk is None and dv is None and alibi_slopes is None and seed is None
-                and cu_seqlens_q is None and cu_seqlens_k is None):
-            # the common call: replay the launches recorded for its layout (_BWD_PLANS)
-            key = (dout.shape, dout.stride(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
-                   out.shape, out.stride(), lse.shape, lse.stride(), q.dtype, q.device, softmax_scale, causal,
-                   causal_shift, window, softcap, dropout_p, options, deterministic, DEBUG.gluon_bwd,
-                   DEBUG.gluon_dq, DEBUG.dq_delta, DEBUG.gluon_fused)
-            plan = _BWD_PLANS.get(key)
-            if plan is not None and aligned(q, k, v, dout):
-                gb, launches = plan
-                return gb.replay_default(launches, dout, q, k, v, out, lse, softmax_scale)
-            return _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw, config, dq, dk,
-                                  dv, options, deterministic, key)
+        # (key: a common call's layout, which _cuda_backward plans for; None for the others)
         return _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw, config, dq, dk, dv,
-                              options, deterministic)
+                              options, deterministic, key)
 
 
 # layout and arguments of a common backward call -> (Gluon backward module, the two launches its

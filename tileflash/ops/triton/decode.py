@@ -433,8 +433,7 @@ def ticket_counters(n: int, device) -> torch.Tensor:
             start = arena[1]
             arena[1] = start + n
         return arena[0][start: start + n]
-    stream = torch.cuda.current_stream(device)
-    key = (index, stream.cuda_stream)
+    key = (index, torch._C._cuda_getCurrentRawStream(index))  # (the handle, without a Stream object)
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < n:
         # the old buffer may still be in use by queued kernels of this stream; the allocator
@@ -641,8 +640,9 @@ class _DecodePlan:
     __slots__ = ("launch", "lse_shape", "part_sizes", "n_counters", "scales", "empty")
 
     def __call__(self, q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, alibi_slopes, cache_leftpad):
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous, as the ops' fake outputs
-        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
+        # (sizes unpacked: torch parses ints faster than a torch.Size, host time per call)
+        out = torch.empty(*q.shape, dtype=q.dtype, device=q.device)  # contiguous, as the ops' fake outputs
+        lse = torch.empty(*self.lse_shape, dtype=torch.float32, device=q.device)
         if self.empty:
             return out, lse
         if self.part_sizes is not None:  # partial outs, then partial LSEs, in one fp32 buffer
