@@ -1218,9 +1218,12 @@ def test_deterministic_flag_picks_the_backward(monkeypatch):
     """``deterministic=False`` takes the fused kernel with unordered dQ sums only where it measured
     faster than the split pair (route._fused_backward: D = 128, non-causal, both lengths >= 16k);
     ``deterministic=True`` never takes it, unless the debug switch gluon_fused forces the fused
-    kernel, which then keeps its ordered (bitwise) sums. CPU tensors, launchers recorded."""
+    kernel, which then keeps its ordered (bitwise) sums. Launchers recorded; the tensors are on
+    the GPU where there is one (a padded head dim's copy kernel runs before the recorded launches,
+    and kernels built for the GPU cannot read CPU tensors)."""
     _debug_defaults(monkeypatch)
     launches, _ = _record_launches(monkeypatch)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
     modes = []
     real = gb.backward  # (the recorder _record_launches installed)
     monkeypatch.setattr(gb, "backward", lambda *a, deterministic=True, **kw: modes.append(deterministic)
@@ -1229,8 +1232,8 @@ def test_deterministic_flag_picks_the_backward(monkeypatch):
     def route_of(d, causal, sq, sk, deterministic):
         launches.clear()
         modes.clear()
-        q, k, v = (torch.empty(1, n, 1, d) for n in (sq, sk, sk))
-        do, out, lse = torch.empty_like(q), torch.empty_like(q), torch.empty(1, 1, sq)
+        q, k, v = (torch.empty(1, n, 1, d, device=dev) for n in (sq, sk, sk))
+        do, out, lse = torch.empty_like(q), torch.empty_like(q), torch.empty(1, 1, sq, device=dev)
         kw = dict(window=(-1, -1), softcap=0.0, alibi_slopes=None, dropout_p=0.0, seed=None, cu_seqlens_q=None,
                   cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None)
         route._cuda_backward(do, q, k, v, out, lse, 0.1, causal, None, kw, None, None, None, None, DEFAULT,

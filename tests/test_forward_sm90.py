@@ -425,6 +425,7 @@ def test_desc_runner_encodes_once_per_slot_and_address_and_passes_triton_args(mo
         triton.knobs.runtime.launch_enter_hook.remove(hook)
     assert len(raw) == n_raw and slow[-1][2:] == ("lse", 7, 0.5, "CONSTEXPR")
     monkeypatch.setattr(DEBUG, "desc_cache", False)
+    n_encodes = len(encodes)
     runner(d(t0), d(t1), "lse", 7, 0.5, "CONSTEXPR")
     assert len(raw) == n_raw and len(slow) == 2
     runner.call_tensors(templates, (t2, t0), ("lse", 7, 0.5, "CONSTEXPR"))
@@ -433,7 +434,17 @@ def test_desc_runner_encodes_once_per_slot_and_address_and_passes_triton_args(mo
     assert launch_mod.DescRunner.make(compiled(indices=(0, 2)), None, (1, 1, 1), 2) is None
     assert launch_mod.DescRunner.make(compiled(metas=("m0", None)), None, (1, 1, 1), 2) is None
     assert launch_mod.DescRunner.make(compiled(scratch=128), None, (1, 1, 1), 2) is None
-    assert launch_mod.DescRunner.make(compiled(), None, (1, 1, 1), 0) is None
+    assert launch_mod.DescRunner.make(compiled(), None, (1, 1, 1), 0) is None      # no descriptors, a wrapper
+    # no descriptors and triton's C launcher itself (no Python wrapper): the same arguments, no maps
+    plain = compiled()
+    plain.run.launch = type("CLauncher", (), dict(__call__=lambda self, *a: raw.append(a)))()
+    runner0 = launch_mod.DescRunner.make(plain, lambda *a: slow.append(a), (4, 1, 1), 0)
+    assert isinstance(runner0, launch_mod.DescRunner)
+    monkeypatch.setattr(DEBUG, "desc_cache", True)
+    runner0.call_tensors((), (), ("ptr", 5, 0.25, "CONSTEXPR"))
+    assert raw[-1] == (4, 1, 1, 1234, 99, False, True, None, None, "pm", None, None, None, "ptr", 5, 0.25, "CONSTEXPR")
+    runner0("ptr", 6, 0.25, "CONSTEXPR")
+    assert raw[-1][13:] == ("ptr", 6, 0.25, "CONSTEXPR") and len(encodes) == n_encodes
     assert launch_mod.DescRunner.make(object(), None, (1, 1, 1), 2) is None
     assert launch_mod.DescRunner.make(compiled(more=True), None, (1, 1, 1), 2) is None   # a wrapper that does more
     monkeypatch.setattr(nv, "_BASE_ARGS_FORMAT", "iiiKKppOOOOOOO")                   # another C launcher

@@ -1,7 +1,9 @@
 """Host time per layer of tileflash's call path on CUDA (us per call, back to back, one sync at the
 end): the public function, the route below it, the kernel launch alone, and torch's allocation,
 at the host-cost shapes of ``tileflash bench --host`` (B=1 N=128 H=16/8 D=128 causal; decode
-B=1 L=8k). Tells which layer to make cheaper.
+B=1 L=8k). Tells which layer to make cheaper. Two reference rows: a Python autograd function that
+allocates what ours does and launches nothing (the floor under our forward + backward), and SDPA's
+forward + backward.
 
     python tools/host_layers.py
 """
@@ -49,6 +51,34 @@ def main():
         torch.autograd.backward(o, do)
         qg.grad = kg.grad = vg.grad = None
 
+    class Floor(torch.autograd.Function):
+        """The least a Python autograd function with our inputs and outputs costs: no checks, no
+        kernel, only the output and gradient allocations (the floor under tileflash's fwd + bwd)."""
+
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.save_for_backward(q, k, v)
+            ctx.set_materialize_grads(False)
+            return torch.empty_like(q), torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device)
+
+        @staticmethod
+        def backward(ctx, dout, dlse):
+            q, k, v = ctx.saved_tensors
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def floor_fwd_bwd():
+        o = Floor.apply(qg, kg, vg)[0]
+        torch.autograd.backward(o, do)
+        qg.grad = kg.grad = vg.grad = None
+
+    qs, ks, vs = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    dos = do.transpose(1, 2)
+
+    def sdpa_fwd_bwd():
+        o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+        torch.autograd.backward(o, dos)
+        qs.grad = ks.grad = vs.grad = None
+
     rows = [
         ("torch.empty x2", lambda: (torch.empty(q.shape, dtype=dt, device=dev),
                                     torch.empty((1, 16, 128), dtype=torch.float32, device=dev))),
@@ -56,6 +86,8 @@ def main():
         ("route.forward", lambda: route.forward(q, k, v, scale, True, 0)),
         ("flash_attn_func, grad (fwd only)", lambda: tileflash.flash_attn_func(qg, kg, vg, causal=True)),
         ("fwd + bwd", fwd_bwd),
+        ("autograd.Function floor fwd + bwd", floor_fwd_bwd),
+        ("SDPA fwd + bwd", sdpa_fwd_bwd),
         ("route.backward", lambda: route.backward(do, q, k, v, out, lse, scale, True, 0)),
         ("flash_attn_func q=1 vs 8k keys", lambda: tileflash.flash_attn_func(q1, kc, vc, causal=True)),
         ("with_kvcache read-only", lambda: tileflash.flash_attn_with_kvcache(q1, kc, vc, cache_seqlens=sl,

@@ -119,7 +119,9 @@ class DescRunner:
     against (triton 3.6: ``CudaLauncher.launch`` wrapping the C launcher with the descriptors
     first among the arguments, lowered to ``CUtensorMap``, and no scratch memory); else None,
     and the caller keeps triton's runner. Launch hooks (triton's profiling knobs) make it hand
-    the launch to triton's runner."""
+    the launch to triton's runner. A kernel without descriptors (the decode and append kernels)
+    gets one too: it calls the C launcher without triton's Python layers around it (launch
+    metadata, scratch allocation), which cost host time at every launch."""
 
     MAX_PER_SLOT = 64
     __slots__ = ("fallback", "raw", "metas", "encode", "maps", "grid", "function", "packed", "coop", "pdl",
@@ -128,30 +130,36 @@ class DescRunner:
     @classmethod
     def make(cls, compiled, fallback, grid, n_desc):
         """The runner of `compiled` (a loaded ``CompiledKernel``) for a 3-D `grid` whose first
-        `n_desc` arguments are tensor descriptors, or None; `fallback` is triton's runner
-        (``compiled[grid]``), used whenever a launch hook is set."""
-        if n_desc == 0:
-            return None
+        `n_desc` arguments are tensor descriptors (0: none; the runner then only skips the Python
+        layers of triton's runner), or None; `fallback` is triton's runner (``compiled[grid]``),
+        used whenever a launch hook is set."""
         try:
             from triton.backends.nvidia import driver as nv_driver
 
             launcher = compiled.run
             inner = launcher.launch
-            names = inner.__code__.co_freevars
-            if set(names) != {"launcher", "tensordesc_indices", "tensordesc_meta"}:
-                return None
-            cells = dict(zip(names, (c.cell_contents for c in inner.__closure__)))
-            metas, indices = cells["tensordesc_meta"], cells["tensordesc_indices"]
+            if n_desc == 0:
+                # no descriptor argument: triton 3.6 hands the C launcher itself (no Python wrapper)
+                if hasattr(inner, "__code__"):
+                    return None
+                raw, metas = inner, ()
+            else:
+                names = inner.__code__.co_freevars
+                if set(names) != {"launcher", "tensordesc_indices", "tensordesc_meta"}:
+                    return None
+                cells = dict(zip(names, (c.cell_contents for c in inner.__closure__)))
+                metas, indices, raw = cells["tensordesc_meta"], cells["tensordesc_indices"], cells["launcher"]
+                if (sorted(indices) != list(range(n_desc)) or len(metas) != n_desc or any(m is None for m in metas)
+                        or len(inspect.signature(nv_driver.make_tensordesc_arg).parameters) != 2):
+                    return None
             # triton 3.6's C launcher: grid x/y/z, stream, function, cooperative, pdl, two scratch
             # buffers, packed metadata, launch metadata, enter and exit hooks, then the kernel's arguments
-            if (sorted(indices) != list(range(n_desc)) or len(metas) != n_desc or any(m is None for m in metas)
-                    or launcher.global_scratch_size or launcher.profile_scratch_size
-                    or getattr(launcher, "num_ctas", 1) != 1 or nv_driver._BASE_ARGS_FORMAT != "iiiKKppOOOOOO"
-                    or len(inspect.signature(nv_driver.make_tensordesc_arg).parameters) != 2):
+            if (launcher.global_scratch_size or launcher.profile_scratch_size
+                    or getattr(launcher, "num_ctas", 1) != 1 or nv_driver._BASE_ARGS_FORMAT != "iiiKKppOOOOOO"):
                 return None
             self = object.__new__(cls)
             self.fallback = fallback
-            self.raw, self.metas, self.encode = cells["launcher"], tuple(metas), nv_driver.make_tensordesc_arg
+            self.raw, self.metas, self.encode = raw, tuple(metas), nv_driver.make_tensordesc_arg
             self.maps = tuple({} for _ in range(n_desc))
             self.grid, self.function, self.packed = grid, compiled.function, compiled.packed_metadata
             self.coop, self.pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
