@@ -7,6 +7,7 @@
 #                SDPA-flash (and FA4 when it imports: below), then tools/grid_report.py
 #   host         tileflash bench --host (per-call host cost) with cProfile statistics of tileflash's calls
 #   layers       tools/host_layers.py (host time of each layer of the call path)
+#   autograd     tools/host_autograd.py (forward + backward host time against a bare autograd function)
 #   growth       tools/decode_growth.py (a growing-cache decode loop: tileflash against SDPA, cProfile)
 #   hf           tools/hf_bench.py (a ~1B Llama through transformers: generate and train against sdpa)
 #   ptx          tools/compile_check.py --ptx-digests with the machine's triton (compare trees)
@@ -52,6 +53,9 @@ for stage in "$@"; do
     layers)
       timeout 120 python3 tools/host_layers.py > "$OUT/layers.log" 2>&1
       echo "layers rc=$?"; cat "$OUT/layers.log" | tail -n 14 ;;
+    autograd)
+      timeout 150 python3 tools/host_autograd.py > "$OUT/autograd.log" 2>&1
+      echo "autograd rc=$?"; head -n 8 "$OUT/autograd.log" ;;
     growth)
       timeout 180 python3 tools/decode_growth.py > "$OUT/growth.log" 2>&1
       echo "growth rc=$?"; head -n 4 "$OUT/growth.log" ;;

@@ -67,21 +67,15 @@ def _providers(device):
     return prov
 
 
-def _time(fn, calls, sync, repeats=5):
-    """(median us per call with the final sync, median us per call to issue) over `repeats`."""
-    fn()
+def _round(fn, calls, sync):
+    """One round: (us per call with the final sync, us per call to issue)."""
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
     sync()
-    total, issue = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        t1 = time.perf_counter()
-        sync()
-        t2 = time.perf_counter()
-        issue.append((t1 - t0) / calls * 1e6)
-        total.append((t2 - t0) / calls * 1e6)
-    return statistics.median(total), statistics.median(issue)
+    t2 = time.perf_counter()
+    return (t2 - t0) / calls * 1e6, (t1 - t0) / calls * 1e6
 
 
 def _dense_case(mode, layout, fn, device, dtype):
@@ -132,12 +126,18 @@ def _decode_case(name, append, device, dtype, cache_len):
     return step
 
 
-def measure(device, dtype, calls, cache_len, cases=CASES, profile=None):
-    """Rows of {case, provider, us_call, us_issue} for the cases and every provider that runs here."""
+def measure(device, dtype, calls, cache_len, cases=CASES, profile=None, repeats=5):
+    """Rows of {case, provider, us_call, us_issue} for the cases and every provider that runs here.
+
+    A case's providers take turns: each of `repeats` rounds times every provider once (`calls`
+    calls), and each provider's median round is reported, so that a drift of the machine's speed
+    during the run (on the H200 machine host timings moved by up to 2x between and within
+    processes) touches every provider alike."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     rows = []
     prov = _providers(device)
     for case in cases:
+        steps, failed = {}, {}
         for name, (layout, fn) in prov.items():
             try:
                 if case.startswith("decode"):
@@ -146,21 +146,32 @@ def measure(device, dtype, calls, cache_len, cases=CASES, profile=None):
                     step = _dense_case(case, layout, fn, device, dtype)
                 if step is None:
                     continue
-                us, issue = _time(step, calls, sync)
-                rows.append(dict(case=case, provider=name, us_call=us, us_issue=issue, status="ok"))
-                if profile is not None and name == "tileflash":
-                    pr = cProfile.Profile()
-                    pr.enable()
-                    for _ in range(calls):
-                        step()
-                    pr.disable()
-                    sync()
-                    s = io.StringIO()
-                    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(25)
-                    profile.append(f"== {case} ({calls} calls) ==\n{s.getvalue()}")
+                step()  # warm-up: compiles, plans
+                sync()
+                steps[name] = step
             except Exception as e:  # noqa: BLE001 -- a provider that cannot take a case is reported, not fatal
+                failed[name] = f"{type(e).__name__}: {str(e)[:80]}"
+        times = {name: [] for name in steps}
+        for _ in range(repeats):
+            for name, step in steps.items():
+                times[name].append(_round(step, calls, sync))
+        for name in prov:
+            if name in failed:
                 rows.append(dict(case=case, provider=name, us_call=float("nan"), us_issue=float("nan"),
-                                 status=f"{type(e).__name__}: {str(e)[:80]}"))
+                                 status=failed[name]))
+            elif name in times:
+                rows.append(dict(case=case, provider=name, us_call=statistics.median(t[0] for t in times[name]),
+                                 us_issue=statistics.median(t[1] for t in times[name]), status="ok"))
+        if profile is not None and "tileflash" in steps:
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(calls):
+                steps["tileflash"]()
+            pr.disable()
+            sync()
+            s = io.StringIO()
+            pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(25)
+            profile.append(f"== {case} ({calls} calls) ==\n{s.getvalue()}")
     return rows
 
 
@@ -193,7 +204,8 @@ def run(args) -> int:
         rows = measure(device, dtype, calls, cache_len, profile=profile)
     env = environment(device)
     print(format_rows(rows))
-    print(f"us/call: {calls} calls back to back, then one sync (median of 5); issue us: until the last call "
+    print(f"us/call: {calls} calls back to back, then one sync (median of 5 rounds, the providers taking turns); "
+          f"issue us: until the last call "
           f"returned. B=1 N=128 H=16/8 D=128 causal; decode B=1 L={cache_len} H=16/8 D=128, {dtype}. "
           f"{env['device_name']}, torch {env['torch']}, triton {env['triton']}, {env['date']}, git {env['git']}")
     if profile is not None:
