@@ -490,6 +490,30 @@ def test_merge_in_row_and_split_chunks_with_reused_counters(backend, monkeypatch
             assert (lse[i:i + 1].cpu().double() - ref_lse).abs().max().item() <= 1e-4
 
 
+@pytest.mark.parametrize("splits", [1, 5])
+def test_seqlen_add_is_added_to_every_length(backend, splits):
+    """decode_forward's seqlen_add (the tokens an append wrote after the given lengths) reads
+    seqlens_k[b] + seqlen_add keys of entry b: the same bits as passing the summed lengths, split or
+    not; and it is refused without a length tensor."""
+    if backend == "tiled":
+        pytest.skip("decode_forward is the Triton kernel's launcher")
+    from tileflash.ops.triton import decode as dec
+
+    dev = backend_device(backend)
+    dt = _dtype(dev)
+    g = torch.Generator().manual_seed(78)
+    q = torch.randn(3, 2, 4, 64, generator=g).to(dev, dt)
+    kc, vc = (torch.randn(3, 96, 2, 64, generator=g).to(dev, dt) for _ in range(2))
+    lens = torch.tensor([0, 37, 93], dtype=torch.int32, device=dev)
+    got = dec.decode_forward(q, kc, vc, lens, 0.125, True, num_splits=splits, seqlen_add=3)
+    want = dec.decode_forward(q, kc, vc, lens + 3, 0.125, True, num_splits=splits)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    for i, m in enumerate((lens + 3).tolist()):
+        _assert_matches(got[0][i:i + 1], q[i:i + 1], kc[i:i + 1, :m], vc[i:i + 1, :m], 3e-5, causal=True)
+    with pytest.raises(ValueError, match="seqlen_add needs seqlens_k"):
+        dec.decode_forward(q, kc, vc, None, 0.125, True, max_seqlen_k=40, seqlen_add=3)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (graph capture)")
 @pytest.mark.parametrize("arena", [True, False])
 def test_captured_calls_own_their_counters(monkeypatch, arena):

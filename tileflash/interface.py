@@ -723,17 +723,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if k is not None and seqlen_new > 0:
         append = kvcache_append if torch.compiler.is_compiling() else route.kvcache_append
         append(k_cache, v_cache, k, v, seqlens, first, cache_batch_idx, block_table)
-        if not uniform:
-            seqlens = seqlens + seqlen_new
     q = _unit_last_stride(q)
-    if not uniform and seqlens.dtype != torch.int32:
-        seqlens = seqlens.to(torch.int32)
-    # forward-only: outside torch.compile the op's dispatch is pure host overhead, so call its body
+    # forward-only: outside torch.compile the op's dispatch is pure host overhead, so call its body.
+    # Length tensors stay the caller's: the kernel adds the appended tokens (seqlen_add)
     fwd = kvcache_fwd if torch.compiler.is_compiling() else kvcache_forward
     out, lse = fwd(q, k_cache, v_cache, seqlens, scale, causal,
                    feats["window_left"], feats["window_right"], feats["softcap"], feats["alibi_slopes"],
                    cache_batch_idx, block_table, num_splits,
-                   max(sl, default=0) + seqlen_new if sl is not None else -1, cache_leftpad, feats["options"])
+                   max(sl, default=0) + seqlen_new if sl is not None else -1, cache_leftpad, feats["options"],
+                   0 if uniform or k is None else seqlen_new)
     return (out, lse) if return_softmax_lse else out
 
 

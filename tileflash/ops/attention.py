@@ -267,12 +267,13 @@ def kvcache_forward(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Optional[Tensor], softmax_scale: float, causal: bool,
     window_left: int = -1, window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
     cache_batch_idx: Optional[Tensor] = None, block_table: Optional[Tensor] = None, num_splits: int = 0,
-    max_seqlen_k: int = -1, cache_leftpad: Optional[Tensor] = None, options: str = "",
+    max_seqlen_k: int = -1, cache_leftpad: Optional[Tensor] = None, options: str = "", seqlen_add: int = 0,
 ) -> tuple[Tensor, Tensor]:
-    """Attention of q (batch, seqlen_q, nheads, d) over the first seqlens_k[b] keys of a
-    contiguous or paged KV cache -> (out, lse (batch, nheads, seqlen_q)). Forward only.
-    seqlens_k=None: every batch entry holds max_seqlen_k keys. cache_leftpad[b]: keys before it
-    are masked (positions stay absolute).
+    """Attention of q (batch, seqlen_q, nheads, d) over the first seqlens_k[b] + seqlen_add keys of
+    a contiguous or paged KV cache -> (out, lse (batch, nheads, seqlen_q)). Forward only.
+    seqlens_k=None: every batch entry holds max_seqlen_k keys (seqlen_add must be 0).
+    cache_leftpad[b]: keys before it are masked (positions stay absolute). seqlen_add: the tokens
+    an append just wrote after seqlens_k (added in the kernel: no new length tensor per step).
 
     The body of the custom op ``tileflash::kvcache_fwd`` (``tileflash.ops.route.kvcache``). Eager
     callers may call it directly: a decode step is forward-only, so the op's dispatch (about 30 us
@@ -280,7 +281,7 @@ def kvcache_forward(
     return route.kvcache(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window=(window_left, window_right),
                          softcap=softcap, alibi_slopes=alibi_slopes, cache_batch_idx=cache_batch_idx,
                          block_table=block_table, num_splits=num_splits, max_seqlen_k=max_seqlen_k,
-                         cache_leftpad=cache_leftpad, options=Options.decode(options))
+                         cache_leftpad=cache_leftpad, options=Options.decode(options), seqlen_add=seqlen_add)
 
 
 @torch.library.custom_op("tileflash::kvcache_append", mutates_args=("k_cache", "v_cache"))
@@ -303,12 +304,12 @@ def kvcache_fwd(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens_k: Optional[Tensor], softmax_scale: float, causal: bool,
     window_left: int = -1, window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
     cache_batch_idx: Optional[Tensor] = None, block_table: Optional[Tensor] = None, num_splits: int = 0,
-    max_seqlen_k: int = -1, cache_leftpad: Optional[Tensor] = None, options: str = "",
+    max_seqlen_k: int = -1, cache_leftpad: Optional[Tensor] = None, options: str = "", seqlen_add: int = 0,
 ) -> tuple[Tensor, Tensor]:
     """torch.compile-visible wrapper of :func:`kvcache_forward`."""
     return kvcache_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window_left, window_right, softcap,
                            alibi_slopes, cache_batch_idx, block_table, num_splits, max_seqlen_k, cache_leftpad,
-                           options)
+                           options, seqlen_add)
 
 
 @kvcache_fwd.register_fake

@@ -462,20 +462,21 @@ def kvcache_append(k_cache, v_cache, k, v, seqlens, seqlen_fixed: int, cache_bat
 
 def kvcache(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, window=(-1, -1), softcap=0.0,
             alibi_slopes=None, cache_batch_idx=None, block_table=None, num_splits=0, max_seqlen_k=-1,
-            cache_leftpad=None, options: Options = DEFAULT):
+            cache_leftpad=None, options: Options = DEFAULT, seqlen_add: int = 0):
     """Attention of q over a contiguous or paged KV cache -> (out, lse): the Triton split-KV decode
     kernel (GPU or interpreter), or the tiled CPU path. (No Gluon decode kernel: ``options.backend``
-    = "gluon" is refused.)"""
+    = "gluon" is refused.) With seqlens_k, entry b holds seqlens_k[b] + seqlen_add keys."""
     if options.backend == "gluon" and q.is_cuda:
         refuse_gluon_kvcache()
     if not use_triton(q):
         return cpu.kvcache_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, softcap,
-                                   alibi_slopes, cache_batch_idx, block_table, max_seqlen_k, cache_leftpad)
+                                   alibi_slopes, cache_batch_idx, block_table, max_seqlen_k, cache_leftpad, seqlen_add)
     dt = q.dtype if q.is_cuda else _interpreter_dtype(q)
     conv = (lambda t: t) if dt == q.dtype else (lambda t: t.to(dt))
     with _device(q):
         out, lse = tr_dec.decode_forward(conv(q), conv(k_cache), conv(v_cache), seqlens_k, softmax_scale, causal,
                                          window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                                          cache_batch_idx=cache_batch_idx, block_table=block_table,
-                                         num_splits=num_splits, max_seqlen_k=max_seqlen_k, cache_leftpad=cache_leftpad)
+                                         num_splits=num_splits, max_seqlen_k=max_seqlen_k, cache_leftpad=cache_leftpad,
+                                         seqlen_add=seqlen_add)
     return (out if out.dtype == q.dtype else out.to(q.dtype)), lse

@@ -209,8 +209,9 @@ def _decode_split(
     a ticket from COUNTER (zero on entry, one int32 per (batch·kv head, row block)); the program
     that takes the last ticket resets the counter for the next call and merges every split's partial
     into O and LSE (so no second launch).
-    Otherwise the program writes O and LSE directly. HAS_SEQLENS: the per-batch lengths come from
-    SEQLENS_K, else every batch entry holds seqlen_fixed keys.
+    Otherwise the program writes O and LSE directly. HAS_SEQLENS: batch entry b holds
+    SEQLENS_K[b] + seqlen_fixed keys (seqlen_fixed: the tokens an append just added after the
+    lengths it was given), else every batch entry holds seqlen_fixed keys.
     PAGE_TILE (paged, page_size a multiple of BLOCK_N): a K/V tile never straddles two pages
     (splits start at multiples of BLOCK_N), so one block-table entry per tile gives affine row
     addresses, as in a contiguous cache. PAGES_PER_TILE > 1 (paged, BLOCK_N that many whole pages):
@@ -246,7 +247,7 @@ def _decode_split(
     # because a read-only call does not check the values on the host (no sync): bad values give
     # wrong numbers for that row, never an access outside the cache
     if HAS_SEQLENS:
-        seqlen_k = tl.load(SEQLENS_K + off_b)
+        seqlen_k = tl.load(SEQLENS_K + off_b) + seqlen_fixed  # (seqlen_fixed: the tokens just appended)
     else:
         seqlen_k = seqlen_fixed
     seqlen_k = tl.minimum(tl.maximum(seqlen_k, 0), capacity)
@@ -577,7 +578,7 @@ def check_grid(n_bh: int, m_blocks: int, num_splits=None) -> bool:
 
 def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, window=(-1, -1), softcap=0.0,
                    alibi_slopes=None, cache_batch_idx=None, block_table=None, num_splits=0, max_seqlen_k=-1,
-                   cache_leftpad=None, config=None):
+                   cache_leftpad=None, config=None, seqlen_add=0):
     """Attention of q (batch, seqlen_q, nheads, d) over the first seqlens_k[b] keys of the cache.
 
     Returns out (q's shape and dtype) and lse (batch, nheads, seqlen_q) fp32. Inputs validated by
@@ -599,9 +600,13 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     programmatic dependent launch (0 off; 1, 2, 3: see ``_decode_split``; ignored where the GPU
     has no PDL, and overridden by the debug switch ``pdl``; see ``pdl_trigger``); skew 0-3 sets the
     order of each program's tiles (default SKEW at batch > 1, else 0; see ``_decode_split``).
+    seqlen_add: added to every entry of seqlens_k in the kernel (the tokens an append just wrote
+    after those lengths), so that a decoding step builds no new length tensor; with seqlens_k only.
     """
     if seqlens_k is None and max_seqlen_k < 0:
         raise ValueError("decode_forward: pass seqlens_k, or max_seqlen_k >= 0 as every entry's length")
+    if seqlens_k is None and seqlen_add:
+        raise ValueError("decode_forward: seqlen_add needs seqlens_k (without it, pass the lengths as max_seqlen_k)")
     paged = block_table is not None
     key = None
     if config is None and alibi_slopes is None and not (paged and block_table.shape[1] == 0):
@@ -610,7 +615,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         # whose keys grow makes a plan per step, and the cache is emptied every 1024 plans.)
         key = (DEBUG.pdl, q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), q.dtype,
                k_cache.dtype, v_cache.dtype, q.device, None if seqlens_k is None else seqlens_k.dtype, max_seqlen_k,
-               softmax_scale, causal, window, softcap, num_splits,
+               softmax_scale, causal, window, softcap, num_splits, seqlen_add,
                None if cache_batch_idx is None else cache_batch_idx.dtype,
                None if cache_leftpad is None else cache_leftpad.dtype,
                None if not paged else (block_table.shape, block_table.stride(), block_table.dtype,
@@ -619,7 +624,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         if plan is not None:
             return plan(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, None, cache_leftpad)
     plan = _plan_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, softcap, alibi_slopes,
-                        cache_batch_idx, block_table, num_splits, max_seqlen_k, cache_leftpad, config)
+                        cache_batch_idx, block_table, num_splits, max_seqlen_k, cache_leftpad, config, seqlen_add)
     if key is not None:
         if len(_DECODE_PLANS) >= 1024:
             _DECODE_PLANS.clear()
@@ -660,7 +665,7 @@ class _DecodePlan:
 
 
 def _plan_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, softcap, alibi_slopes,
-                 cache_batch_idx, block_table, num_splits, max_seqlen_k, cache_leftpad, config):
+                 cache_batch_idx, block_table, num_splits, max_seqlen_k, cache_leftpad, config, seqlen_add=0):
     """The :class:`_DecodePlan` of a ``decode_forward`` call (arguments as there)."""
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
@@ -749,7 +754,7 @@ def _plan_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, 
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             out_strides[0], out_strides[1], out_strides[2],
             block_table.stride(0) if paged else 0, *alibi_strides,
-            nheads, nheads_k, seqlen_q, max_seqlen_k if seqlens_k is None else 0, split_len, num_splits,
+            nheads, nheads_k, seqlen_q, max_seqlen_k if seqlens_k is None else seqlen_add, split_len, num_splits,
             k_cache.shape[1] if paged else 1, sc["window_left"], sc["window_right"],
             rows_total, capacity, k_cache.shape[0])
     plan.scales = (softmax_scale * LOG2E, sc["softcap_scale"], sc["softcap2"])
