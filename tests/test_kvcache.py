@@ -490,6 +490,34 @@ def test_merge_in_row_and_split_chunks_with_reused_counters(backend, monkeypatch
             assert (lse[i:i + 1].cpu().double() - ref_lse).abs().max().item() <= 1e-4
 
 
+def test_growing_int_lengths_share_a_plan(backend):
+    """A decoding loop with an int cache_seqlens growing by one token per step keeps one decode plan
+    per LENGTH_BUCKET keys (the exact length is a per-call kernel argument): every step matches
+    the reference, the cache included, and the loop across a bucket boundary makes two plans."""
+    if backend == "tiled":
+        pytest.skip("the plans are the Triton kernel's launches")
+    from tileflash.ops.triton import decode as dec
+
+    dev = backend_device(backend)
+    dt = _dtype(dev)
+    g = torch.Generator().manual_seed(79)
+    cap = dec.LENGTH_BUCKET + 8
+    kc, vc = (torch.randn(2, cap, 2, 32, generator=g).to(dev, dt) for _ in range(2))
+    exp_k, exp_v = kc.clone(), vc.clone()
+    dec._DECODE_PLANS.clear()
+    start = dec.LENGTH_BUCKET - 3
+    for n in range(start, start + 6):  # lengths after the append: LENGTH_BUCKET - 2 ... + 3
+        q = torch.randn(2, 1, 4, 32, generator=g).to(dev, dt)
+        k, v = (torch.randn(2, 1, 2, 32, generator=g).to(dev, dt) for _ in range(2))
+        out = tileflash.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=n, causal=True)
+        exp_k[:, n], exp_v[:, n] = k[:, 0], v[:, 0]
+        assert torch.equal(kc, exp_k) and torch.equal(vc, exp_v)
+        _assert_matches(out, q, exp_k[:, :n + 1], exp_v[:, :n + 1], 3e-5, causal=True)
+    assert len(dec._DECODE_PLANS) == 2, sorted(k[11] for k in dec._DECODE_PLANS)
+    assert dec.length_bucket(0) == 0 and dec.length_bucket(-1) == -1
+    assert dec.length_bucket(1) == dec.length_bucket(dec.LENGTH_BUCKET) == dec.LENGTH_BUCKET
+
+
 @pytest.mark.parametrize("splits", [1, 5])
 def test_seqlen_add_is_added_to_every_length(backend, splits):
     """decode_forward's seqlen_add (the tokens an append wrote after the given lengths) reads
@@ -1009,6 +1037,7 @@ def test_decode_loop_reuses_its_checks_and_plans(lengths):
     exp_k, exp_v = kc.clone(), vc.clone()
     interface._KV_PREPARED.clear()
     decode._APPEND_PLANS.clear()
+    decode._DECODE_PLANS.clear()
     for i in range(6):
         q = torch.randn(B, 1, H, D, generator=g).to(dev, dt)
         k, v = torch.randn(B, 1, 2, D, generator=g).to(dev, dt), torch.randn(B, 1, 2, D, generator=g).to(dev, dt)
@@ -1024,6 +1053,7 @@ def test_decode_loop_reuses_its_checks_and_plans(lengths):
             _assert_matches(out[b:b + 1], q[b:b + 1], exp_k[b:b + 1, :n], exp_v[b:b + 1, :n], 0, causal=True)
     assert len(interface._KV_PREPARED) == 1, "one signature for the whole loop"
     assert len(decode._APPEND_PLANS) == 1, "one append plan for the whole loop"
+    assert len(decode._DECODE_PLANS) == 1, "one decode plan for the whole loop (int lengths: per length bucket)"
     with pytest.raises(ValueError, match="must be \\(batch, seqlen_new, nheads_k, headdim\\)"):
         tileflash.flash_attn_with_kvcache(q, kc, vc, k[:, :, :1], v[:, :, :1], cache_seqlens=sl, causal=True)
     if lengths == "int":

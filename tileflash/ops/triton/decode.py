@@ -584,7 +584,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     Returns out (q's shape and dtype) and lse (batch, nheads, seqlen_q) fp32. Inputs validated by
     ``tileflash.interface.flash_attn_with_kvcache``. seqlens_k: int32 (batch,), or None when every
     batch entry holds max_seqlen_k keys (no length tensor to build or read). max_seqlen_k (if >= 0)
-    bounds seqlens_k and sizes the splits. cache_leftpad: int32 (batch,), keys before it are
+    bounds seqlens_k and sizes the splits (a kept plan: rounded up to ``LENGTH_BUCKET`` keys). cache_leftpad: int32 (batch,), keys before it are
     masked (positions stay absolute). One launch: the split programs merge their own partials
     (see ``_decode_split``), with ticket counters reused across calls (``ticket_counters``).
     config: dict(block_n, num_warps, num_stages[, waves, min_split, table_asm, reuse_counter,
@@ -611,10 +611,12 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     key = None
     if config is None and alibi_slopes is None and not (paged and block_table.shape[1] == 0):
         # what the plan depends on: layouts, the scalar arguments, which optional tensors are given,
-        # the debug switch pdl. (Without a length tensor max_seqlen_k is in the key: a decoding loop
-        # whose keys grow makes a plan per step, and the cache is emptied every 1024 plans.)
+        # the debug switch pdl. max_seqlen_k only sizes the splits, so the key holds it rounded up to
+        # LENGTH_BUCKET keys: a decoding loop whose int lengths grow by a token per step makes a plan
+        # every LENGTH_BUCKET steps, and the exact length is a per-call argument of the kernel
         key = (DEBUG.pdl, q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), q.dtype,
-               k_cache.dtype, v_cache.dtype, q.device, None if seqlens_k is None else seqlens_k.dtype, max_seqlen_k,
+               k_cache.dtype, v_cache.dtype, q.device, None if seqlens_k is None else seqlens_k.dtype,
+               length_bucket(max_seqlen_k),
                softmax_scale, causal, window, softcap, num_splits, seqlen_add,
                None if cache_batch_idx is None else cache_batch_idx.dtype,
                None if cache_leftpad is None else cache_leftpad.dtype,
@@ -622,19 +624,29 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
                                        block_table.data_ptr() % 16 == 0))
         plan = _DECODE_PLANS.get(key)
         if plan is not None:
-            return plan(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, None, cache_leftpad)
+            return plan(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, None, cache_leftpad,
+                        max_seqlen_k if seqlens_k is None else seqlen_add)
+    # (a kept plan is sized for the bucket's length; one made for this call alone, for the length itself)
     plan = _plan_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, softcap, alibi_slopes,
-                        cache_batch_idx, block_table, num_splits, max_seqlen_k, cache_leftpad, config, seqlen_add)
+                        cache_batch_idx, block_table, num_splits,
+                        length_bucket(max_seqlen_k) if key is not None else max_seqlen_k, cache_leftpad, config)
     if key is not None:
         if len(_DECODE_PLANS) >= 1024:
             _DECODE_PLANS.clear()
         _DECODE_PLANS[key] = plan
     if paged and block_table.shape[1] == 0:  # the one-entry table _plan_decode planned with
         block_table = torch.zeros((q.shape[0], 1), dtype=block_table.dtype, device=block_table.device)
-    return plan(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, alibi_slopes, cache_leftpad)
+    return plan(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, alibi_slopes, cache_leftpad,
+                max_seqlen_k if seqlens_k is None else seqlen_add)
 
 
 _DECODE_PLANS: dict = {}  # decode_forward's key -> _DecodePlan
+LENGTH_BUCKET = 256  # the granularity of max_seqlen_k in decode_forward's plans (min_split's default)
+
+
+def length_bucket(n: int) -> int:
+    """n (a key count, or -1 for none) rounded up to a multiple of LENGTH_BUCKET."""
+    return n if n <= 0 else cdiv(n, LENGTH_BUCKET) * LENGTH_BUCKET
 
 
 class _DecodePlan:
@@ -644,7 +656,11 @@ class _DecodePlan:
 
     __slots__ = ("launch", "lse_shape", "part_sizes", "n_counters", "scales", "empty")
 
-    def __call__(self, q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, alibi_slopes, cache_leftpad):
+    def __call__(self, q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, alibi_slopes, cache_leftpad,
+                 seqlen_fixed: int):
+        """seqlen_fixed: every entry's key count without a length tensor, else the tokens added to
+        each entry of it (``_decode_split``'s seqlen_fixed: not specialized, so any value reuses the
+        compiled kernel)."""
         # (sizes unpacked: torch parses ints faster than a torch.Size, host time per call)
         out = torch.empty(*q.shape, dtype=q.dtype, device=q.device)  # contiguous, as the ops' fake outputs
         lse = torch.empty(*self.lse_shape, dtype=torch.float32, device=q.device)
@@ -660,13 +676,20 @@ class _DecodePlan:
             o_part = lse_part = counter = None
         ptrs = (q, k_cache, v_cache, out, lse, o_part, lse_part, counter, seqlens_k, cache_batch_idx, block_table,
                 alibi_slopes, cache_leftpad)
-        self.launch((), ptrs, self.scales, aligned(*ptrs))
+        ints = self.launch.ints
+        if ints[_DECODE_FIXED] != seqlen_fixed:
+            ints = ints[:_DECODE_FIXED] + (seqlen_fixed,) + ints[_DECODE_FIXED + 1:]
+        self.launch((), ptrs, self.scales, aligned(*ptrs), ints)
         return out, lse
 
 
+_DECODE_FIXED = 18  # the index of seqlen_fixed among _decode_split's integer arguments
+
+
 def _plan_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, softcap, alibi_slopes,
-                 cache_batch_idx, block_table, num_splits, max_seqlen_k, cache_leftpad, config, seqlen_add=0):
-    """The :class:`_DecodePlan` of a ``decode_forward`` call (arguments as there)."""
+                 cache_batch_idx, block_table, num_splits, max_seqlen_k, cache_leftpad, config):
+    """The :class:`_DecodePlan` of a ``decode_forward`` call (arguments as there; max_seqlen_k sizes
+    the splits, the exact lengths come with each call; the plan's seqlen_fixed is a placeholder 0)."""
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
     group = nheads // nheads_k
@@ -754,7 +777,7 @@ def _plan_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, 
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             out_strides[0], out_strides[1], out_strides[2],
             block_table.stride(0) if paged else 0, *alibi_strides,
-            nheads, nheads_k, seqlen_q, max_seqlen_k if seqlens_k is None else seqlen_add, split_len, num_splits,
+            nheads, nheads_k, seqlen_q, 0, split_len, num_splits,
             k_cache.shape[1] if paged else 1, sc["window_left"], sc["window_right"],
             rows_total, capacity, k_cache.shape[0])
     plan.scales = (softmax_scale * LOG2E, sc["softcap_scale"], sc["softcap2"])
@@ -768,6 +791,7 @@ def _plan_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, 
         PDL=pdl, SKEW=cfg.get("skew", SKEW if batch > 1 else 0), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], launch_pdl=pdl > 0, BH_AXIS0=bh_axis0,
     )
+    assert _decode_split.arg_names[13 + _DECODE_FIXED] == "seqlen_fixed"
     plan.launch = Launch(_decode_split, grid, (), 13, ints, 3, constexprs)
     return plan
 
