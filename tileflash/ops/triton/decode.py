@@ -683,7 +683,8 @@ class _DecodePlan:
         return out, lse
 
 
-_DECODE_FIXED = 18  # the index of seqlen_fixed among _decode_split's integer arguments
+# the index of seqlen_fixed among _decode_split's integer arguments (after its 13 pointers)
+_DECODE_FIXED = _decode_split.arg_names.index("seqlen_fixed") - 13
 
 
 def _plan_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, softcap, alibi_slopes,
@@ -791,7 +792,6 @@ def _plan_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, 
         PDL=pdl, SKEW=cfg.get("skew", SKEW if batch > 1 else 0), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], launch_pdl=pdl > 0, BH_AXIS0=bh_axis0,
     )
-    assert _decode_split.arg_names[13 + _DECODE_FIXED] == "seqlen_fixed"
     plan.launch = Launch(_decode_split, grid, (), 13, ints, 3, constexprs)
     return plan
 
@@ -882,7 +882,8 @@ def append_kv(k_cache, v_cache, k, v, seqlens, seqlen_fixed: int, cache_batch_id
 
 _APPEND_PLANS: dict = {}  # append_kv's key -> Launch, or _NOTHING (a cache with no room: no launch)
 _NOTHING = object()
-_APPEND_FIXED = 14  # the index of seqlen_fixed among _append_kv's integer arguments
+# the index of seqlen_fixed among _append_kv's integer arguments (after its 7 pointers)
+_APPEND_FIXED = _append_kv.arg_names.index("seqlen_fixed") - 7
 
 
 def _plan_append(k_cache, v_cache, k, v, seqlens, cache_batch_idx, block_table):
@@ -902,7 +903,6 @@ def _plan_append(k_cache, v_cache, k, v, seqlens, cache_batch_idx, block_table):
             v_cache.stride(2), block_table.stride(0) if paged else 0,
             seqlen_new, 0, nheads_k, capacity, k_cache.shape[0], k_cache.shape[1],
             block_table.shape[1] if paged else 1)
-    assert _append_kv.arg_names[7 + _APPEND_FIXED] == "seqlen_fixed"
     constexprs = dict(HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=block_h, HAS_SEQLENS=seqlens is not None,
                       HAS_BATCH_IDX=cache_batch_idx is not None, PAGED=paged, num_warps=4)
     return Launch(_append_kv, grid, (), 7, ints, 0, constexprs)
