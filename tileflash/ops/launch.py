@@ -77,6 +77,13 @@ class Launch:
         self.runner = None  # (CUDA device index, the compiled kernel's launcher on it): one attribute, so
         # that a thread never pairs one device's launcher with another's index
 
+    def ints_with(self, index: int, value: int) -> tuple:
+        """The plan's integer arguments with the one at `index` replaced by `value` (for
+        :meth:`__call__`'s ``ints``: an argument that varies per call and that triton does not
+        specialize on)."""
+        ints = self.ints
+        return ints if ints[index] == value else ints[:index] + (value,) + ints[index + 1:]
+
     def descriptors(self, *tensors):
         return tuple(rebase(t, x) for t, x in zip(self.templates, tensors))
 

@@ -584,8 +584,8 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     Returns out (q's shape and dtype) and lse (batch, nheads, seqlen_q) fp32. Inputs validated by
     ``tileflash.interface.flash_attn_with_kvcache``. seqlens_k: int32 (batch,), or None when every
     batch entry holds max_seqlen_k keys (no length tensor to build or read). max_seqlen_k (if >= 0)
-    bounds seqlens_k and sizes the splits (a kept plan: rounded up to ``LENGTH_BUCKET`` keys). cache_leftpad: int32 (batch,), keys before it are
-    masked (positions stay absolute). One launch: the split programs merge their own partials
+    bounds seqlens_k and sizes the splits (a kept plan: rounded up to ``LENGTH_BUCKET`` keys).
+    cache_leftpad: int32 (batch,), keys before it are masked (positions stay absolute). One launch: the split programs merge their own partials
     (see ``_decode_split``), with ticket counters reused across calls (``ticket_counters``).
     config: dict(block_n, num_warps, num_stages[, waves, min_split, table_asm, reuse_counter,
     multi_page, table_vec, merge_rows, pdl, skew]) overriding ``decode_config`` (and the switch of pages
@@ -676,10 +676,7 @@ class _DecodePlan:
             o_part = lse_part = counter = None
         ptrs = (q, k_cache, v_cache, out, lse, o_part, lse_part, counter, seqlens_k, cache_batch_idx, block_table,
                 alibi_slopes, cache_leftpad)
-        ints = self.launch.ints
-        if ints[_DECODE_FIXED] != seqlen_fixed:
-            ints = ints[:_DECODE_FIXED] + (seqlen_fixed,) + ints[_DECODE_FIXED + 1:]
-        self.launch((), ptrs, self.scales, aligned(*ptrs), ints)
+        self.launch((), ptrs, self.scales, aligned(*ptrs), self.launch.ints_with(_DECODE_FIXED, seqlen_fixed))
         return out, lse
 
 
@@ -876,8 +873,7 @@ def append_kv(k_cache, v_cache, k, v, seqlens, seqlen_fixed: int, cache_batch_id
     if launch is _NOTHING:
         return
     ptrs = (k, v, k_cache, v_cache, seqlens, cache_batch_idx, block_table)
-    ints = launch.ints
-    launch((), ptrs, (), aligned(*ptrs), ints[:_APPEND_FIXED] + (seqlen_fixed,) + ints[_APPEND_FIXED + 1:])
+    launch((), ptrs, (), aligned(*ptrs), launch.ints_with(_APPEND_FIXED, seqlen_fixed))
 
 
 _APPEND_PLANS: dict = {}  # append_kv's key -> Launch, or _NOTHING (a cache with no room: no launch)
