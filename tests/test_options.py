@@ -399,3 +399,51 @@ def test_repeated_calls_replay_their_launch_plans(causal):
     plain = attention_ref(q2.cpu(), k2.cpu(), v2.cpu(), causal=causal, upcast=False)[0]
     base = (plain.double() - ref).abs().max().item()
     assert_error_rule("replayed forward", got[0], ref, base, 2, rounding_atol(ref, torch.float16))
+
+
+def test_lse_scratch_grows_keeps_old_buffers_and_caps():
+    """``utils.lse_scratch``: one buffer per device that only grows; a grown buffer keeps its
+    predecessor alive (a kernel on another stream may still write it); above LSE_SCRATCH_MAX
+    floats, or where it would have to grow during a graph capture, the caller allocates (None)."""
+    from tileflash.ops import utils
+
+    dev = torch.device("cpu")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(utils, "_LSE_SCRATCH", {})
+        mp.setattr(utils, "_RETIRED", [])
+        small = utils.lse_scratch(10, dev)
+        assert small.dtype == torch.float32 and small.numel() >= 10
+        assert utils.lse_scratch(small.numel(), dev) is small, "a fitting request reuses the buffer"
+        big = utils.lse_scratch(small.numel() + 1, dev)
+        assert big.numel() > small.numel() and utils._RETIRED == [small]
+        assert utils.lse_scratch(5, dev) is big
+        assert utils.lse_scratch(utils.LSE_SCRATCH_MAX + 1, dev) is None
+        assert utils._LSE_SCRATCH[dev] is big
+
+
+@pytest.mark.skipif(not (IS_SM90 and gluon_modules() is not None), reason="needs a Hopper GPU and triton's Gluon")
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_without_lse_writes_it_to_the_scratch(causal):
+    """A forward whose LSE nobody takes (no gradient, return_attn_probs=False) writes it into the
+    shared scratch buffer instead of a fresh allocation (``route.forward(need_lse=False)``): the
+    output meets the error rule on fresh inputs, the scratch holds the same bits as the LSE of the
+    same call with return_attn_probs=True (so the planned kernel did write it there), and
+    route.forward returns None for it."""
+    from tileflash.ops import utils
+
+    route._FWD_PLANS.clear()
+    q, k, v = make_qkv(2, 256, 256, 4, 2, 128, torch.float16, "cuda", seed=11)
+    want_out, want_lse, _ = tileflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    n = want_lse.numel()
+    scratch = utils.lse_scratch(n, q.device)
+    scratch[:n].fill_(float("nan"))
+    out = tileflash.flash_attn_func(q, k, v, causal=causal)
+    torch.cuda.synchronize()
+    assert len(route._FWD_PLANS) == 1, "both calls replay one plan"
+    assert torch.equal(out, want_out)
+    assert torch.equal(scratch[:n].view_as(want_lse), want_lse), "the scratch must hold the call's LSE"
+    assert route.forward(q, k, v, 128 ** -0.5, causal, need_lse=False)[1] is None
+    ref = attention_ref(*(t.cpu().double() for t in (q, k, v)), causal=causal)[0]
+    plain = attention_ref(q.cpu(), k.cpu(), v.cpu(), causal=causal, upcast=False)[0]
+    assert_error_rule("forward without LSE", out, ref, (plain.double() - ref).abs().max().item(), 2,
+                      rounding_atol(ref, torch.float16))

@@ -357,7 +357,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
             _PREPARED[key] = args
         else:
             q, k, v = (_unit_last_stride(t) for t in (q, k, v))
-    out, lse = attention_args(q, k, v, args)
+    out, lse = attention_args(q, k, v, args, need_lse=return_attn_probs)
     if return_attn_probs:
         return out, lse, None
     return out
@@ -419,7 +419,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     _check_qkv(q, k, v, names=("query", "key", "value"), layout="(batch, nheads, seqlen, headdim)")
     sc = _default_scale(scale, q.shape[-1])
     q, k, v = (_unit_last_stride(t) for t in (q, k, v))
-    out, _ = attention(q, k, v, sc, is_causal, 0, options=resolve(options).encode())
+    out, _ = attention(q, k, v, sc, is_causal, 0, need_lse=False, options=resolve(options).encode())
     return out.transpose(1, 2)
 
 
@@ -726,12 +726,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     q = _unit_last_stride(q)
     # forward-only: outside torch.compile the op's dispatch is pure host overhead, so call its body.
     # Length tensors stay the caller's: the kernel adds the appended tokens (seqlen_add)
-    fwd = kvcache_fwd if torch.compiler.is_compiling() else kvcache_forward
-    out, lse = fwd(q, k_cache, v_cache, seqlens, scale, causal,
-                   feats["window_left"], feats["window_right"], feats["softcap"], feats["alibi_slopes"],
-                   cache_batch_idx, block_table, num_splits,
-                   max(sl, default=0) + seqlen_new if sl is not None else -1, cache_leftpad, feats["options"],
-                   0 if uniform or k is None else seqlen_new)
+    args = (q, k_cache, v_cache, seqlens, scale, causal, feats["window_left"], feats["window_right"],
+            feats["softcap"], feats["alibi_slopes"], cache_batch_idx, block_table, num_splits,
+            max(sl, default=0) + seqlen_new if sl is not None else -1, cache_leftpad, feats["options"],
+            0 if uniform or k is None else seqlen_new)
+    if torch.compiler.is_compiling():
+        out, lse = kvcache_fwd(*args)
+    else:  # (an LSE nobody returns need not be allocated: kvcache_forward's need_lse)
+        out, lse = kvcache_forward(*args, need_lse=return_softmax_lse)
     return (out, lse) if return_softmax_lse else out
 
 

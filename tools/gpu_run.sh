@@ -55,7 +55,7 @@ for stage in "$@"; do
       echo "layers rc=$?"; cat "$OUT/layers.log" | tail -n 14 ;;
     autograd)
       timeout 150 python3 tools/host_autograd.py > "$OUT/autograd.log" 2>&1
-      echo "autograd rc=$?"; head -n 8 "$OUT/autograd.log" ;;
+      echo "autograd rc=$?"; head -n 10 "$OUT/autograd.log" ;;
     growth)
       timeout 180 python3 tools/decode_growth.py > "$OUT/growth.log" 2>&1
       echo "growth rc=$?"; head -n 4 "$OUT/growth.log" ;;

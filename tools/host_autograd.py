@@ -99,6 +99,62 @@ def main():
     for name, ts in times.items():
         print(f"{name:16} {statistics.median(ts):8.1f}")
 
+    # where floor+kernels' extra time goes: the route's calls timed inside the autograd step, then
+    # the same calls back to back on the main thread and on another thread (the autograd engine
+    # runs a CUDA backward on its own device thread)
+    acc = {"fwd": 0.0, "bwd": 0.0}
+
+    def timed(fn, name):
+        def wrapper(*a, **kw):
+            t0 = time.perf_counter()
+            res = fn(*a, **kw)
+            acc[name] += time.perf_counter() - t0
+            return res
+        return wrapper
+
+    real_fwd, real_bwd = route.forward, route.backward
+    route.forward, route.backward = timed(real_fwd, "fwd"), timed(real_bwd, "bwd")
+    try:
+        step = variants["floor+kernels"]
+        inside = {"fwd": [], "bwd": [], "step": []}
+        for _ in range(7):
+            acc["fwd"] = acc["bwd"] = 0.0
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                step()
+            torch.cuda.synchronize()
+            inside["step"].append((time.perf_counter() - t0) / calls * 1e6)
+            inside["fwd"].append(acc["fwd"] / calls * 1e6)
+            inside["bwd"].append(acc["bwd"] / calls * 1e6)
+    finally:
+        route.forward, route.backward = real_fwd, real_bwd
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    out_d, lse_d = route.forward(qd, kd, vd, scale, True, 0)
+
+    def loop(fn, n=calls):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / n * 1e6
+
+    import threading
+    direct = {"fwd": [], "bwd": [], "bwd_thread": []}
+    for _ in range(7):
+        direct["fwd"].append(loop(lambda: route.forward(qd, kd, vd, scale, True, 0)))
+        direct["bwd"].append(loop(lambda: route.backward(do, qd, kd, vd, out_d, lse_d, scale, True, 0)))
+        box = []
+        th = threading.Thread(target=lambda: box.append(
+            loop(lambda: route.backward(do, qd, kd, vd, out_d, lse_d, scale, True, 0))))
+        th.start()
+        th.join()
+        direct["bwd_thread"].append(box[0])
+    med = statistics.median
+    print("floor+kernels, us per step (median of 7 rounds): step {:.1f}, route.forward inside {:.1f}, "
+          "route.backward inside {:.1f}".format(med(inside["step"]), med(inside["fwd"]), med(inside["bwd"])))
+    print("called back to back: route.forward {:.1f}, route.backward {:.1f} (main thread), {:.1f} (another "
+          "thread)".format(med(direct["fwd"]), med(direct["bwd"]), med(direct["bwd_thread"])))
+
     for name in ("tileflash", "sdpa"):
         torch.cuda.set_sync_debug_mode("warn")
         with warnings.catch_warnings(record=True) as caught:

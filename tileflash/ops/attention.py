@@ -56,13 +56,14 @@ def attention_fwd(
 
 def _attention_fwd_body(q, k, v, softmax_scale, causal, causal_shift, window_left=-1, window_right=-1, softcap=0.0,
                         alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
-                        dropout_p=0.0, seed=None, deterministic=False, options=""):
+                        dropout_p=0.0, seed=None, deterministic=False, options="", *, need_lse=True):
     """The body of ``tileflash::fwd`` (``tileflash.ops.route.forward``; ``deterministic`` is kept
-    for the backward)."""
+    for the backward). ``need_lse=False`` (eager callers that discard it): the LSE may come back
+    as None."""
     return route.forward(q, k, v, softmax_scale, causal, causal_shift, window=(window_left, window_right),
                          softcap=softcap, alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q,
                          cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                         dropout_p=dropout_p, seed=seed, options=Options.decode(options))
+                         dropout_p=dropout_p, seed=seed, options=Options.decode(options), need_lse=need_lse)
 
 
 @attention_fwd.register_fake
@@ -244,23 +245,26 @@ def op_args(softmax_scale: float, causal: bool, causal_shift: int, **features) -
     return (softmax_scale, causal, causal_shift, *[features.get(n, d) for n, d in _FEATURE_DEFAULTS.items()])
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, causal_shift: int,
-              **features) -> tuple[Tensor, Tensor]:
+def attention(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, causal_shift: int, *,
+              need_lse: bool = True, **features) -> tuple[Tensor, Tensor]:
     """The one forward entry of the public functions: ``tileflash::fwd`` (arguments as there).
 
     Under torch.compile it is the custom op (no graph break, its registered autograd). In eager
     mode the same body runs through ``_EagerAttention`` when a gradient may be needed, and directly
-    otherwise: the results and the backward are the op's, with less host time per call."""
-    return attention_args(q, k, v, op_args(softmax_scale, causal, causal_shift, **features))
+    otherwise: the results and the backward are the op's, with less host time per call.
+    ``need_lse=False``: the caller discards the LSE (see :func:`attention_args`)."""
+    return attention_args(q, k, v, op_args(softmax_scale, causal, causal_shift, **features), need_lse)
 
 
-def attention_args(q: Tensor, k: Tensor, v: Tensor, args: tuple) -> tuple[Tensor, Tensor]:
-    """:func:`attention` with the op's other arguments as :func:`op_args` returned them."""
+def attention_args(q: Tensor, k: Tensor, v: Tensor, args: tuple, need_lse: bool = True) -> tuple[Tensor, Tensor]:
+    """:func:`attention` with the op's other arguments as :func:`op_args` returned them.
+    ``need_lse=False``: the caller discards the LSE; a forward without autograd may then return
+    None for it (one allocation less per call: ``route.forward``'s ``need_lse``)."""
     if torch.compiler.is_compiling():
         return attention_fwd(q, k, v, *args)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _EagerAttention.apply(q, k, v, args)
-    return _attention_fwd_body(q, k, v, *args)
+    return _attention_fwd_body(q, k, v, *args, need_lse=need_lse)
 
 
 def kvcache_forward(
@@ -268,9 +272,11 @@ def kvcache_forward(
     window_left: int = -1, window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
     cache_batch_idx: Optional[Tensor] = None, block_table: Optional[Tensor] = None, num_splits: int = 0,
     max_seqlen_k: int = -1, cache_leftpad: Optional[Tensor] = None, options: str = "", seqlen_add: int = 0,
+    *, need_lse: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Attention of q (batch, seqlen_q, nheads, d) over the first seqlens_k[b] + seqlen_add keys of
     a contiguous or paged KV cache -> (out, lse (batch, nheads, seqlen_q)). Forward only.
+    need_lse=False (eager callers that discard it): the LSE may come back as None.
     seqlens_k=None: every batch entry holds max_seqlen_k keys (seqlen_add must be 0).
     cache_leftpad[b]: keys before it are masked (positions stay absolute). seqlen_add: the tokens
     an append just wrote after seqlens_k (added in the kernel: no new length tensor per step).
@@ -281,7 +287,8 @@ def kvcache_forward(
     return route.kvcache(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window=(window_left, window_right),
                          softcap=softcap, alibi_slopes=alibi_slopes, cache_batch_idx=cache_batch_idx,
                          block_table=block_table, num_splits=num_splits, max_seqlen_k=max_seqlen_k,
-                         cache_leftpad=cache_leftpad, options=Options.decode(options), seqlen_add=seqlen_add)
+                         cache_leftpad=cache_leftpad, options=Options.decode(options), seqlen_add=seqlen_add,
+                         need_lse=need_lse)
 
 
 @torch.library.custom_op("tileflash::kvcache_append", mutates_args=("k_cache", "v_cache"))

@@ -29,7 +29,7 @@ from tileflash.ops.triton import backward as tr_bwd
 from tileflash.ops.triton import decode as tr_dec
 from tileflash.ops.triton import forward as tr_fwd
 from tileflash.ops.launch import aligned
-from tileflash.ops.utils import feature_args, problem_dims
+from tileflash.ops.utils import feature_args, lse_scratch, problem_dims
 from tileflash.options import DEBUG, DEFAULT, Options
 
 # Triton decides interpreter-or-GPU when a kernel is decorated, i.e. at import.
@@ -93,9 +93,11 @@ def _gluon_refused(what: str, why: str):
 def forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int | None = None, *, window=(-1, -1),
             softcap: float = 0.0, alibi_slopes=None, dropout_p: float = 0.0, seed=None, cu_seqlens_q=None,
             cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, config: dict | None = None, out=None, lse=None,
-            options: Options = DEFAULT):
+            options: Options = DEFAULT, need_lse: bool = True):
     """Attention forward -> (out, lse). Arguments as ``tileflash.ops.triton.forward.flash_attn_forward``
-    (``out``/``lse``: preallocated outputs, which tests poison with NaN); ``options`` picks the kernel."""
+    (``out``/``lse``: preallocated outputs, which tests poison with NaN); ``options`` picks the kernel.
+    ``need_lse=False``: the caller discards the LSE, so a planned launch writes it into a shared
+    write-only buffer (``utils.lse_scratch``) and returns (out, None); other routes return it as usual."""
     common = (config is None and out is None and lse is None and alibi_slopes is None and seed is None
               and cu_seqlens_q is None and cu_seqlens_k is None)
     if common and q.is_cuda:
@@ -104,7 +106,7 @@ def forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int | Non
                causal, causal_shift, window, softcap, dropout_p, options)
         plan = _FWD_PLANS.get(key)
         if plan.__class__ is tuple and aligned(q, k, v):  # a planned Gluon launch
-            done = _replay_forward(plan, key, q, k, v, softmax_scale, causal)
+            done = _replay_forward(plan, key, q, k, v, softmax_scale, causal, need_lse)
             if done is not None:
                 return done
     kw = dict(window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed,
@@ -129,9 +131,9 @@ def forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int | Non
         if plan is None:
             plan = _plan_forward(q, k, v, softmax_scale, causal, causal_shift, kw, options, key)
         if plan is _DECODE:
-            return _decode_forward(q, k, v, softmax_scale, causal, window, softcap, None)
+            return _decode_forward(q, k, v, softmax_scale, causal, window, softcap, None, need_lse)
         if plan.__class__ is tuple and aligned(q, k, v):
-            done = _replay_forward(plan, key, q, k, v, softmax_scale, causal)
+            done = _replay_forward(plan, key, q, k, v, softmax_scale, causal, need_lse)
             if done is not None:
                 return done
     elif decode and decode_shaped(q, k, causal_shift, dropout_p, cu_seqlens_q):
@@ -148,15 +150,19 @@ def forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int | Non
                                          lse=lse, use_tma=options.use_tma, autotune=options.autotune)
 
 
-def _replay_forward(plan, key, q, k, v, softmax_scale, causal):
+def _replay_forward(plan, key, q, k, v, softmax_scale, causal, need_lse=True):
     """The planned Gluon forward ``plan`` (a ``_FWD_PLANS`` entry) on these tensors -> (out, lse),
-    or None, with the plan dropped, if its kernel did not compile with this triton (warned)."""
-    gf, gplan, lse_shape = plan
+    or None, with the plan dropped, if its kernel did not compile with this triton (warned).
+    ``need_lse=False``: the LSE goes to the write-only scratch buffer and None is returned for it."""
+    gf, gplan, lse_shape, lse_numel = plan
     with _device(q):
         out = torch.empty(*q.shape, dtype=q.dtype, device=q.device)
-        lse = torch.empty(*lse_shape, dtype=torch.float32, device=q.device)
+        lse = None if need_lse else lse_scratch(lse_numel, q.device)
+        keep = lse is None
+        if keep:
+            lse = torch.empty(*lse_shape, dtype=torch.float32, device=q.device)
         if gf.forward(q, k, v, out, lse, softmax_scale, causal, plan=gplan) is not None:
-            return out, lse
+            return out, (lse if keep else None)
     _FWD_PLANS.pop(key, None)
     return None
 
@@ -190,7 +196,7 @@ def _plan_forward(q, k, v, softmax_scale, causal, causal_shift, kw, options, key
             lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
             gplan = gf.plan_for(q, k, v, out, lse, softmax_scale, causal, shift, flags, False, None)
         if gplan is not None:
-            plan = (gf, gplan, lse_shape)
+            plan = (gf, gplan, lse_shape, lse_shape[0] * lse_shape[1] * lse_shape[2])
         elif not aligned(q, k, v):
             return _SLOW  # declined for these pointers only: not remembered for the layout
     if len(_FWD_PLANS) >= _PLANS_MAX:
@@ -219,13 +225,14 @@ def decode_shaped(q, k, causal_shift, dropout_p, cu_seqlens_q) -> bool:
             and (causal_shift is None or causal_shift == seqlen_k - seqlen_q))
 
 
-def _decode_forward(q, k, v, softmax_scale, causal, window, softcap, alibi_slopes):
+def _decode_forward(q, k, v, softmax_scale, causal, window, softcap, alibi_slopes, need_lse=True):
     """A :func:`decode_shaped` forward by the decode kernel, k/v as a full cache of seqlen_k keys."""
     dt = q.dtype if q.is_cuda else _interpreter_dtype(q)
     conv = (lambda t: t) if dt == q.dtype else (lambda t: t.to(dt))
     with _device(q):
         out, lse = tr_dec.decode_forward(conv(q), conv(k), conv(v), None, softmax_scale, causal, window=window,
-                                         softcap=softcap, alibi_slopes=alibi_slopes, max_seqlen_k=k.shape[1])
+                                         softcap=softcap, alibi_slopes=alibi_slopes, max_seqlen_k=k.shape[1],
+                                         need_lse=need_lse)
     return (out if out.dtype == q.dtype else out.to(q.dtype)), lse
 
 
@@ -462,10 +469,11 @@ def kvcache_append(k_cache, v_cache, k, v, seqlens, seqlen_fixed: int, cache_bat
 
 def kvcache(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, window=(-1, -1), softcap=0.0,
             alibi_slopes=None, cache_batch_idx=None, block_table=None, num_splits=0, max_seqlen_k=-1,
-            cache_leftpad=None, options: Options = DEFAULT, seqlen_add: int = 0):
+            cache_leftpad=None, options: Options = DEFAULT, seqlen_add: int = 0, need_lse: bool = True):
     """Attention of q over a contiguous or paged KV cache -> (out, lse): the Triton split-KV decode
     kernel (GPU or interpreter), or the tiled CPU path. (No Gluon decode kernel: ``options.backend``
-    = "gluon" is refused.) With seqlens_k, entry b holds seqlens_k[b] + seqlen_add keys."""
+    = "gluon" is refused.) With seqlens_k, entry b holds seqlens_k[b] + seqlen_add keys.
+    ``need_lse=False``: the caller discards the LSE (it may come back as None)."""
     if options.backend == "gluon" and q.is_cuda:
         refuse_gluon_kvcache()
     if not use_triton(q):
@@ -478,5 +486,5 @@ def kvcache(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, window=(-1
                                          window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                                          cache_batch_idx=cache_batch_idx, block_table=block_table,
                                          num_splits=num_splits, max_seqlen_k=max_seqlen_k, cache_leftpad=cache_leftpad,
-                                         seqlen_add=seqlen_add)
+                                         seqlen_add=seqlen_add, need_lse=need_lse)
     return (out if out.dtype == q.dtype else out.to(q.dtype)), lse

@@ -106,3 +106,29 @@ def apply_rotary(x, cos, sin, pos, interleaved: bool):
         x1, x2 = xr[..., : rd // 2], xr[..., rd // 2:]
         rot = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
     return torch.cat((rot.to(x.dtype), x[..., rd:]), dim=-1)
+
+
+# A write-only fp32 buffer per CUDA device that takes the LSE of calls whose caller discards it
+# (a forward without gradient, a decode step that does not return it): an allocation less per
+# call. Its contents are never read, so concurrent calls on several streams writing it at once
+# are harmless; a grown buffer keeps its predecessors alive (``_RETIRED``), so a kernel still
+# writing an old one on another stream never writes memory the allocator handed out again.
+LSE_SCRATCH_MAX = 1 << 20  # floats (4 MiB): larger LSEs are allocated per call (their kernels dwarf it)
+_LSE_SCRATCH: dict = {}
+_RETIRED: list = []
+
+
+def lse_scratch(n: int, device: torch.device):
+    """A write-only fp32 tensor of at least n elements on ``device`` (CUDA) for an LSE nobody reads,
+    or None where n exceeds ``LSE_SCRATCH_MAX`` or the buffer would have to grow during a CUDA
+    graph capture (the caller then allocates its own)."""
+    buf = _LSE_SCRATCH.get(device)
+    if buf is not None and buf.numel() >= n:
+        return buf
+    if n > LSE_SCRATCH_MAX or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return None
+    if buf is not None:
+        _RETIRED.append(buf)
+    buf = _LSE_SCRATCH[device] = torch.empty(max(n, 4096, 2 * (0 if buf is None else buf.numel())),
+                                             dtype=torch.float32, device=device)
+    return buf

@@ -32,7 +32,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from tileflash.ops.triton.common import LN2_C, LOG2E_C, score_mods, visible
 from tileflash.ops.triton.forward import block_d_for, interpreting
 from tileflash.ops.launch import Launch, aligned
-from tileflash.ops.utils import GRID_YZ_MAX, LOG2E, cdiv, feature_args, next_pow2
+from tileflash.ops.utils import GRID_YZ_MAX, LOG2E, cdiv, feature_args, lse_scratch, next_pow2
 from tileflash.options import DEBUG
 
 # GPU launch defaults of the split kernel, from H200 sweeps with tools/decode_sweep.py (bf16,
@@ -421,8 +421,10 @@ _ARENA_LOCK = threading.Lock()
 
 
 def ticket_counters(n: int, device) -> torch.Tensor:
-    """n zeroed int32 ticket counters for a split launch on the current stream of `device`, which
-    must be the current device (as for the launch itself; ``flash_attn_with_kvcache`` makes it so)."""
+    """A buffer of at least n zeroed int32 ticket counters (the launch uses the first n) for a split
+    launch on the current stream of `device`, which must be the current device (as for the launch
+    itself; ``flash_attn_with_kvcache`` makes it so). The stream's buffer itself, not a slice of it
+    (a view per call costs host time)."""
     if device.type != "cuda":
         return torch.zeros(n, dtype=torch.int32, device=device)
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -443,7 +445,7 @@ def ticket_counters(n: int, device) -> torch.Tensor:
         _COUNTERS[key] = buf
     if index not in _ARENAS:
         _ARENAS[index] = [torch.zeros(ARENA_COUNTERS, dtype=torch.int32, device=device), 0]
-    return buf[:n]
+    return buf
 
 
 @functools.lru_cache(maxsize=None)
@@ -578,10 +580,11 @@ def check_grid(n_bh: int, m_blocks: int, num_splits=None) -> bool:
 
 def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, window=(-1, -1), softcap=0.0,
                    alibi_slopes=None, cache_batch_idx=None, block_table=None, num_splits=0, max_seqlen_k=-1,
-                   cache_leftpad=None, config=None, seqlen_add=0):
+                   cache_leftpad=None, config=None, seqlen_add=0, need_lse=True):
     """Attention of q (batch, seqlen_q, nheads, d) over the first seqlens_k[b] keys of the cache.
 
-    Returns out (q's shape and dtype) and lse (batch, nheads, seqlen_q) fp32. Inputs validated by
+    Returns out (q's shape and dtype) and lse (batch, nheads, seqlen_q) fp32 (None with
+    ``need_lse=False`` on CUDA where the write-only scratch buffer took it: ``utils.lse_scratch``). Inputs validated by
     ``tileflash.interface.flash_attn_with_kvcache``. seqlens_k: int32 (batch,), or None when every
     batch entry holds max_seqlen_k keys (no length tensor to build or read). max_seqlen_k (if >= 0)
     bounds seqlens_k and sizes the splits (a kept plan: rounded up to ``LENGTH_BUCKET`` keys).
@@ -625,7 +628,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         plan = _DECODE_PLANS.get(key)
         if plan is not None:
             return plan(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, None, cache_leftpad,
-                        max_seqlen_k if seqlens_k is None else seqlen_add)
+                        max_seqlen_k if seqlens_k is None else seqlen_add, need_lse)
     # (a kept plan is sized for the bucket's length; one made for this call alone, for the length itself)
     plan = _plan_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, softcap, alibi_slopes,
                         cache_batch_idx, block_table, num_splits,
@@ -654,22 +657,26 @@ class _DecodePlan:
     buffers' size and the kernel's :class:`Launch` (its grid, integer arguments, scales and
     constexprs); a call allocates the buffers and launches."""
 
-    __slots__ = ("launch", "lse_shape", "part_sizes", "n_counters", "scales", "empty")
+    __slots__ = ("launch", "lse_shape", "lse_numel", "part_sizes", "n_counters", "scales", "empty")
 
     def __call__(self, q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, alibi_slopes, cache_leftpad,
-                 seqlen_fixed: int):
+                 seqlen_fixed: int, need_lse: bool = True):
         """seqlen_fixed: every entry's key count without a length tensor, else the tokens added to
         each entry of it (``_decode_split``'s seqlen_fixed: not specialized, so any value reuses the
-        compiled kernel)."""
+        compiled kernel). need_lse=False: the LSE may go to the write-only scratch buffer (on CUDA),
+        and None comes back for it."""
         # (sizes unpacked: torch parses ints faster than a torch.Size, host time per call)
         out = torch.empty(*q.shape, dtype=q.dtype, device=q.device)  # contiguous, as the ops' fake outputs
-        lse = torch.empty(*self.lse_shape, dtype=torch.float32, device=q.device)
+        lse = None if need_lse or not q.is_cuda else lse_scratch(self.lse_numel, q.device)
+        keep = lse is None
+        if keep:
+            lse = torch.empty(*self.lse_shape, dtype=torch.float32, device=q.device)
         if self.empty:
-            return out, lse
+            return out, (lse if keep else None)
         if self.part_sizes is not None:  # partial outs, then partial LSEs, in one fp32 buffer
             n_o, n_l = self.part_sizes
             buf = torch.empty(n_o + n_l, dtype=torch.float32, device=q.device)
-            o_part, lse_part = buf[:n_o], buf[n_o:]
+            o_part, lse_part = buf, buf[n_o:]  # (the partial outs start the buffer: no view for them)
             counter = (ticket_counters(self.n_counters, q.device) if self.n_counters > 0
                        else torch.zeros(-self.n_counters, dtype=torch.int32, device=q.device))
         else:
@@ -677,7 +684,7 @@ class _DecodePlan:
         ptrs = (q, k_cache, v_cache, out, lse, o_part, lse_part, counter, seqlens_k, cache_batch_idx, block_table,
                 alibi_slopes, cache_leftpad)
         self.launch((), ptrs, self.scales, aligned(*ptrs), self.launch.ints_with(_DECODE_FIXED, seqlen_fixed))
-        return out, lse
+        return out, (lse if keep else None)
 
 
 # the index of seqlen_fixed among _decode_split's integer arguments (after its 13 pointers)
@@ -729,6 +736,7 @@ def _plan_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, 
     block_d = block_d_for(head_dim)
     plan = object.__new__(_DecodePlan)
     plan.lse_shape = (batch, nheads, seqlen_q)
+    plan.lse_numel = batch * nheads * seqlen_q
     plan.empty = q.numel() == 0
     plan.part_sizes, plan.n_counters, plan.scales, plan.launch = None, 0, (), None
     if plan.empty:
