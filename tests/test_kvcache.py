@@ -1290,18 +1290,18 @@ def test_int_lengths_check_rotary_without_value_checks(monkeypatch):
 
 
 @pytest.mark.parametrize("splits", [1, 3])
-def test_decode_without_lse_writes_it_to_the_scratch(splits):
+def test_decode_without_lse_writes_it_to_the_scratch(backend, splits):
     """A decode step that does not return its LSE (return_softmax_lse=False) writes it into the
     shared scratch buffer (``utils.lse_scratch``) rather than a fresh allocation: the output is the
     same as with return_softmax_lse=True and meets the error rule, and the scratch holds the bits of
     that call's LSE (the kernel, split or not, wrote it there)."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
+    if backend == "tiled":
+        pytest.skip("the scratch takes the decode kernel's LSE; the tiled path returns its own")
     from tileflash.ops import utils
 
-    dev, dt = "cuda", torch.float16
+    dev = backend_device(backend)
     kc, vc, _, g = _setup(dev, 2, False, 16, seed=41)
-    q = torch.randn(B, 1, H, D, generator=g).to(dev, dt)
+    q = torch.randn(B, 1, H, D, generator=g).to(dev, kc.dtype)
     sl = torch.tensor([7, 29, 48], dtype=torch.int32, device=dev)
     want_out, want_lse = tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=sl, num_splits=splits,
                                                            return_softmax_lse=True)
@@ -1309,8 +1309,7 @@ def test_decode_without_lse_writes_it_to_the_scratch(splits):
     scratch = utils.lse_scratch(n, q.device)
     scratch[:n].fill_(float("nan"))
     out = tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=sl, num_splits=splits)
-    torch.cuda.synchronize()
     assert torch.equal(out, want_out)
     assert torch.equal(scratch[:n].view_as(want_lse), want_lse), "the scratch must hold the step's LSE"
     for b, n_b in enumerate(sl.tolist()):
-        _assert_matches(out[b:b + 1], q[b:b + 1], kc[b:b + 1, :n_b], vc[b:b + 1, :n_b], 0)
+        _assert_matches(out[b:b + 1], q[b:b + 1], kc[b:b + 1, :n_b], vc[b:b + 1, :n_b], 3e-5)

@@ -447,3 +447,37 @@ def test_forward_without_lse_writes_it_to_the_scratch(causal):
     plain = attention_ref(q.cpu(), k.cpu(), v.cpu(), causal=causal, upcast=False)[0]
     assert_error_rule("forward without LSE", out, ref, (plain.double() - ref).abs().max().item(), 2,
                       rounding_atol(ref, torch.float16))
+
+
+def test_replayed_forward_puts_an_unwanted_lse_in_the_scratch():
+    """``route._replay_forward`` (the planned Gluon forward; here with a stand-in kernel module on
+    CPU tensors): with need_lse=False the launch gets the scratch buffer for its LSE and None comes
+    back; with need_lse=True a fresh (batch, nheads, seqlen_q) LSE, as before; a launch that did not
+    compile (None) drops the plan."""
+    from tileflash.ops import utils
+
+    seen = []
+
+    class StandIn:
+        ok = True
+
+        @staticmethod
+        def forward(q, k, v, out, lse, softmax_scale, causal, plan):
+            seen.append(lse)
+            out.fill_(1.0)
+            lse.view(-1)[:6].fill_(2.0)
+            return (out, lse) if StandIn.ok else None
+
+    q = torch.randn(1, 3, 2, 8)
+    plan = (StandIn, "gplan", (1, 2, 3), 6)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(utils, "_LSE_SCRATCH", {})
+        mp.setattr(route, "_FWD_PLANS", {"key": plan})
+        out, lse = route._replay_forward(plan, "key", q, q, q, 1.0, False, need_lse=False)
+        assert lse is None and torch.equal(out, torch.ones_like(q))
+        assert seen[-1] is utils._LSE_SCRATCH[q.device] and torch.equal(seen[-1][:6], torch.full((6,), 2.0))
+        out, lse = route._replay_forward(plan, "key", q, q, q, 1.0, False)
+        assert lse is seen[-1] and lse.shape == (1, 2, 3) and torch.equal(lse, torch.full((1, 2, 3), 2.0))
+        StandIn.ok = False
+        assert route._replay_forward(plan, "key", q, q, q, 1.0, False, need_lse=False) is None
+        assert "key" not in route._FWD_PLANS

@@ -584,8 +584,8 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     """Attention of q (batch, seqlen_q, nheads, d) over the first seqlens_k[b] keys of the cache.
 
     Returns out (q's shape and dtype) and lse (batch, nheads, seqlen_q) fp32 (None with
-    ``need_lse=False`` on CUDA where the write-only scratch buffer took it: ``utils.lse_scratch``). Inputs validated by
-    ``tileflash.interface.flash_attn_with_kvcache``. seqlens_k: int32 (batch,), or None when every
+    ``need_lse=False`` where the write-only scratch buffer took it: ``utils.lse_scratch``).
+    Inputs validated by ``tileflash.interface.flash_attn_with_kvcache``. seqlens_k: int32 (batch,), or None when every
     batch entry holds max_seqlen_k keys (no length tensor to build or read). max_seqlen_k (if >= 0)
     bounds seqlens_k and sizes the splits (a kept plan: rounded up to ``LENGTH_BUCKET`` keys).
     cache_leftpad: int32 (batch,), keys before it are masked (positions stay absolute). One launch: the split programs merge their own partials
@@ -640,7 +640,7 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
     if paged and block_table.shape[1] == 0:  # the one-entry table _plan_decode planned with
         block_table = torch.zeros((q.shape[0], 1), dtype=block_table.dtype, device=block_table.device)
     return plan(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, alibi_slopes, cache_leftpad,
-                max_seqlen_k if seqlens_k is None else seqlen_add)
+                max_seqlen_k if seqlens_k is None else seqlen_add, need_lse)
 
 
 _DECODE_PLANS: dict = {}  # decode_forward's key -> _DecodePlan
@@ -663,11 +663,11 @@ class _DecodePlan:
                  seqlen_fixed: int, need_lse: bool = True):
         """seqlen_fixed: every entry's key count without a length tensor, else the tokens added to
         each entry of it (``_decode_split``'s seqlen_fixed: not specialized, so any value reuses the
-        compiled kernel). need_lse=False: the LSE may go to the write-only scratch buffer (on CUDA),
-        and None comes back for it."""
+        compiled kernel). need_lse=False: the LSE may go to the write-only scratch buffer, and None
+        comes back for it."""
         # (sizes unpacked: torch parses ints faster than a torch.Size, host time per call)
         out = torch.empty(*q.shape, dtype=q.dtype, device=q.device)  # contiguous, as the ops' fake outputs
-        lse = None if need_lse or not q.is_cuda else lse_scratch(self.lse_numel, q.device)
+        lse = None if need_lse else lse_scratch(self.lse_numel, q.device)
         keep = lse is None
         if keep:
             lse = torch.empty(*self.lse_shape, dtype=torch.float32, device=q.device)
