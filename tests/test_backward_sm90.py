@@ -682,15 +682,16 @@ def _direct(q, k, v, do, causal, cfg, deterministic=True, poison=True):
 @pytest.mark.parametrize("case", CASES[:3], ids=lambda c: "x".join(map(str, c)))
 def test_lse_early_moves_loads_not_bits(case, d, causal):
     """LSE_EARLY (config_for: where the consumers load a Q block's LSE and delta rows; 2 loads them a
-    block ahead, clamped on the last block) changes when the loads run, not what is computed: dK and
-    dV are the same bits for 0, 1 and 2 (NaN-poisoned buffers), and meet the reference rule."""
+    block ahead, clamped on the last block; 3 reads them from shared memory, where the producer
+    staged them) changes when the loads run, not what is computed: dK and dV are the same bits for
+    0, 1, 2 and 3 (NaN-poisoned buffers), and meet the reference rule."""
     b, sq, sk, h, hk = case
     if causal and sq > sk:
         pytest.skip("causal with Sq > Sk runs the Triton backward (rows without keys)")
     q, k, v = make_qkv(b, sq, sk, h, hk, d, torch.float16, "cuda", seed=sq + 3 * d)
     do = torch.randn_like(q)
     runs = []
-    for early in (0, 1, 2):
+    for early in (0, 1, 2, 3):
         cfg = dict(gb.config_for(d, causal, sq), LSE_EARLY=early)
         res, bufs = _direct(q, k, v, do, causal, cfg)
         assert res is not None and res[1] is bufs[1] and res[2] is bufs[2]
@@ -705,8 +706,9 @@ def test_lse_early_moves_loads_not_bits(case, d, causal):
 
 
 @needs_sm90
-@pytest.mark.parametrize("variant", [dict(DQ_OWN_FIRST=True), dict(DQ_BUFS=1), dict(DQ_FIRST="flip"), dict(LSE_EARLY=2)],
-                         ids=["own-first", "one-slot", "dq-first-flipped", "lse-early"])
+@pytest.mark.parametrize("variant", [dict(DQ_OWN_FIRST=True), dict(DQ_BUFS=1), dict(DQ_FIRST="flip"), dict(LSE_EARLY=2),
+                                     dict(LSE_EARLY=3)],
+                         ids=["own-first", "one-slot", "dq-first-flipped", "lse-early", "lse-smem"])
 @pytest.mark.parametrize("d,causal", [(64, False), (128, True)])
 def test_fused_schedule_variants(variant, d, causal):
     """The fused mode's schedule switches (fused_config_for's DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, and

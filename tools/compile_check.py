@@ -307,6 +307,13 @@ def main():
                     cases.append((f"gluon-bwd-unordered D={d} causal={causal!s:<5}",
                                   GB.fused_config_for(d, causal, deterministic=False),
                                   lambda d_, c_, cfg_, dt_: compile_gluon_bwd(d_, c_, cfg_, dt_, deterministic=False)))
+                # LSE_EARLY=3 (the producer stages the LSE/delta rows in shared memory; opt-in, not
+                # routed to): the dK/dV kernel and the fused kernel, unordered
+                cases.append((f"gluon-bwd-lse-smem D={d} causal={causal!s:<5}", dict(base, LSE_EARLY=3),
+                              compile_gluon_bwd))
+                cases.append((f"gluon-bwd-lse-smem-unordered D={d} causal={causal!s:<5}",
+                              dict(GB.fused_config_for(d, causal, deterministic=False), LSE_EARLY=3),
+                              lambda d_, c_, cfg_, dt_: compile_gluon_bwd(d_, c_, cfg_, dt_, deterministic=False)))
                 if d == 128:  # a padded head dim (padded_head_dim): the gradients' first 96 columns stored
                     for cfg in (base, dict(lock, WITH_DQ=True), GB.fused_config_for(d, causal)):
                         cases.append((f"gluon-bwd D={d} causal={causal!s:<5}", dict(cfg, D_OUT=96), compile_gluon_bwd))

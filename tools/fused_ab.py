@@ -6,6 +6,10 @@ For each (dtype, D, causal, N) of the grid (B·N = 16k tokens, H = 2048/D): the 
 * ``split``     the split dK/dV + dQ kernels (bitwise deterministic; the ``deterministic=True`` route)
 * ``fused_ord`` the fused warp-specialized kernel, dQ sums ordered (bitwise deterministic)
 * ``fused``     the same kernel, dQ sums unordered (``deterministic=False``)
+* ``fused_base`` with ``--fused-cfg``: the unordered kernel at route's config, without the overrides
+  (which ``fused_ord`` and ``fused`` then take), so both sides of an A/B share the process
+* ``dkdv`` / ``dkdv_alt`` with ``--dkdv-cfg``: the split design's dK/dV kernel alone (delta given),
+  at ``config_for``'s config and with the overrides, e.g. ``{"LSE_EARLY": 3}``
 * ``fa4``       FA4 (flash_attn.cute), when it imports
 * ``cudnn``     SDPA's cuDNN backend
 
@@ -30,11 +34,19 @@ from tileflash.ops.gluon import backward as gb
 from tileflash.ops.triton import backward as tr_bwd
 
 
-def ours(kind, dout, q, k, v, out, lse, scale, causal, fused_cfg=None):
+def ours(kind, dout, q, k, v, out, lse, scale, causal, fused_cfg=None, dkdv_cfg=None):
     if kind == "split":
         return lambda: route.backward(dout, q, k, v, out, lse, scale, causal, deterministic=True)
+    if kind in ("dkdv", "dkdv_alt"):  # the dK/dV kernel alone, delta computed once outside
+        cfg = dict(gb.config_for(q.shape[-1], causal, q.shape[1]), **(dkdv_cfg if kind == "dkdv_alt" else {}))
+        delta = tr_bwd.compute_delta(out, dout, lse, False, q.shape[2], q.shape[3])
+        dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+        return lambda: gb.backward(dout, q, k, v, lse, delta, dq, dk, dv, scale, causal, cfg) and (dq, dk, dv)
     # the config route runs for each mode (unordered: LSE_EARLY=2), then --fused-cfg's overrides
-    cfg = dict(gb.fused_config_for(q.shape[-1], causal, deterministic=(kind == "fused_ord")), **(fused_cfg or {}))
+    cfg = gb.fused_config_for(q.shape[-1], causal, deterministic=(kind == "fused_ord"))
+    if kind != "fused_base":
+        cfg = dict(cfg, **(fused_cfg or {}))
+    kind = "fused" if kind == "fused_base" else kind
 
     def run():
         delta = tr_bwd.compute_delta(out, dout, lse, False, q.shape[2], q.shape[3])
@@ -58,11 +70,14 @@ def main():
     ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--fused-cfg", type=json.loads, default=None,
                     help='JSON overrides of fused_config_for for the fused kinds, e.g. {"LSE_EARLY": 2}')
+    ap.add_argument("--dkdv-cfg", type=json.loads, default=None,
+                    help='JSON overrides of config_for for the dK/dV kernel alone (kinds dkdv, dkdv_alt)')
     a = ap.parse_args()
     # FA4 and cuDNN as the benchmark calls them (tileflash.bench.providers)
     fa4 = PROVIDERS["fa4"].fn if PROVIDERS["fa4"].unavailable("cuda") is None else None
     cudnn = PROVIDERS["sdpa_cudnn"].fn
-    kinds = ["split", "fused_ord", "fused"] + (["fa4"] if fa4 else []) + ["cudnn"]
+    kinds = (["split", "fused_ord", "fused"] + (["fused_base"] if a.fused_cfg else [])
+             + (["dkdv", "dkdv_alt"] if a.dkdv_cfg else []) + (["fa4"] if fa4 else []) + ["cudnn"])
     rows = []
     for dt in a.dtypes:
         dtype = getattr(torch, dt)
@@ -77,10 +92,12 @@ def main():
                     flops = 4 * b * h * n * n * d * (0.5 if causal else 1) * 2.5
                     ref = ours("split", dout, q, k, v, out, lse, scale, causal)()
                     err = {}
-                    for kind in ("fused_ord", "fused"):
-                        g = ours(kind, dout, q, k, v, out, lse, scale, causal, a.fused_cfg)()
+                    for kind in ("fused_ord", "fused") + (("dkdv_alt",) if a.dkdv_cfg else ()):
+                        g = ours(kind, dout, q, k, v, out, lse, scale, causal, a.fused_cfg, a.dkdv_cfg)()
+                        # (the dK/dV kernel alone leaves dQ unwritten: compare dK and dV only)
+                        pairs = list(zip(g, ref))[1:] if kind == "dkdv_alt" else zip(g, ref)
                         err[kind] = max(((x.float() - y.float()).abs().max() / y.float().abs().max()).item()
-                                        for x, y in zip(g, ref))
+                                        for x, y in pairs)
                     tf = {}
                     for kind in kinds:
                         if kind == "fa4":
@@ -88,16 +105,17 @@ def main():
                         elif kind == "cudnn":
                             fn = autograd_bwd(cudnn, q, k, v, dout, causal)
                         else:
-                            fn = ours(kind, dout, q, k, v, out, lse, scale, causal, a.fused_cfg)
+                            fn = ours(kind, dout, q, k, v, out, lse, scale, causal, a.fused_cfg, a.dkdv_cfg)
                         ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
                         tf[kind] = flops / ms * 1e-9
                     rows.append((dt, d, causal, n, tf, err))
                     print(f"{dt} D={d} causal={int(causal)} N={n}: "
                           + " ".join(f"{kk}={x:.0f}" for kk, x in tf.items())
-                          + f" | rel.diff vs split: ordered {err['fused_ord']:.1e}, unordered {err['fused']:.1e}",
-                          flush=True)
+                          + f" | rel.diff vs split: ordered {err['fused_ord']:.1e}, unordered {err['fused']:.1e}"
+                          + (f", dK/dV alt {err['dkdv_alt']:.1e}" if a.dkdv_cfg else ""), flush=True)
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}; backward TFLOP/s (x2.5), B*N=16k, H=2048/D"
-          + (f"; fused config overrides {a.fused_cfg}" if a.fused_cfg else ""))
+          + (f"; fused config overrides {a.fused_cfg}" if a.fused_cfg else "")
+          + (f"; dK/dV config overrides {a.dkdv_cfg}" if a.dkdv_cfg else ""))
     print("| dtype | D | causal | N | " + " | ".join(kinds) + " | fused/split | fused/fa4 | fused/cudnn |")
     print("|---" * (4 + len(kinds) + 3) + "|")
     for dt, d, causal, n, tf, _ in rows:

@@ -15,7 +15,8 @@ rows = keys), on each warpgroup's 64 keys:
     issue dK += dSᵀ·Q                                            (async)
     CARRY_DK: wait dK in the next block's first wait; else wait dV and dK now
     WITH_DQ only: dSᵀ to shared memory, dQ_part = dS·K, add dQ_part into an fp32 dQ buffer
-    LSE_EARLY (WS only): the LSE/delta rows loaded before the Q/dO wait (1) or a block ahead (2)
+    LSE_EARLY (WS only): the LSE/delta rows loaded before the Q/dO wait (1), a block ahead (2), or
+    read from shared memory where the producer staged them (3: opt-in, not yet run on a GPU)
 
 Two kernels run this loop. ``_attn_bwd_sm90_ws`` (``WS=True``, the default): a 1-warp producer
 partition streams K/V and the Q/dO ring with TMA, two 4-warp consumer partitions own the two
@@ -230,6 +231,23 @@ def _lse_delta(LSE, DELTA, row_lse, offs_m):
     return lse, delta
 
 @gluon.jit
+def _stage_lse_delta(LSE, DELTA, lse_s, delta_s, bar, i, per_head, lo, off_b, off_hk, kv_group, stride_lb,
+                     stride_lh, BLOCK_M: gl.constexpr):
+    """(LSE_EARLY=3, in the 1-warp producer) the base-2 LSE and the delta rows of iteration i's Q
+    block into lse_s and delta_s ([BLOCK_M] fp32 each), then the second arrival on that ring
+    slot's full barrier (the first is the TMA's expect), so a consumer past that barrier reads
+    both from shared memory instead of global memory. The loads follow the slot's TMA issue, so
+    their latency overlaps the Q/dO copies."""
+    layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
+    h = off_hk * kv_group + i // per_head
+    offs = (off_b * stride_lb + h * stride_lh + lo + (i % per_head) * BLOCK_M
+            + gl.arange(0, BLOCK_M, layout=layout))                                  # [BLOCK_M]
+    lse_s.store(gl.load(LSE + offs) * 1.4426950408889634)                             # base 2, as _lse_rows
+    delta_s.store(gl.load(DELTA + offs))
+    _cta_barrier()   # the warp's stores precede the arrival
+    mbarrier.arrive(bar, count=1)
+
+@gluon.jit
 def _probs_t(st, lse, qk_scale, start_k, offs_n, start_m, offs_m, mask_end, shift, CAUSAL: gl.constexpr):
     """Pᵀ = exp2(Sᵀ·scale − lse) for keys start_k + offs_n (rows) and queries offs_m (columns),
     0 where the bottom-right causal mask hides a key (only Q blocks before mask_end need it)."""
@@ -394,10 +412,12 @@ def _attn_bwd_sm90(
 @gluon.jit
 def _bwd_ws_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
                      q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh, q_ch,
-                     HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, KV_PARTS: gl.constexpr = 2):
+                     HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, KV_PARTS: gl.constexpr = 2,
+                     ld_smem=None, LSE=None, DELTA=None, stride_lb=0, stride_lh=0, LSE_EARLY: gl.constexpr = 0):
     """K and V (KV_PARTS pieces of HALF_N keys each: the two halves, or with SPLIT_D the whole
     block) once, then the Q/dO blocks of iteration i into slot i % STAGES once both consumers
-    have released that slot's previous block."""
+    have released that slot's previous block; LSE_EARLY=3: also that block's LSE and delta rows
+    into ld_smem's slot (_stage_lse_delta)."""
     mbarrier.expect(kv_bar, 2 * KV_PARTS * k_desc.block_type.nbytes)
     for c in gl.static_range(KV_PARTS):
         _f90._tma_load(k_desc, [kv_row + c * HALF_N, kv_col], kv_bar, k_smem.index(c))
@@ -408,12 +428,16 @@ def _bwd_ws_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do
         mbarrier.wait(q_empty.index(slot), released, pred=i >= STAGES)
         _refill(q_desc, do_desc, q_full, q_smem, do_smem, slot, i, total, per_head, lo, off_b, off_hk,
                 kv_group, q_rb, q_rh, q_ch, BLOCK_M)
+        if LSE_EARLY == 3:
+            _stage_lse_delta(LSE, DELTA, ld_smem[0].index(slot), ld_smem[1].index(slot), q_full.index(slot), i,
+                             per_head, lo, off_b, off_hk, kv_group, stride_lb, stride_lh, BLOCK_M)
 
 @gluon.jit
 def _bwd_ws_consumer(shared, writer_bars, C: gl.constexpr, HALF_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                      BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, CARRY_DK: gl.constexpr,
                      PINGPONG: gl.constexpr, WITH_DQ: gl.constexpr, DQ_BUFS: gl.constexpr, DQ_FIRST: gl.constexpr,
-                     DQ_OWN_FIRST: gl.constexpr, LSE_EARLY: gl.constexpr = 0, D_OUT: gl.constexpr = 0):
+                     DQ_OWN_FIRST: gl.constexpr, LSE_EARLY: gl.constexpr = 0, D_OUT: gl.constexpr = 0,
+                     ld_smem=None):
     """Keys [start_n + C·HALF_N, +HALF_N): the dK/dV schedule of _attn_bwd_sm90 (WITH_DQ=False)
     on one warpgroup, releasing each ring slot when its dK matmul retires. ``shared`` holds
     what both consumers get alike (buffers, barriers, pointers, coordinates and strides; see
@@ -436,7 +460,10 @@ def _bwd_ws_consumer(shared, writer_bars, C: gl.constexpr, HALF_N: gl.constexpr,
     block's Sᵀ/dPᵀ issue; 1 before its Q/dO wait; 2 one block ahead, once the previous block's
     dSᵀ is computed (its registers are then free), so the load runs under dV's and dK's matmuls
     (with WITH_DQ it comes after the block's matmuls have retired, so nothing overlaps it there;
-    the fused config keeps 0)."""
+    the fused config keeps 0); 3 from shared memory (ld_smem: the LSE and delta rings,
+    [STAGES, BLOCK_M] each), where the producer put them (FA3's way: no global-load latency in the
+    consumers and no rows held across blocks), the LSE after the Q/dO wait and delta just before
+    dSᵀ."""
     (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_full, q_empty, pp_bar, LSE, DELTA, DK, DV,
      off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale, sm_scale,
      stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
@@ -482,6 +509,8 @@ def _bwd_ws_consumer(shared, writer_bars, C: gl.constexpr, HALF_N: gl.constexpr,
             lse = lse_n
             delta = delta_n
         mbarrier.wait(q_full.index(stage), (it // STAGES) & 1)
+        if LSE_EARLY == 3:
+            lse = ld_smem[0].index(stage).load(gl.SliceLayout(0, st_layout))         # [BLOCK_M] base 2
         _f90._ws_turn(pp_bar, 2 * it, C, PINGPONG)
         st_tok = warpgroup_mma(k_c, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
         dpt_tok = warpgroup_mma(v_c, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
@@ -498,6 +527,8 @@ def _bwd_ws_consumer(shared, writer_bars, C: gl.constexpr, HALF_N: gl.constexpr,
         pt = _probs_t(st, lse, qk_scale, start_c, offs_n, start_m, offs_m, mask_end, shift, CAUSAL)  # [HALF_N, BLOCK_M]
         dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt_tok,))                  # [HALF_N, BLOCK_M]
         b_pt = gl.convert_layout(pt.to(dtype), op_layout)                             # [HALF_N, BLOCK_M]
+        if LSE_EARLY == 3:
+            delta = ld_smem[1].index(stage).load(gl.SliceLayout(0, st_layout))        # [BLOCK_M]
         if PINGPONG:  # dSᵀ first, then both matmuls in one turn
             dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)                   # [HALF_N, BLOCK_M]
             _f90._ws_turn(pp_bar, 2 * it + 1, C, PINGPONG)
@@ -805,9 +836,17 @@ def _attn_bwd_sm90_ws(
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     pp_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # PINGPONG turns
     mbarrier.init(kv_bar, count=1)
+    gl.static_assert(LSE_EARLY != 3 or not SPLIT_D, "LSE_EARLY=3 is for the 64-key consumers")
     for i in gl.static_range(STAGES):
-        mbarrier.init(q_full.index(i), count=1)
+        # LSE_EARLY=3: the TMA's expect and the producer's arrival once the LSE/delta rows are staged
+        mbarrier.init(q_full.index(i), count=2 if LSE_EARLY == 3 else 1)
         mbarrier.init(q_empty.index(i), count=2)   # one release per consumer
+    if LSE_EARLY == 3:  # per ring slot, the Q block's base-2 LSE and its delta, fp32
+        row_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+        ld_smem = (gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], row_layout),
+                   gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], row_layout))
+    else:
+        ld_smem = (k_smem, k_smem)   # unused
     for i in gl.static_range(2):
         mbarrier.init(pp_bar.index(i), count=1)
     gl.static_assert(not (WITH_DQ and PINGPONG), "WITH_DQ runs without PINGPONG turns")
@@ -854,12 +893,13 @@ def _attn_bwd_sm90_ws(
     elif WITH_DQ:
         gl.warp_specialize([
             (_bwd_ws_consumer, (shared, writer_bars, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK, PINGPONG,
-                                WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY, D_OUT)),
+                                WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY, D_OUT, ld_smem)),
             (_bwd_ws_consumer, (shared, writer_bars, 1, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK, PINGPONG,
-                                WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY, D_OUT)),
+                                WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY, D_OUT, ld_smem)),
             (_bwd_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
                                 q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh,
-                                q_ch, HALF_N, BLOCK_M, STAGES)),
+                                q_ch, HALF_N, BLOCK_M, STAGES, 2, ld_smem, LSE, DELTA, stride_lb, stride_lh,
+                                LSE_EARLY)),
             (_bwd_ws_dq_writer, (dq_desc, dq_smem, writer_bars[1], writer_bars[2], SEM, off_b, off_hk, kv_group,
                                  lo, per_head, total, seqlen_q, nheads_k * kv_group, n_m, HEAD_DIM, BLOCK_M,
                                  DQ_BUFS, DETERMINISTIC, DQ_MODE)),
@@ -867,12 +907,13 @@ def _attn_bwd_sm90_ws(
     else:
         gl.warp_specialize([
             (_bwd_ws_consumer, (shared, writer_bars, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK, PINGPONG,
-                                WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY, D_OUT)),
+                                WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY, D_OUT, ld_smem)),
             (_bwd_ws_consumer, (shared, writer_bars, 1, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK, PINGPONG,
-                                WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY, D_OUT)),
+                                WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY, D_OUT, ld_smem)),
             (_bwd_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
                                 q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh,
-                                q_ch, HALF_N, BLOCK_M, STAGES)),
+                                q_ch, HALF_N, BLOCK_M, STAGES, 2, ld_smem, LSE, DELTA, stride_lb, stride_lh,
+                                LSE_EARLY)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 

@@ -585,11 +585,12 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
 
     Returns out (q's shape and dtype) and lse (batch, nheads, seqlen_q) fp32 (None with
     ``need_lse=False`` where the write-only scratch buffer took it: ``utils.lse_scratch``).
-    Inputs validated by ``tileflash.interface.flash_attn_with_kvcache``. seqlens_k: int32 (batch,), or None when every
-    batch entry holds max_seqlen_k keys (no length tensor to build or read). max_seqlen_k (if >= 0)
-    bounds seqlens_k and sizes the splits (a kept plan: rounded up to ``LENGTH_BUCKET`` keys).
-    cache_leftpad: int32 (batch,), keys before it are masked (positions stay absolute). One launch: the split programs merge their own partials
-    (see ``_decode_split``), with ticket counters reused across calls (``ticket_counters``).
+    Inputs validated by ``tileflash.interface.flash_attn_with_kvcache``. seqlens_k: int32 (batch,),
+    or None when every batch entry holds max_seqlen_k keys (no length tensor to build or read).
+    max_seqlen_k (if >= 0) bounds seqlens_k and sizes the splits (a kept plan: rounded up to
+    ``LENGTH_BUCKET`` keys). cache_leftpad: int32 (batch,), keys before it are masked (positions
+    stay absolute). One launch: the split programs merge their own partials (see
+    ``_decode_split``), with ticket counters reused across calls (``ticket_counters``).
     config: dict(block_n, num_warps, num_stages[, waves, min_split, table_asm, reuse_counter,
     multi_page, table_vec, merge_rows, pdl, skew]) overriding ``decode_config`` (and the switch of pages
     of 16 to ``long_split_config`` on long splits, which applies only when config is None), for
