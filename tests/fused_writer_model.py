@@ -23,9 +23,15 @@ early. Every read checks what the buffer holds (a dSᵀ half, a staged dQ half, 
 writer records the order of the adds per Q block, which must be 0, 1, 2, ... for the sums to be
 the same bits on every run.
 
+With ``lse=True`` it models ``LSE_EARLY=3`` too: after issuing a block's Q/dO copies (the expect,
+the first of ``q_full``'s two arrivals) the producer stages the block's LSE/delta rows in the slot's
+row of the LSE/delta rings and arrives again; each consumer reads the LSE right after its
+``q_full`` wait and delta before its dSᵀ, and both reads must see that block's rows.
+
 Negative controls (``bug``): "one_ds" (a single dSᵀ buffer), "no_turn" (the writer adds without
-waiting for its turn), "no_empty" (consumers stage without waiting for a free slot). The test
-suite (tests/test_backward_sm90.py) checks that each is caught. Usage: python tests/fused_writer_model.py
+waiting for its turn), "no_empty" (consumers stage without waiting for a free slot),
+"lse_one_arrival" (``lse``: ``q_full`` with one arrival, the expect, so the rows may be staged
+after a consumer passed). The test suite (tests/test_backward_sm90.py) checks that each is caught. Usage: python tests/fused_writer_model.py
 """
 import os
 import random
@@ -39,11 +45,12 @@ class Failure(Exception):
     pass
 
 
-def _program(n, q_blocks, stages, dq_bufs, counters, order, bug):
+def _program(n, q_blocks, stages, dq_bufs, counters, order, bug, lse=False):
     """The four partitions of K block n's program, as generators that yield a wait predicate
     (a callable: True once they may go on) before each blocking step."""
     total = len(q_blocks)
-    q_full = [Barrier(1) for _ in range(stages)]
+    second = lse and bug != "lse_one_arrival"  # LSE_EARLY=3: q_full's second arrival
+    q_full = [Barrier(2 if second else 1) for _ in range(stages)]
     q_empty = [Barrier(2) for _ in range(stages)]
     n_ds = 1 if bug == "one_ds" else 2
     ds_full = [Barrier(2) for _ in range(n_ds)]
@@ -52,6 +59,7 @@ def _program(n, q_blocks, stages, dq_bufs, counters, order, bug):
     ring = [None] * stages                       # which block a Q/dO slot holds
     ds = [[None, None] for _ in range(n_ds)]     # which block each dSᵀ half holds
     staged = [None] * (2 * dq_bufs)              # which (block, half) a dQ staging slot holds
+    rows = [None] * stages                       # which block's LSE/delta rows a ring slot holds
 
     def producer():
         for i in range(total):
@@ -59,14 +67,23 @@ def _program(n, q_blocks, stages, dq_bufs, counters, order, bug):
             if i >= stages:
                 yield lambda: q_empty[slot].ready(((i // stages) & 1) ^ 1)
             ring[slot] = i
-            q_full[slot].arrive()
+            q_full[slot].arrive()      # the expect; the copies land with it here
+            if lse:
+                yield lambda: True     # the producer's LSE/delta loads: anything may run meanwhile
+                rows[slot] = i
+                if second:
+                    q_full[slot].arrive()
 
     def consumer(c):
         for it in range(total):
             stage = it % stages
             yield lambda: q_full[stage].ready((it // stages) & 1)
-            if ring[stage] != it:
+            if ring[stage] != it or (lse and rows[stage] != it):  # Q/dO, and the LSE row (LSE_EARLY=3)
                 raise Failure("data")
+            if lse:
+                yield lambda: True     # Sᵀ and dPᵀ: anything may run meanwhile
+                if rows[stage] != it:  # delta, read before dSᵀ
+                    raise Failure("data")
             buf = it % n_ds
             ds[buf][c] = it
             ds_full[buf].arrive()
@@ -99,7 +116,7 @@ def _program(n, q_blocks, stages, dq_bufs, counters, order, bug):
     return [producer(), consumer(0), consumer(1), writer()]
 
 
-def run(n_k, n_q, resident, stages, dq_bufs, causal, rng, bug=None):
+def run(n_k, n_q, resident, stages, dq_bufs, causal, rng, bug=None, lse=False):
     """One random schedule: "ok", "deadlock", "data" (a buffer held the wrong block) or "order"
     (the adds to a Q block did not come in K-block order, or some are missing)."""
     # causal: K block n's first Q block; non-decreasing in n, 0 for n = 0 (bottom-right, Sq = Sk)
@@ -108,7 +125,8 @@ def run(n_k, n_q, resident, stages, dq_bufs, causal, rng, bug=None):
     started, running = 0, []   # running: (program, [agents with their pending wait])
 
     def start(n):
-        agents = [[a, None] for a in _program(n, list(range(lo[n], n_q)), stages, dq_bufs, counters, order, bug)]
+        agents = [[a, None] for a in _program(n, list(range(lo[n], n_q)), stages, dq_bufs, counters, order, bug,
+                                              lse)]
         return [n, agents]
 
     try:
@@ -140,11 +158,11 @@ def run(n_k, n_q, resident, stages, dq_bufs, causal, rng, bug=None):
     return "ok"
 
 
-def explore(n_k, n_q, resident, stages, dq_bufs, causal, schedules=100, bug=None, seed=0):
+def explore(n_k, n_q, resident, stages, dq_bufs, causal, schedules=100, bug=None, seed=0, lse=False):
     rng = random.Random(seed)
     out = {}
     for _ in range(schedules):
-        r = run(n_k, n_q, resident, stages, dq_bufs, causal, rng, bug)
+        r = run(n_k, n_q, resident, stages, dq_bufs, causal, rng, bug, lse)
         out[r] = out.get(r, 0) + 1
     return out
 
@@ -157,3 +175,6 @@ if __name__ == "__main__":
                       f"resident={res}: {explore(n_k, n_q, res, stages, dq_bufs, causal)}")
     for bug in ("one_ds", "no_turn", "no_empty"):
         print(f"bug={bug}: {explore(6, 8, 3, 2, 2, True, bug=bug)}")
+    for stages in (2, 3):
+        print(f"LSE_EARLY=3 stages={stages}: {explore(6, 8, 3, stages, 2, True, lse=True)}")
+    print(f"LSE_EARLY=3 bug=lse_one_arrival: {explore(6, 8, 3, 2, 2, True, bug='lse_one_arrival', lse=True)}")

@@ -12,8 +12,12 @@ take turns, median of 7 rounds):
 * ``tileflash``: ``flash_attn_func``;
 * ``sdpa``: ``F.scaled_dot_product_attention``.
 
-Then the device syncs per step (torch's sync debug mode) and a torch.profiler table of the host
-side of tileflash's and SDPA's steps, every thread included.
+Each variant's line also gives the TMA descriptor encodings per step (triton's
+``make_tensordesc_arg``, counted: a planned launch encodes only addresses it has not seen) and the
+caching allocator's allocations per step. Then the route's own calls timed inside the autograd
+step against the same calls back to back on the main thread and on another thread, the device
+syncs per step (torch's sync debug mode) and a torch.profiler table of the host side of
+tileflash's and SDPA's steps, every thread included.
 
     python tools/host_autograd.py
 """
@@ -32,7 +36,25 @@ from tileflash.ops import attention as att
 from tileflash.ops import route
 
 
+def _count_encodings():
+    """Count triton's TMA descriptor encodings (``make_tensordesc_arg``, which ``DescRunner`` calls
+    for an address it has not seen): patched before any launcher is made, so that runners pick the
+    counting version up. Returns the one-element counter list."""
+    from triton.backends.nvidia import driver as nv_driver
+
+    count = [0]
+    real = nv_driver.make_tensordesc_arg
+
+    def counting(arg, metadata):  # (two parameters, as DescRunner.make checks)
+        count[0] += 1
+        return real(arg, metadata)
+
+    nv_driver.make_tensordesc_arg = counting
+    return count
+
+
 def main():
+    encodings = _count_encodings()
     dev, dt = "cuda", torch.bfloat16
     q0 = torch.randn(1, 128, 16, 128, device=dev, dtype=dt)
     k0, v0 = (torch.randn(1, 128, 8, 128, device=dev, dtype=dt) for _ in range(2))
@@ -88,16 +110,24 @@ def main():
         step()
     torch.cuda.synchronize()
     times = {n: [] for n in variants}
+    # per step: TMA descriptor encodings (a new tensor address in a cached launch costs one each)
+    # and caching-allocator allocations
+    per_step = {n: [0, 0] for n in variants}
     for _ in range(7):
         for name, step in variants.items():
+            enc0 = encodings[0]
+            alloc0 = torch.cuda.memory_stats().get("allocation.all.allocated", 0)
             t0 = time.perf_counter()
             for _ in range(calls):
                 step()
             torch.cuda.synchronize()
             times[name].append((time.perf_counter() - t0) / calls * 1e6)
-    print(f"{'variant':16} {'us/step':>8}")
+            per_step[name][0] += encodings[0] - enc0
+            per_step[name][1] += torch.cuda.memory_stats().get("allocation.all.allocated", 0) - alloc0
+    print(f"{'variant':16} {'us/step':>8} {'encodings/step':>15} {'allocations/step':>17}")
     for name, ts in times.items():
-        print(f"{name:16} {statistics.median(ts):8.1f}")
+        enc, allocs = (x / (7 * calls) for x in per_step[name])
+        print(f"{name:16} {statistics.median(ts):8.1f} {enc:15.2f} {allocs:17.2f}")
 
     # where floor+kernels' extra time goes: the route's calls timed inside the autograd step, then
     # the same calls back to back on the main thread and on another thread (the autograd engine
