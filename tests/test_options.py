@@ -402,20 +402,21 @@ def test_repeated_calls_replay_their_launch_plans(causal):
 
 
 def test_lse_scratch_grows_keeps_old_buffers_and_caps():
-    """``utils.lse_scratch``: one buffer per device that only grows; a grown buffer keeps its
-    predecessor alive (a kernel on another stream may still write it); above LSE_SCRATCH_MAX
+    """``utils.lse_scratch``: one buffer per device that only grows (at least doubling); every
+    buffer made stays alive (a kernel on another stream may still write it); above LSE_SCRATCH_MAX
     floats, or where it would have to grow during a graph capture, the caller allocates (None)."""
     from tileflash.ops import utils
 
     dev = torch.device("cpu")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(utils, "_LSE_SCRATCH", {})
-        mp.setattr(utils, "_RETIRED", [])
+        mp.setattr(utils, "_KEPT", [])
         small = utils.lse_scratch(10, dev)
         assert small.dtype == torch.float32 and small.numel() >= 10
         assert utils.lse_scratch(small.numel(), dev) is small, "a fitting request reuses the buffer"
         big = utils.lse_scratch(small.numel() + 1, dev)
-        assert big.numel() > small.numel() and utils._RETIRED == [small]
+        assert big.numel() >= 2 * small.numel()
+        assert len(utils._KEPT) == 2 and utils._KEPT[0] is small and utils._KEPT[1] is big
         assert utils.lse_scratch(5, dev) is big
         assert utils.lse_scratch(utils.LSE_SCRATCH_MAX + 1, dev) is None
         assert utils._LSE_SCRATCH[dev] is big

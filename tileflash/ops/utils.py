@@ -111,11 +111,12 @@ def apply_rotary(x, cos, sin, pos, interleaved: bool):
 # A write-only fp32 buffer per CUDA device that takes the LSE of calls whose caller discards it
 # (a forward without gradient, a decode step that does not return it): an allocation less per
 # call. Its contents are never read, so concurrent calls on several streams writing it at once
-# are harmless; a grown buffer keeps its predecessors alive (``_RETIRED``), so a kernel still
-# writing an old one on another stream never writes memory the allocator handed out again.
+# are harmless; every buffer made stays alive (``_KEPT``: at most about twice the largest, as each
+# growth at least doubles it), so a kernel still writing an old one on another stream never writes
+# memory the allocator handed out again.
 LSE_SCRATCH_MAX = 1 << 20  # floats (4 MiB): larger LSEs are allocated per call (their kernels dwarf it)
 _LSE_SCRATCH: dict = {}
-_RETIRED: list = []
+_KEPT: list = []
 
 
 def lse_scratch(n: int, device: torch.device):
@@ -127,8 +128,7 @@ def lse_scratch(n: int, device: torch.device):
         return buf
     if n > LSE_SCRATCH_MAX or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         return None
-    if buf is not None:
-        _RETIRED.append(buf)
-    buf = _LSE_SCRATCH[device] = torch.empty(max(n, 4096, 2 * (0 if buf is None else buf.numel())),
-                                             dtype=torch.float32, device=device)
+    buf = torch.empty(max(n, 4096, 2 * (0 if buf is None else buf.numel())), dtype=torch.float32, device=device)
+    _KEPT.append(buf)  # (every buffer made, also one that loses a race between threads growing it)
+    _LSE_SCRATCH[device] = buf
     return buf
