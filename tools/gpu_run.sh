@@ -13,6 +13,8 @@
 #   ptx          tools/compile_check.py --ptx-digests with the machine's triton (compare trees)
 #   ab           tools/fused_ab.py (backward designs: split, fused ordered/unordered, FA4, cuDNN; AB_ARGS)
 #   diag         tools/hf_diag.py (where a transformers B=1 generate's time goes, variants)
+#   lse3         the checks of the 2026-12-04 session's unrun work: its GPU tests (LSE scratch, LSE_EARLY=3
+#                bits and schedules), then tools/fused_ab.py with LSE_EARLY=3 for the fused and dK/dV kernels
 #
 # FA4 (flash-attn-4) joins the grid when .fa4/fa4-site.tar.xz is carried: a site folder of its
 # wheels (flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1 + libs, quack-kernels 0.6.5,
@@ -68,6 +70,14 @@ for stage in "$@"; do
     diag)
       PYTHONPATH=$PYTHONPATH:tools timeout 200 python3 tools/hf_diag.py > "$OUT/diag.log" 2>&1
       echo "diag rc=$?"; tail -n 10 "$OUT/diag.log" ;;
+    lse3)
+      timeout ${TESTS_LIMIT:-300} python3 -m pytest -q -rf -n 14 -p no:cacheprovider tests/test_kvcache.py \
+          tests/test_options.py tests/test_backward_sm90.py \
+          -k "scratch or without_lse or lse_early or fused_schedule or replay or protocol" > "$OUT/lse3-tests.log" 2>&1
+      echo "lse3 tests rc=$? $(tail -n 1 "$OUT/lse3-tests.log")"
+      timeout ${AB_LIMIT:-330} python3 tools/fused_ab.py --dims 128 64 --seqlens 4096 16384 --dtypes float16 \
+          --fused-cfg '{"LSE_EARLY": 3}' --dkdv-cfg '{"LSE_EARLY": 3}' > "$OUT/lse3-ab.log" 2>&1
+      echo "lse3 ab rc=$?"; tail -n 12 "$OUT/lse3-ab.log" ;;
     ptx)
       timeout ${PTX_LIMIT:-400} python3 tools/compile_check.py --ptx-digests "$OUT/ptx.json" > "$OUT/ptx.log" 2>&1
       echo "ptx rc=$? $(tail -n 1 "$OUT/ptx.log")" ;;
