@@ -88,8 +88,13 @@ def test_gluon_kernels_compile_for_sm90(dtype):
     native = [ln for ln in lines if ln.startswith("ok") and "'D_OUT'" not in ln]
     padded = [ln for ln in lines if ln.startswith("ok") and "'D_OUT': 96" in ln]
     assert len([ln for ln in native if "gluon-bwd D=64" in ln or "gluon-bwd D=128" in ln]) == 16
-    ws = [ln for ln in native if "gluon-bwd" in ln and "'WS': True" in ln and "'SPLIT_D'" not in ln]
+    ws = [ln for ln in native if "gluon-bwd" in ln and "'WS': True" in ln and "'SPLIT_D'" not in ln
+          and "lse-smem" not in ln]
     assert len([ln for ln in ws if "gluon-bwd-unordered" not in ln]) == 4
+    # the opt-in LSE_EARLY=3 (LSE/delta staged in shared memory): dK/dV and fused unordered, D 64/128 x causal
+    staged = [ln for ln in native if "gluon-bwd-lse-smem" in ln]
+    assert len(staged) == 8 and all("'LSE_EARLY': 3" in ln for ln in staged), staged
+    assert len([ln for ln in staged if "'WITH_DQ': True" in ln]) == 4
     # the fused config that deterministic=False routes to (D = 128, causal and not), unordered sums
     unordered = [ln for ln in native if "gluon-bwd-unordered D=128" in ln]
     assert len(unordered) == 2 and all("'WITH_DQ': True" in ln and "'LSE_EARLY': 2" in ln for ln in unordered)

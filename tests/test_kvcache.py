@@ -1313,3 +1313,33 @@ def test_decode_without_lse_writes_it_to_the_scratch(backend, splits):
     assert torch.equal(scratch[:n].view_as(want_lse), want_lse), "the scratch must hold the step's LSE"
     for b, n_b in enumerate(sl.tolist()):
         _assert_matches(out[b:b + 1], q[b:b + 1], kc[b:b + 1, :n_b], vc[b:b + 1, :n_b], 3e-5)
+
+
+def test_growing_dense_cache_shares_a_decode_plan(backend):
+    """Decode-shaped flash_attn_func calls whose keys grow step by step, as transformers passes
+    them (a (B, H, L, D) cache grown by torch.cat and seen as (B, L, H, D): its batch and head
+    strides change with L), share a decode plan per LENGTH_BUCKET keys and per class of what triton
+    specializes on (decode._int_class: a capacity that is a multiple of 16 is another class), the
+    strides and capacity passed per call (decode._cache_layout). Every step matches the reference;
+    lengths 250-255 make one plan, 257-258 (the next bucket) a second, 272 (a multiple of 16) a third."""
+    if backend == "tiled":
+        pytest.skip("the plans are the decode kernel's launches")
+    from tileflash.ops.triton import decode as dec
+
+    assert dec.LENGTH_BUCKET == 256, "the lengths below assume 256-key buckets"
+    dev = backend_device(backend)
+    dt = _dtype(dev)
+    g = torch.Generator().manual_seed(83)
+    kc, vc = (torch.randn(2, 2, 249, 32, generator=g).to(dev, dt) for _ in range(2))  # (B, Hk, L, D)
+    dec._DECODE_PLANS.clear()
+    plans = []
+    for grow in (1, 1, 1, 1, 1, 1, 2, 1, 14):  # L = 250 ... 255, 257, 258, 272
+        kc, vc = (torch.cat([c, torch.randn(2, 2, grow, 32, generator=g).to(dev, dt)], dim=2) for c in (kc, vc))
+        q = torch.randn(2, 1, 4, 32, generator=g).to(dev, dt)
+        k, v = kc.transpose(1, 2), vc.transpose(1, 2)                                    # (B, L, Hk, D) views
+        out = tileflash.flash_attn_func(q, k, v, causal=True)
+        _assert_matches(out, q, k, v, 3e-5, causal=True)
+        plans.append(len(dec._DECODE_PLANS))
+    assert plans == [1] * 6 + [2, 2, 3], plans
+    assert dec._int_class(1) == (True, False, True) and dec._int_class(32) == (False, True, True)
+    assert dec._int_class(2 ** 31) == (False, True, False)

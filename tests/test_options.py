@@ -482,3 +482,29 @@ def test_replayed_forward_puts_an_unwanted_lse_in_the_scratch():
         StandIn.ok = False
         assert route._replay_forward(plan, "key", q, q, q, 1.0, False, need_lse=False) is None
         assert "key" not in route._FWD_PLANS
+
+
+def test_prepared_signature_ignores_the_key_length(monkeypatch, backend):
+    """flash_attn_func keeps one validated signature for calls whose keys differ only in length (a
+    decoding loop whose keys grow every step), and sets the causal shift (seqlen_k - seqlen_q) per
+    call: every length matches the reference (the bottom-right causal mask depends on it), and a
+    call with k and v of different lengths is still refused. Runs the CUDA-only cache on CPU
+    tensors (``interface._PREPARE_CPU``) where there is no GPU."""
+    from tileflash import interface
+
+    if backend == "tiled":
+        pytest.skip("one CPU backend is enough for the host-side cache")
+    dev = "cuda" if backend == "cuda" else "cpu"
+    monkeypatch.setattr(interface, "_PREPARE_CPU", True)
+    interface._PREPARED.clear()
+    dtype = torch.float16 if dev == "cuda" else torch.float32
+    for sk in (5, 9, 3, 40):  # (3 < seqlen_q: the first rows see no key)
+        q, k, v = make_qkv(1, 4, sk, 4, 2, 16, dtype, dev, seed=sk)
+        out = tileflash.flash_attn_func(q, k, v, causal=True)
+        ref = attention_ref(*(t.cpu().double() for t in (q, k, v)), causal=True)[0]
+        plain = attention_ref(q.cpu(), k.cpu(), v.cpu(), causal=True, upcast=False)[0]
+        assert_error_rule(f"seqlen_k={sk}", out, ref, (plain.double() - ref).abs().max().item(), 2,
+                          rounding_atol(ref, dtype))
+    assert len(interface._PREPARED) == 1, "one signature for every key length"
+    with pytest.raises(ValueError, match="same seqlen"):
+        tileflash.flash_attn_func(q, k, v[:, :7], causal=True)

@@ -233,16 +233,23 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 # call skips the checks and the argument assembly (host time; issue: host cost per call). Only
 # calls without tensors among the features and with unit last strides, outside torch.compile.
 _PREPARED: dict = {}
+_PREPARE_CPU = False  # tests set it to run the CUDA-only signature cache on CPU tensors
 
 
 def _call_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, options):
-    if (type(q) is not Tensor or type(k) is not Tensor or type(v) is not Tensor or not q.is_cuda
+    if (type(q) is not Tensor or type(k) is not Tensor or type(v) is not Tensor
+            or (not q.is_cuda and not _PREPARE_CPU)
             or alibi_slopes is not None or type(dropout_p) is not float or dropout_p != 0.0
             or type(window_size) is not tuple or len(window_size) != 2 or type(window_size[0]) is not int
             or type(window_size[1]) is not int or (options is not None and type(options) is not Options)
             or torch.compiler.is_compiling() or q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1):
         return None
-    return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
+    # k and v without their length (no check depends on it but their being equal; the causal shift,
+    # which does, is set per call): a decoding loop whose keys grow every step keeps one signature
+    ks, vs = k.shape, v.shape
+    if len(ks) != 4 or len(vs) != 4:
+        return None  # (checked in full: an error)
+    return (q.shape, ks[0], ks[2], ks[3], vs[0], vs[2], vs[3], ks[1] == vs[1], q.dtype, k.dtype, v.dtype,
             q.device, k.device, v.device, softmax_scale, type(softmax_scale), causal, type(causal), window_size,
             softcap, type(softcap), deterministic, type(deterministic), options)
 
@@ -357,6 +364,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
             _PREPARED[key] = args
         else:
             q, k, v = (_unit_last_stride(t) for t in (q, k, v))
+    elif args[2] != k.shape[1] - q.shape[1]:  # the signature's keys at another length: this call's causal shift
+        args = (args[0], args[1], k.shape[1] - q.shape[1], *args[3:])
     out, lse = attention_args(q, k, v, args, need_lse=return_attn_probs)
     if return_attn_probs:
         return out, lse, None

@@ -73,7 +73,8 @@ for stage in "$@"; do
     lse3)
       timeout ${TESTS_LIMIT:-300} python3 -m pytest -q -rf -n 14 -p no:cacheprovider tests/test_kvcache.py \
           tests/test_options.py tests/test_backward_sm90.py \
-          -k "scratch or without_lse or lse_early or fused_schedule or replay or protocol" > "$OUT/lse3-tests.log" 2>&1
+          -k "scratch or without_lse or lse_early or fused_schedule or replay or protocol or growing or prepared_signature" \
+          > "$OUT/lse3-tests.log" 2>&1
       echo "lse3 tests rc=$? $(tail -n 1 "$OUT/lse3-tests.log")"
       timeout ${AB_LIMIT:-330} python3 tools/fused_ab.py --dims 128 64 --seqlens 4096 16384 --dtypes float16 \
           --fused-cfg '{"LSE_EARLY": 3}' --dkdv-cfg '{"LSE_EARLY": 3}' > "$OUT/lse3-ab.log" 2>&1

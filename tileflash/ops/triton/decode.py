@@ -617,8 +617,12 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         # what the plan depends on: layouts, the scalar arguments, which optional tensors are given,
         # the debug switch pdl. max_seqlen_k only sizes the splits, so the key holds it rounded up to
         # LENGTH_BUCKET keys: a decoding loop whose int lengths grow by a token per step makes a plan
-        # every LENGTH_BUCKET steps, and the exact length is a per-call argument of the kernel
-        key = (DEBUG.pdl, q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), q.dtype,
+        # every LENGTH_BUCKET steps, and the exact length is a per-call argument of the kernel.
+        # A contiguous (not paged) cache with an int length bound (max_seqlen_k >= 0) is keyed by
+        # its capacity's and strides' classes only (_cache_layout): a loop whose whole cache grows
+        # by a token per step (the keys of a dense decode-shaped forward) shares the plan too
+        grows = not paged and max_seqlen_k >= 0
+        key = (DEBUG.pdl, q.shape, q.stride(), *_cache_layout(k_cache, v_cache, grows), q.dtype,
                k_cache.dtype, v_cache.dtype, q.device, None if seqlens_k is None else seqlens_k.dtype,
                length_bucket(max_seqlen_k),
                softmax_scale, causal, window, softcap, num_splits, seqlen_add,
@@ -630,10 +634,12 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         if plan is not None:
             return plan(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, None, cache_leftpad,
                         max_seqlen_k if seqlens_k is None else seqlen_add, need_lse)
-    # (a kept plan is sized for the bucket's length; one made for this call alone, for the length itself)
+    # (a kept plan is sized for the bucket's length, and one for a growing cache not capped by this
+    # call's capacity; one made for this call alone, for the length itself)
     plan = _plan_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, softcap, alibi_slopes,
                         cache_batch_idx, block_table, num_splits,
-                        length_bucket(max_seqlen_k) if key is not None else max_seqlen_k, cache_leftpad, config)
+                        length_bucket(max_seqlen_k) if key is not None else max_seqlen_k, cache_leftpad, config,
+                        uncapped=key is not None and grows)
     if key is not None:
         if len(_DECODE_PLANS) >= 1024:
             _DECODE_PLANS.clear()
@@ -648,6 +654,27 @@ _DECODE_PLANS: dict = {}  # decode_forward's key -> _DecodePlan
 LENGTH_BUCKET = 256  # the granularity of max_seqlen_k in decode_forward's plans (min_split's default)
 
 
+def _int_class(x: int) -> tuple:
+    """What triton specializes an integer kernel argument on (1 becomes a constant, a multiple of 16
+    is marked divisible, the type is i32 or i64 by range): two values of one class run the same
+    compiled kernel, so a kept launch may take either as a per-call argument."""
+    return x == 1, x % 16 == 0, -2 ** 31 <= x < 2 ** 31
+
+
+def _cache_layout(k_cache, v_cache, grows: bool) -> tuple:
+    """The cache's part of ``decode_forward``'s plan key: its shape and strides, or with ``grows``
+    (a contiguous cache with an int length bound) only what does not change as the whole cache
+    grows by a token per step: the batch, heads and head dim, and the classes (``_int_class``) of
+    the capacity and of every stride (with a (B, H, L, D) cache seen as (B, L, H, D), as
+    transformers passes it, the batch and head strides grow with L). The plan then takes them
+    per call (``_DecodePlan.__call__``)."""
+    if not grows:
+        return k_cache.shape, k_cache.stride(), v_cache.stride()
+    shape = k_cache.shape
+    return ((shape[0], shape[2], shape[3], _int_class(shape[1])), tuple(map(_int_class, k_cache.stride())),
+            tuple(map(_int_class, v_cache.stride())))
+
+
 def length_bucket(n: int) -> int:
     """n (a key count, or -1 for none) rounded up to a multiple of LENGTH_BUCKET."""
     return n if n <= 0 else cdiv(n, LENGTH_BUCKET) * LENGTH_BUCKET
@@ -658,14 +685,15 @@ class _DecodePlan:
     buffers' size and the kernel's :class:`Launch` (its grid, integer arguments, scales and
     constexprs); a call allocates the buffers and launches."""
 
-    __slots__ = ("launch", "lse_shape", "lse_numel", "part_sizes", "n_counters", "scales", "empty")
+    __slots__ = ("launch", "lse_shape", "lse_numel", "part_sizes", "n_counters", "scales", "empty", "cache_ints")
 
     def __call__(self, q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, alibi_slopes, cache_leftpad,
                  seqlen_fixed: int, need_lse: bool = True):
         """seqlen_fixed: every entry's key count without a length tensor, else the tokens added to
         each entry of it (``_decode_split``'s seqlen_fixed: not specialized, so any value reuses the
         compiled kernel). need_lse=False: the LSE may go to the write-only scratch buffer, and None
-        comes back for it."""
+        comes back for it. The cache's strides and capacity go with the call when they are not the
+        plan's (a growing cache: ``_cache_layout``)."""
         # (sizes unpacked: torch parses ints faster than a torch.Size, host time per call)
         out = torch.empty(*q.shape, dtype=q.dtype, device=q.device)  # contiguous, as the ops' fake outputs
         lse = None if need_lse else lse_scratch(self.lse_numel, q.device)
@@ -684,18 +712,31 @@ class _DecodePlan:
             o_part = lse_part = counter = None
         ptrs = (q, k_cache, v_cache, out, lse, o_part, lse_part, counter, seqlens_k, cache_batch_idx, block_table,
                 alibi_slopes, cache_leftpad)
-        self.launch((), ptrs, self.scales, aligned(*ptrs), self.launch.ints_with(_DECODE_FIXED, seqlen_fixed))
+        ints = self.launch.ints_with(_DECODE_FIXED, seqlen_fixed)
+        ks, vs = k_cache.stride(), v_cache.stride()
+        cache = (ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], k_cache.shape[1])
+        if cache != self.cache_ints:  # this call's cache strides and capacity (the same classes: the key says so)
+            ints = (*ints[:_CACHE_STRIDES], *cache[:6], *ints[_CACHE_STRIDES + 6:_CAPACITY], cache[6],
+                    *ints[_CAPACITY + 1:])
+        self.launch((), ptrs, self.scales, aligned(*ptrs), ints)
         return out, (lse if keep else None)
 
 
-# the index of seqlen_fixed among _decode_split's integer arguments (after its 13 pointers)
+# the index of seqlen_fixed among _decode_split's integer arguments (after its 13 pointers), of the
+# first of its six cache strides (K's, then V's) and of the capacity (read off the kernel)
 _DECODE_FIXED = _decode_split.arg_names.index("seqlen_fixed") - 13
+_CACHE_STRIDES = _decode_split.arg_names.index("stride_kb") - 13
+_CAPACITY = _decode_split.arg_names.index("capacity") - 13
+assert _decode_split.arg_names[13 + _CACHE_STRIDES:13 + _CACHE_STRIDES + 6] == [
+    "stride_kb", "stride_kn", "stride_kh", "stride_vb", "stride_vn", "stride_vh"]
 
 
 def _plan_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, softcap, alibi_slopes,
-                 cache_batch_idx, block_table, num_splits, max_seqlen_k, cache_leftpad, config):
+                 cache_batch_idx, block_table, num_splits, max_seqlen_k, cache_leftpad, config, uncapped=False):
     """The :class:`_DecodePlan` of a ``decode_forward`` call (arguments as there; max_seqlen_k sizes
-    the splits, the exact lengths come with each call; the plan's seqlen_fixed is a placeholder 0)."""
+    the splits, the exact lengths come with each call; the plan's seqlen_fixed is a placeholder 0).
+    uncapped: split max_seqlen_k keys even where this call's cache holds fewer (a plan shared by a
+    growing cache, whose later calls have more)."""
     batch, seqlen_q, nheads, head_dim = q.shape
     nheads_k = k_cache.shape[2]
     group = nheads // nheads_k
@@ -704,7 +745,8 @@ def _plan_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, 
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
     max_k = capacity
     if max_seqlen_k >= 0:
-        max_k = min(max_k, max_seqlen_k)  # split the keys that exist, not the cache's capacity
+        # split the keys that exist, not the cache's capacity (nor past it, unless the plan is shared)
+        max_k = max_seqlen_k if uncapped else min(max_k, max_seqlen_k)
     max_k = max(max_k, 1)
     auto_splits = num_splits <= 0
 
@@ -739,7 +781,7 @@ def _plan_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, 
     plan.lse_shape = (batch, nheads, seqlen_q)
     plan.lse_numel = batch * nheads * seqlen_q
     plan.empty = q.numel() == 0
-    plan.part_sizes, plan.n_counters, plan.scales, plan.launch = None, 0, (), None
+    plan.part_sizes, plan.n_counters, plan.scales, plan.launch, plan.cache_ints = None, 0, (), None, None
     if plan.empty:
         return plan
     split = num_splits > 1
@@ -799,6 +841,8 @@ def _plan_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, 
         num_stages=cfg["num_stages"], launch_pdl=pdl > 0, BH_AXIS0=bh_axis0,
     )
     plan.launch = Launch(_decode_split, grid, (), 13, ints, 3, constexprs)
+    ks, vs = k_cache.stride(), v_cache.stride()
+    plan.cache_ints = (ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], k_cache.shape[1])  # as __call__ reads them
     return plan
 
 
