@@ -692,8 +692,8 @@ class _DecodePlan:
         """seqlen_fixed: every entry's key count without a length tensor, else the tokens added to
         each entry of it (``_decode_split``'s seqlen_fixed: not specialized, so any value reuses the
         compiled kernel). need_lse=False: the LSE may go to the write-only scratch buffer, and None
-        comes back for it. The cache's strides and capacity go with the call when they are not the
-        plan's (a growing cache: ``_cache_layout``)."""
+        comes back for it. A plan kept for a growing cache (``_cache_layout``) passes this call's
+        cache strides and capacity where they are not the ones it was made with."""
         # (sizes unpacked: torch parses ints faster than a torch.Size, host time per call)
         out = torch.empty(*q.shape, dtype=q.dtype, device=q.device)  # contiguous, as the ops' fake outputs
         lse = None if need_lse else lse_scratch(self.lse_numel, q.device)
@@ -713,11 +713,12 @@ class _DecodePlan:
         ptrs = (q, k_cache, v_cache, out, lse, o_part, lse_part, counter, seqlens_k, cache_batch_idx, block_table,
                 alibi_slopes, cache_leftpad)
         ints = self.launch.ints_with(_DECODE_FIXED, seqlen_fixed)
-        ks, vs = k_cache.stride(), v_cache.stride()
-        cache = (ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], k_cache.shape[1])
-        if cache != self.cache_ints:  # this call's cache strides and capacity (the same classes: the key says so)
-            ints = (*ints[:_CACHE_STRIDES], *cache[:6], *ints[_CACHE_STRIDES + 6:_CAPACITY], cache[6],
-                    *ints[_CAPACITY + 1:])
+        if self.cache_ints is not None:  # a plan shared by a growing cache (_cache_layout)
+            ks, vs, cap = k_cache.stride(), v_cache.stride(), k_cache.shape[1]
+            k0, v0, cap0 = self.cache_ints
+            if ks != k0 or vs != v0 or cap != cap0:  # this call's strides and capacity (same classes: the key)
+                ints = (*ints[:_CACHE_STRIDES], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
+                        *ints[_CACHE_STRIDES + 6:_CAPACITY], cap, *ints[_CAPACITY + 1:])
         self.launch((), ptrs, self.scales, aligned(*ptrs), ints)
         return out, (lse if keep else None)
 
@@ -841,8 +842,8 @@ def _plan_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, 
         num_stages=cfg["num_stages"], launch_pdl=pdl > 0, BH_AXIS0=bh_axis0,
     )
     plan.launch = Launch(_decode_split, grid, (), 13, ints, 3, constexprs)
-    ks, vs = k_cache.stride(), v_cache.stride()
-    plan.cache_ints = (ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], k_cache.shape[1])  # as __call__ reads them
+    if uncapped:  # a plan kept for a growing cache: the strides and capacity it was made with
+        plan.cache_ints = (k_cache.stride(), v_cache.stride(), k_cache.shape[1])
     return plan
 
 
