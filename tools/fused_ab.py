@@ -7,7 +7,8 @@ For each (dtype, D, causal, N) of the grid (B·N = 16k tokens, H = 2048/D): the 
 * ``fused_ord`` the fused warp-specialized kernel, dQ sums ordered (bitwise deterministic)
 * ``fused``     the same kernel, dQ sums unordered (``deterministic=False``)
 * ``fused_base`` with ``--fused-cfg``: the unordered kernel at route's config, without the overrides
-  (which ``fused_ord`` and ``fused`` then take), so both sides of an A/B share the process
+  (which ``fused_ord`` and ``fused`` then take), so both sides of an A/B share the process;
+  ``fused+1``, ``fused+2``, ...: the unordered kernel with the second, third, ... ``--fused-cfg``
 * ``dkdv`` / ``dkdv_alt`` with ``--dkdv-cfg``: the split design's dK/dV kernel alone (delta given),
   at ``config_for``'s config and with the overrides, e.g. ``{"LSE_EARLY": 3}``
 * ``fa4``       FA4 (flash_attn.cute), when it imports
@@ -44,9 +45,11 @@ def ours(kind, dout, q, k, v, out, lse, scale, causal, fused_cfg=None, dkdv_cfg=
         return lambda: gb.backward(dout, q, k, v, lse, delta, dq, dk, dv, scale, causal, cfg) and (dq, dk, dv)
     # the config route runs for each mode (unordered: LSE_EARLY=2), then --fused-cfg's overrides
     cfg = gb.fused_config_for(q.shape[-1], causal, deterministic=(kind == "fused_ord"))
-    if kind != "fused_base":
-        cfg = dict(cfg, **(fused_cfg or {}))
-    kind = "fused" if kind == "fused_base" else kind
+    if kind.startswith("fused+"):  # the n-th extra override set (fused_cfg: the list of them)
+        cfg = dict(cfg, **fused_cfg[int(kind[6:])])
+    elif kind != "fused_base":
+        cfg = dict(cfg, **(fused_cfg[0] if fused_cfg else {}))
+    kind = "fused_ord" if kind == "fused_ord" else "fused"
 
     def run():
         delta = tr_bwd.compute_delta(out, dout, lse, False, q.shape[2], q.shape[3])
@@ -68,15 +71,17 @@ def main():
     ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--dims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--causal", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--fused-cfg", type=json.loads, default=None,
-                    help='JSON overrides of fused_config_for for the fused kinds, e.g. {"LSE_EARLY": 2}')
+    ap.add_argument("--fused-cfg", type=json.loads, action="append", default=None,
+                    help='JSON overrides of fused_config_for for the fused kinds, e.g. {"LSE_EARLY": 2}; '
+                         'repeat it for more unordered variants (kinds fused+1, fused+2, ...)')
     ap.add_argument("--dkdv-cfg", type=json.loads, default=None,
                     help='JSON overrides of config_for for the dK/dV kernel alone (kinds dkdv, dkdv_alt)')
     a = ap.parse_args()
     # FA4 and cuDNN as the benchmark calls them (tileflash.bench.providers)
     fa4 = PROVIDERS["fa4"].fn if PROVIDERS["fa4"].unavailable("cuda") is None else None
     cudnn = PROVIDERS["sdpa_cudnn"].fn
-    kinds = (["split", "fused_ord", "fused"] + (["fused_base"] if a.fused_cfg else [])
+    extra = [f"fused+{i}" for i in range(1, len(a.fused_cfg or ()))]
+    kinds = (["split", "fused_ord", "fused"] + (["fused_base"] if a.fused_cfg else []) + extra
              + (["dkdv", "dkdv_alt"] if a.dkdv_cfg else []) + (["fa4"] if fa4 else []) + ["cudnn"])
     rows = []
     for dt in a.dtypes:
@@ -92,7 +97,7 @@ def main():
                     flops = 4 * b * h * n * n * d * (0.5 if causal else 1) * 2.5
                     ref = ours("split", dout, q, k, v, out, lse, scale, causal)()
                     err = {}
-                    for kind in ("fused_ord", "fused") + (("dkdv_alt",) if a.dkdv_cfg else ()):
+                    for kind in ("fused_ord", "fused", *extra) + (("dkdv_alt",) if a.dkdv_cfg else ()):
                         g = ours(kind, dout, q, k, v, out, lse, scale, causal, a.fused_cfg, a.dkdv_cfg)()
                         # (the dK/dV kernel alone leaves dQ unwritten: compare dK and dV only)
                         pairs = list(zip(g, ref))[1:] if kind == "dkdv_alt" else zip(g, ref)
@@ -112,6 +117,7 @@ def main():
                     print(f"{dt} D={d} causal={int(causal)} N={n}: "
                           + " ".join(f"{kk}={x:.0f}" for kk, x in tf.items())
                           + f" | rel.diff vs split: ordered {err['fused_ord']:.1e}, unordered {err['fused']:.1e}"
+                          + "".join(f", {kk} {err[kk]:.1e}" for kk in extra)
                           + (f", dK/dV alt {err['dkdv_alt']:.1e}" if a.dkdv_cfg else ""), flush=True)
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}; backward TFLOP/s (x2.5), B*N=16k, H=2048/D"
           + (f"; fused config overrides {a.fused_cfg}" if a.fused_cfg else "")

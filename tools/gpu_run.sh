@@ -76,9 +76,16 @@ for stage in "$@"; do
           -k "scratch or without_lse or lse_early or fused_schedule or replay or protocol or growing or prepared_signature" \
           > "$OUT/lse3-tests.log" 2>&1
       echo "lse3 tests rc=$? $(tail -n 1 "$OUT/lse3-tests.log")"
-      timeout ${AB_LIMIT:-330} python3 tools/fused_ab.py --dims 128 64 --seqlens 4096 16384 --dtypes float16 \
-          --fused-cfg '{"LSE_EARLY": 3}' --dkdv-cfg '{"LSE_EARLY": 3}' > "$OUT/lse3-ab.log" 2>&1
-      echo "lse3 ab rc=$?"; tail -n 12 "$OUT/lse3-ab.log" ;;
+      # D = 128: LSE_EARLY=3 alone, with one dQ staging slot (no spills), and with a 3-deep Q/dO ring too
+      timeout ${AB_LIMIT:-240} python3 tools/fused_ab.py --dims 128 --seqlens 4096 16384 --dtypes float16 \
+          --fused-cfg '{"LSE_EARLY": 3}' --fused-cfg '{"LSE_EARLY": 3, "DQ_BUFS": 1}' \
+          --fused-cfg '{"LSE_EARLY": 3, "DQ_BUFS": 1, "STAGES": 3}' --dkdv-cfg '{"LSE_EARLY": 3}' \
+          > "$OUT/lse3-ab128.log" 2>&1
+      echo "lse3 ab D=128 rc=$?"; tail -n 8 "$OUT/lse3-ab128.log"
+      timeout ${AB_LIMIT:-200} python3 tools/fused_ab.py --dims 64 --seqlens 4096 16384 --dtypes float16 \
+          --fused-cfg '{"LSE_EARLY": 3}' --fused-cfg '{"LSE_EARLY": 3, "DQ_BUFS": 1}' --dkdv-cfg '{"LSE_EARLY": 3}' \
+          > "$OUT/lse3-ab64.log" 2>&1
+      echo "lse3 ab D=64 rc=$?"; tail -n 8 "$OUT/lse3-ab64.log" ;;
     ptx)
       timeout ${PTX_LIMIT:-400} python3 tools/compile_check.py --ptx-digests "$OUT/ptx.json" > "$OUT/ptx.log" 2>&1
       echo "ptx rc=$? $(tail -n 1 "$OUT/ptx.log")" ;;
