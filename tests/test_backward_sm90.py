@@ -756,16 +756,16 @@ def test_lse_smem_protocol_model():
     """LSE_EARLY=3 in tests/fused_writer_model.py: the producer stages each block's LSE/delta rows
     after issuing its Q/dO copies and arrives a second time on the slot's q_full (count 2); under
     random schedules no consumer reads another block's rows, at the LSE read after its q_full wait
-    or at the delta read before dSᵀ, and nothing deadlocks (ring depths 2 and 3, causal suffixes,
-    several resident programs). Negative control: q_full with one arrival (the expect only) lets a
+    or at the delta read before dSᵀ, and nothing deadlocks (ring depths 2 and 3, one or two dQ
+    staging slots, causal suffixes, several resident programs). Negative control: q_full with one arrival (the expect only) lets a
     consumer read stale rows, which the model catches. The GPU tests cover the compiled kernel."""
     import fused_writer_model as model
 
     for causal in (False, True):
-        for stages in (2, 3):
+        for stages, dq_bufs in ((2, 2), (2, 1), (3, 1), (3, 2)):
             for n_k, n_q, resident in ((4, 8, 2), (6, 5, 3), (8, 8, 8)):
-                got = model.explore(n_k, n_q, resident, stages, 2, causal, schedules=40, lse=True)
-                assert got == {"ok": 40}, (causal, stages, n_k, n_q, resident, got)
+                got = model.explore(n_k, n_q, resident, stages, dq_bufs, causal, schedules=40, lse=True)
+                assert got == {"ok": 40}, (causal, stages, dq_bufs, n_k, n_q, resident, got)
     assert model.explore(6, 8, 3, 2, 2, True, schedules=40, bug="lse_one_arrival", lse=True).get("data", 0) > 0
 
 
