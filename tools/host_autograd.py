@@ -25,6 +25,7 @@ tileflash's and SDPA's steps, every thread included.
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 import warnings
 
@@ -168,7 +169,6 @@ def main():
         torch.cuda.synchronize()
         return (time.perf_counter() - t0) / n * 1e6
 
-    import threading
     direct = {"fwd": [], "bwd": [], "bwd_thread": []}
     for _ in range(7):
         direct["fwd"].append(loop(lambda: route.forward(qd, kd, vd, scale, True, 0)))

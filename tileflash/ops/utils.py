@@ -108,7 +108,7 @@ def apply_rotary(x, cos, sin, pos, interleaved: bool):
     return torch.cat((rot.to(x.dtype), x[..., rd:]), dim=-1)
 
 
-# A write-only fp32 buffer per CUDA device that takes the LSE of calls whose caller discards it
+# A write-only fp32 buffer per device (CUDA; the interpreter's CPU too) that takes the LSE of calls whose caller discards it
 # (a forward without gradient, a decode step that does not return it): an allocation less per
 # call. Its contents are never read, so concurrent calls on several streams writing it at once
 # are harmless; every buffer made stays alive (``_KEPT``: at most about twice the largest, as each
@@ -120,7 +120,7 @@ _KEPT: list = []
 
 
 def lse_scratch(n: int, device: torch.device):
-    """A write-only fp32 tensor of at least n elements on ``device`` (CUDA) for an LSE nobody reads,
+    """A write-only fp32 tensor of at least n elements on ``device`` for an LSE nobody reads,
     or None where n exceeds ``LSE_SCRATCH_MAX`` or the buffer would have to grow during a CUDA
     graph capture (the caller then allocates its own)."""
     buf = _LSE_SCRATCH.get(device)

@@ -240,10 +240,10 @@ def _stage_lse_delta(LSE, DELTA, lse_s, delta_s, bar, i, per_head, lo, off_b, of
     their latency overlaps the Q/dO copies."""
     layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     h = off_hk * kv_group + i // per_head
-    offs = (off_b * stride_lb + h * stride_lh + lo + (i % per_head) * BLOCK_M
-            + gl.arange(0, BLOCK_M, layout=layout))                                  # [BLOCK_M]
-    lse_s.store(gl.load(LSE + offs) * 1.4426950408889634)                             # base 2, as _lse_rows
-    delta_s.store(gl.load(DELTA + offs))
+    lse, delta = _lse_delta(LSE, DELTA, off_b * stride_lb + h * stride_lh,
+                            lo + (i % per_head) * BLOCK_M + gl.arange(0, BLOCK_M, layout=layout))  # [BLOCK_M]
+    lse_s.store(lse)
+    delta_s.store(delta)
     _cta_barrier()   # the warp's stores precede the arrival
     mbarrier.arrive(bar, count=1)
 
