@@ -3,8 +3,8 @@
 # under its own time limit, logs and results under $OUT (the device tool brings them back).
 #
 #   tests        the CUDA test suite (pytest -n 14; every CPU-only case skips itself there)
-#   grid-DTYPE   the D 64/128 x N 1k-16k x causal grid, forward and backward, against cuDNN and
-#                SDPA-flash (and FA4 when it imports: below), then tools/grid_report.py
+#   grid-DTYPE   the D 64/128 x N 1k-16k x causal grid, forward and backward (GRID_MODES=bwd: one), against
+#                cuDNN and SDPA-flash (and FA4 when it imports: below), then tools/grid_report.py
 #   host         tileflash bench --host (per-call host cost) with cProfile statistics of tileflash's calls
 #   layers       tools/host_layers.py (host time of each layer of the call path)
 #   autograd     tools/host_autograd.py (forward + backward host time against a bare autograd function)
@@ -41,7 +41,7 @@ for stage in "$@"; do
       echo "tests rc=$? $(tail -n 1 "$OUT/tests.log")" ;;
     grid-*)
       dt=${stage#grid-}
-      for mode in fwd bwd; do
+      for mode in ${GRID_MODES:-fwd bwd}; do
         extra=""; [ $mode = bwd ] && extra=tileflash_det  # the deterministic=True backward beside the default
         timeout ${BENCH_LIMIT:-200} python3 -m tileflash bench --modes $mode --dtype $dt --providers $providers $extra \
             --seqlens 1024 2048 4096 8192 16384 --head-dim 64 128 --out "$OUT/$mode-$dt" > "$OUT/$mode-$dt.log" 2>&1
