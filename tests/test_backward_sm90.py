@@ -855,18 +855,18 @@ def test_gluon_fused_backward_padded_head_dim(case, causal, monkeypatch, gluon_b
 
 @needs_gluon
 def test_lse_early_rule():
-    """config_for's LSE_EARLY: one block ahead (2) for causal calls and D = 128 non-causal up to 4k,
-    before the Q/dO wait (1) for longer D = 128 non-causal calls, and never for D = 64 non-causal,
-    whose dK carry spills with it (twenty-first session, run 4); the fused mode keeps 0."""
-    assert gb.config_for(128, True, 16384)["LSE_EARLY"] == 2 and gb.config_for(64, True, 1024)["LSE_EARLY"] == 2
-    assert gb.config_for(128, False, 4096)["LSE_EARLY"] == 2 and gb.config_for(128, False, 8192)["LSE_EARLY"] == 1
-    assert gb.config_for(64, False, 1024)["LSE_EARLY"] == 0 and gb.config_for(64, False, 16384)["LSE_EARLY"] == 0
-    assert all(gb.fused_config_for(d, c)["LSE_EARLY"] == 0 for d in (64, 128) for c in (False, True))
-    # unordered (deterministic=False) fused: a block ahead; otherwise the same config
+    """config_for's LSE_EARLY: the producer warp stages each Q block's LSE/delta rows in shared memory
+    (3) for every warp-specialized dK/dV kernel but the split-D one (D = 256), whose consumers load
+    their own; the fused mode's ordered sums keep the loads after the Q/dO wait (0), its unordered
+    sums (deterministic=False) take 3 as well (measured 2026-12-05: gluon.backward's docstrings)."""
     for d in (64, 128):
         for c in (False, True):
+            for n in (1024, 4096, 16384):
+                assert gb.config_for(d, c, n)["LSE_EARLY"] == 3
+            assert gb.fused_config_for(d, c)["LSE_EARLY"] == 0
             nd = gb.fused_config_for(d, c, deterministic=False)
-            assert nd["LSE_EARLY"] == 2 and dict(nd, LSE_EARLY=0) == gb.fused_config_for(d, c)
+            assert nd["LSE_EARLY"] == 3 and dict(nd, LSE_EARLY=0) == gb.fused_config_for(d, c)
+    assert all(gb.config_for(256, c, 4096)["LSE_EARLY"] == 0 for c in (False, True))
 
 
 @needs_sm90
@@ -1235,7 +1235,8 @@ def test_default_kernels_keep_wgmma_asynchronous():
 @needs_gluon
 def test_deterministic_flag_picks_the_backward(monkeypatch):
     """``deterministic=False`` takes the fused kernel with unordered dQ sums only where it measured
-    faster than the split pair (route._fused_backward: D = 128, non-causal, both lengths >= 16k);
+    faster than the split pair (route._fused_backward: D = 128 with both lengths >= 8k, D = 64 with both
+    >= 16k, causal or not);
     ``deterministic=True`` never takes it, unless the debug switch gluon_fused forces the fused
     kernel, which then keeps its ordered (bitwise) sums. Launchers recorded; the tensors are on
     the GPU where there is one (a padded head dim's copy kernel runs before the recorded launches,
@@ -1262,11 +1263,13 @@ def test_deterministic_flag_picks_the_backward(monkeypatch):
             assert fused == [gb.fused_config_for(min(d, 128), causal, modes[0])]
         return ("fused", modes[0]) if fused else "split"
 
-    assert route_of(128, False, 16384, 16384, False) == ("fused", False)
-    assert route_of(128, False, 16384, 32768, False) == ("fused", False)
+    for d, causal, sq, sk in ((128, False, 16384, 16384), (128, False, 16384, 32768), (128, False, 8192, 8192),
+                              (128, True, 8192, 16384), (64, False, 16384, 16384), (64, True, 16384, 16384)):
+        assert route_of(d, causal, sq, sk, False) == ("fused", False), (d, causal, sq, sk)
     assert route_of(128, False, 16384, 16384, True) == "split"
-    for d, causal, sq, sk in ((128, False, 8192, 8192), (128, True, 16384, 16384), (64, False, 16384, 16384),
-                              (256, False, 16384, 16384), (128, False, 16384, 8192), (96, False, 16384, 16384)):
+    assert route_of(64, True, 16384, 16384, True) == "split"
+    for d, causal, sq, sk in ((128, False, 4096, 4096), (128, True, 8192, 4096), (64, False, 8192, 8192),
+                              (64, True, 16384, 8192), (256, False, 16384, 16384), (96, False, 16384, 16384)):
         assert route_of(d, causal, sq, sk, False) == "split", (d, causal, sq, sk)
     monkeypatch.setattr(DEBUG, "gluon_fused", True)
     assert route_of(64, True, 256, 256, True) == ("fused", True)

@@ -89,15 +89,16 @@ def test_gluon_kernels_compile_for_sm90(dtype):
     padded = [ln for ln in lines if ln.startswith("ok") and "'D_OUT': 96" in ln]
     assert len([ln for ln in native if "gluon-bwd D=64" in ln or "gluon-bwd D=128" in ln]) == 16
     ws = [ln for ln in native if "gluon-bwd" in ln and "'WS': True" in ln and "'SPLIT_D'" not in ln
-          and "lse-smem" not in ln]
+          and "lse-global" not in ln]
     assert len([ln for ln in ws if "gluon-bwd-unordered" not in ln]) == 4
-    # the opt-in LSE_EARLY=3 (LSE/delta staged in shared memory): dK/dV and fused unordered, D 64/128 x causal
-    staged = [ln for ln in native if "gluon-bwd-lse-smem" in ln]
-    assert len(staged) == 8 and all("'LSE_EARLY': 3" in ln for ln in staged), staged
-    assert len([ln for ln in staged if "'WITH_DQ': True" in ln]) == 4
-    # the fused config that deterministic=False routes to (D = 128, causal and not), unordered sums
-    unordered = [ln for ln in native if "gluon-bwd-unordered D=128" in ln]
-    assert len(unordered) == 2 and all("'WITH_DQ': True" in ln and "'LSE_EARLY': 2" in ln for ln in unordered)
+    assert all("'LSE_EARLY': 3" in ln for ln in ws)  # the producer stages the LSE/delta rows
+    # the opt-in consumer loads of the LSE/delta rows: dK/dV and fused unordered, D 64/128 x causal
+    early = [ln for ln in native if "gluon-bwd-lse-global" in ln]
+    assert len(early) == 8 and not any("'LSE_EARLY': 3" in ln for ln in early), early
+    assert len([ln for ln in early if "'WITH_DQ': True" in ln]) == 4
+    # the fused config that deterministic=False routes to (D 64/128, causal and not), unordered sums
+    unordered = [ln for ln in native if "gluon-bwd-unordered D=" in ln]
+    assert len(unordered) == 4 and all("'WITH_DQ': True" in ln and "'LSE_EARLY': 3" in ln for ln in unordered)
     # D = 256: the warp-specialized dK/dV kernel with dK's and dV's columns split between the consumers
     split = [ln for ln in native if "gluon-bwd D=256" in ln]
     assert len(split) == 2 and all("'SPLIT_D': True" in ln for ln in split), split

@@ -303,16 +303,18 @@ def main():
                 # the default route's dQ kernel, which computes delta from O (backward_dq with out)
                 cases.append((f"gluon-dq D={d} causal={causal!s:<5}", dict(GB.dq_config_for(d, causal), FUSE_DELTA=True),
                               compile_gluon_bwd_dq))
-                if d == 128:  # what deterministic=False routes to: the fused kernel, unordered dQ sums
-                    cases.append((f"gluon-bwd-unordered D={d} causal={causal!s:<5}",
-                                  GB.fused_config_for(d, causal, deterministic=False),
-                                  lambda d_, c_, cfg_, dt_: compile_gluon_bwd(d_, c_, cfg_, dt_, deterministic=False)))
-                # LSE_EARLY=3 (the producer stages the LSE/delta rows in shared memory; opt-in, not
-                # routed to): the dK/dV kernel and the fused kernel, unordered
-                cases.append((f"gluon-bwd-lse-smem D={d} causal={causal!s:<5}", dict(base, LSE_EARLY=3),
+                # what deterministic=False routes to (route._fused_backward: D = 128 from 8k, D = 64 from
+                # 16k): the fused kernel, unordered dQ sums, the LSE/delta rows staged in shared memory
+                cases.append((f"gluon-bwd-unordered D={d} causal={causal!s:<5}",
+                              GB.fused_config_for(d, causal, deterministic=False),
+                              lambda d_, c_, cfg_, dt_: compile_gluon_bwd(d_, c_, cfg_, dt_, deterministic=False)))
+                # the consumers' own LSE/delta loads (the rule before 2026-12-05, opt-in now: 0 for the
+                # D = 64 non-causal dK carry, else a block ahead): the dK/dV kernel and the fused kernel
+                early = 0 if d == 64 and not causal else 2
+                cases.append((f"gluon-bwd-lse-global D={d} causal={causal!s:<5}", dict(base, LSE_EARLY=early),
                               compile_gluon_bwd))
-                cases.append((f"gluon-bwd-lse-smem-unordered D={d} causal={causal!s:<5}",
-                              dict(GB.fused_config_for(d, causal, deterministic=False), LSE_EARLY=3),
+                cases.append((f"gluon-bwd-lse-global-unordered D={d} causal={causal!s:<5}",
+                              dict(GB.fused_config_for(d, causal, deterministic=False), LSE_EARLY=2),
                               lambda d_, c_, cfg_, dt_: compile_gluon_bwd(d_, c_, cfg_, dt_, deterministic=False)))
                 if d == 128:  # a padded head dim (padded_head_dim): the gradients' first 96 columns stored
                     for cfg in (base, dict(lock, WITH_DQ=True), GB.fused_config_for(d, causal)):

@@ -17,8 +17,9 @@
 #                bits and schedules), then tools/fused_ab.py with LSE_EARLY=3 for the fused and dK/dV kernels
 #
 # FA4 (flash-attn-4) joins the grid when .fa4/fa4-site.tar.xz is carried: a site folder of its
-# wheels (flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1 + libs, quack-kernels 0.6.5,
-# apache-tvm-ffi, torch-c-dlpack-ext, protobuf) packed with xz; it is unpacked to /tmp/fa4.
+# wheels (flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1 + libs-base, libs-core (cutlass.cute's Python)
+# and libs-cu13, quack-kernels 0.6.5, apache-tvm-ffi, torch-c-dlpack-ext, protobuf) packed with xz;
+# it and any other .fa4/*.tar.xz (e.g. a package added later) are unpacked to /tmp/fa4.
 #
 # Usage (repository root): OUT=dir bash tools/gpu_run.sh tests grid-float16 grid-bfloat16
 set -u
@@ -28,7 +29,7 @@ mkdir -p "$OUT"
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())" \
     | tee "$OUT/versions.txt"
 if [ -f .fa4/fa4-site.tar.xz ]; then
-  mkdir -p /tmp/fa4 && tar -xJf .fa4/fa4-site.tar.xz -C /tmp/fa4 \
+  mkdir -p /tmp/fa4 && for t in .fa4/*.tar.xz; do tar -xJf "$t" -C /tmp/fa4; done \
     && export PYTHONPATH=$PYTHONPATH:/tmp/fa4:/tmp/fa4/nvidia_cutlass_dsl/dsl_packages
 fi
 providers="tileflash sdpa_cudnn sdpa_flash"

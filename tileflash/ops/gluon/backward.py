@@ -16,7 +16,8 @@ rows = keys), on each warpgroup's 64 keys:
     CARRY_DK: wait dK in the next block's first wait; else wait dV and dK now
     WITH_DQ only: dSᵀ to shared memory, dQ_part = dS·K, add dQ_part into an fp32 dQ buffer
     LSE_EARLY (WS only): the LSE/delta rows loaded before the Q/dO wait (1), a block ahead (2), or
-    read from shared memory where the producer staged them (3: opt-in, not yet run on a GPU)
+    read from shared memory where the producer staged them (3: the default of config_for and of
+    the unordered fused config)
 
 Two kernels run this loop. ``_attn_bwd_sm90_ws`` (``WS=True``, the default): a 1-warp producer
 partition streams K/V and the Q/dO ring with TMA, two 4-warp consumer partitions own the two
@@ -1201,8 +1202,15 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
       D = 128 causal 497 / 688 / 808 against 470 / 653 / 755, D = 64 causal 400 / 581 / 657
       against 369 / 544 / 623, D = 128 non-causal 658 / 758 / 714 against 595 / 713 / 749; before
       the Q/dO wait (1) D = 128 non-causal 601 / 739 / 757. At D = 64 non-causal (dK carried) both
-      lost 10–50% (with 2, ptxas spills and serializes the wgmmas, C7512), so it keeps 0. Taken: 2
-      for causal calls and D = 128 non-causal up to 4k, 1 for longer D = 128 non-causal calls."""
+      lost 10–50% (with 2, ptxas spills and serializes the wgmmas, C7512), so it kept 0.
+      Staged by the producer warp through shared memory (3; taken everywhere but ``SPLIT_D``): the
+      kernel alone against the previous rule (2 / 1 / 0 above) in one process, H200, 2026-12-05,
+      9c63a38, ``tools/fused_ab.py --dkdv-cfg '{"LSE_EARLY": 3}'``: the same bits (max difference
+      0), TFLOP/s-equivalent at D = 128 fp16 non-causal N = 4k / 16k 743 / 781 against 745 / 751,
+      causal 708 / 826 against 690 / 792; D = 64 fp16 non-causal 602 / 631 against 583 / 618,
+      causal 567 / 639 against 560 / 601; over 16 more D = 128 cells (fp16 and bf16, 1k-16k) a median
+      +1.8% with single cells moving -16% to +12% (both signs at the same shape in the two
+      dtypes, the run's spread)."""
     if head_dim > 128:
         # D = 256 (SPLIT_D): both consumers on the same 64 keys, each with half of dK's and dV's
         # columns; 64-row Q blocks and a 2-slot ring fill 222 KB of shared memory. H200
@@ -1213,9 +1221,8 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
                     PER_HEAD=True, PDL_TRIGGER=False, LSE_EARLY=0, SPLIT_D=True)
     wide = head_dim <= 64 and not causal  # 128-row Q blocks with dK carried: D = 64 non-causal only
     stages = 3 if head_dim > 64 and not causal else 2
-    lse_early = 0 if wide else (2 if causal or seqlen_q <= 4096 else 1)
     return dict(BLOCK_M=128 if wide else 64, BLOCK_N=128, STAGES=stages, num_warps=8, VEC=2, WITH_DQ=False, WS=True,
-                CARRY_DK=wide, PER_HEAD=True, PDL_TRIGGER=False, LSE_EARLY=lse_early)
+                CARRY_DK=wide, PER_HEAD=True, PDL_TRIGGER=False, LSE_EARLY=3)
 
 
 def fused_config_for(head_dim: int, causal: bool, deterministic: bool = True) -> dict:
@@ -1227,11 +1234,17 @@ def fused_config_for(head_dim: int, causal: bool, deterministic: bool = True) ->
     on while dQ is staged (H200, fp16, ordered, TFLOP/s-equivalent: 459 against 436
     at D = 128 non-causal 16k, level at 4k; causal 382 against 390 at 16k and level at 4k, but 439
     against 416 unordered; at D = 64 it was slower). ``deterministic=False`` (unordered adds, what
-    ``route`` runs for ``deterministic=False``): the LSE and delta rows loaded a block ahead
-    (``LSE_EARLY=2``), which measured 2.5-5.7% faster unordered at D = 128 fp16 4k-16k (497 against
-    477 TFLOP/s at non-causal 16k) and slower ordered (443 against 460), H200, 2026-12-03."""
+    ``route`` runs for ``deterministic=False``): the LSE and delta rows staged in shared memory by
+    the producer warp (``LSE_EARLY=3``). Against the previous one-block-ahead loads (2), same
+    process, H200, 2026-12-05, 9c63a38, TFLOP/s-equivalent, unordered: D = 128 fp16 non-causal
+    N = 4k / 8k / 16k 460 / 488 / 517-522 against 435 / 477 / 449-502, causal 419 / 467 / 504-505
+    against 371 / 427 / 467-472 (bf16 alike); D = 64 fp16 non-causal 4k / 16k 336 / 412 against
+    154 / 164 (2 spills there), causal 314 / 395 against 283 / 355. With one dQ staging slot
+    (``DQ_BUFS=1``, no spills at D = 128) or a 3-slot ring it was level or slower (causal 16k
+    453-460 against 504-518). Ordered sums (``deterministic=True``) keep the loads after the
+    Q/dO wait (0)."""
     return dict(config_for(head_dim, causal, 4096), STAGES=2, CARRY_DK=False, WITH_DQ=True, DQ_BUFS=2,
-                LSE_EARLY=0 if deterministic else 2, DQ_FIRST=head_dim > 64, PER_HEAD=False,
+                LSE_EARLY=0 if deterministic else 3, DQ_FIRST=head_dim > 64, PER_HEAD=False,
                 PDL_TRIGGER=False)  # ordered adds: the 2-D grid
 
 
