@@ -30,8 +30,12 @@ needs_sm90 = pytest.mark.skipif(not (IS_SM90 and gb is not None), reason="needs 
 
 @pytest.fixture
 def gluon_bwd_calls(monkeypatch):
-    """Counts launches of the Gluon backward (switched on even if TILEFLASH_DEBUG turned it off)."""
+    """Counts launches of the Gluon backward (switched on even if TILEFLASH_DEBUG turned it off). The
+    backward plans recorded so far are set aside: a plan an earlier test in this process recorded for
+    the same layout would replay its launches without calling ``gb.backward`` (this failed on the
+    H200 when pytest-xdist put two tests of one layout on one worker, 2026-12-05)."""
     monkeypatch.setattr(DEBUG, "gluon_bwd", True)
+    monkeypatch.setattr(route, "_BWD_PLANS", {})
     return count_calls(monkeypatch, gb, "backward")
 
 
