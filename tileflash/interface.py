@@ -315,9 +315,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         deterministic: bool. As in flash-attn: False (default) lets the backward sum dQ with
             unordered fp32 reductions where that is faster, so two runs may differ in the last bits;
             True makes the backward bitwise reproducible (as does
-            ``torch.use_deterministic_algorithms(True)``). Today only the Hopper Gluon backward at
-            head dim 128, non-causal, both lengths >= 16384 takes the unordered kernel; every other
-            call is bitwise reproducible either way.
+            ``torch.use_deterministic_algorithms(True)``). Today only the Hopper Gluon backward
+            takes the unordered kernel, at head dim 128 with both lengths >= 8192 and at head dim 64
+            with both >= 16384 (causal or not); every other call is bitwise reproducible either way.
         return_attn_probs: bool. If True, also return ``softmax_lse``. The attention
             probabilities themselves are never formed, so the third element is None
             (flash-attn returns them only for testing with dropout).
