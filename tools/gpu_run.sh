@@ -20,6 +20,7 @@
 # wheels (flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1 + libs-base, libs-core (cutlass.cute's Python)
 # and libs-cu13, quack-kernels 0.6.5, apache-tvm-ffi, torch-c-dlpack-ext, protobuf) packed with xz;
 # it and any other .fa4/*.tar.xz (e.g. a package added later) are unpacked to /tmp/fa4.
+# tools/fa4_site.sh builds it (here, where PyPI is reachable).
 #
 # Usage (repository root): OUT=dir bash tools/gpu_run.sh tests grid-float16 grid-bfloat16
 set -u
