@@ -15,6 +15,7 @@
 #   diag         tools/hf_diag.py (where a transformers B=1 generate's time goes, variants)
 #   lse3         the checks of the 2026-12-04 session's unrun work: its GPU tests (LSE scratch, LSE_EARLY=3
 #                bits and schedules), then tools/fused_ab.py with LSE_EARLY=3 for the fused and dK/dV kernels
+#   ab64         tools/fused_ab.py at D = 64 with the fused kernel's tile candidates of a compile sweep
 #
 # FA4 (flash-attn-4) joins the grid when .fa4/fa4-site.tar.xz is carried: a site folder of its
 # wheels (flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1 + libs-base, libs-core (cutlass.cute's Python)
@@ -88,6 +89,13 @@ for stage in "$@"; do
           --fused-cfg '{"LSE_EARLY": 3}' --fused-cfg '{"LSE_EARLY": 3, "DQ_BUFS": 1}' --dkdv-cfg '{"LSE_EARLY": 3}' \
           > "$OUT/lse3-ab64.log" 2>&1
       echo "lse3 ab D=64 rc=$?"; tail -n 8 "$OUT/lse3-ab64.log" ;;
+    ab64)
+      # D = 64 fused unordered candidates from a compile sweep (2026-12-05, perf-notes "Untried levers"):
+      # 64-row Q blocks (no spills, 133 KB of shared memory), with a 3-slot ring, and the ring alone
+      timeout ${AB_LIMIT:-240} python3 tools/fused_ab.py --dims 64 --seqlens 4096 8192 16384 --dtypes float16 \
+          --fused-cfg '{"BLOCK_M": 64}' --fused-cfg '{"BLOCK_M": 64, "STAGES": 3}' --fused-cfg '{"STAGES": 3}' \
+          > "$OUT/ab64.log" 2>&1
+      echo "ab64 rc=$?"; tail -n 10 "$OUT/ab64.log" ;;
     ptx)
       timeout ${PTX_LIMIT:-400} python3 tools/compile_check.py --ptx-digests "$OUT/ptx.json" > "$OUT/ptx.log" 2>&1
       echo "ptx rc=$? $(tail -n 1 "$OUT/ptx.log")" ;;
