@@ -1210,7 +1210,8 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
       causal 708 / 826 against 690 / 792; D = 64 fp16 non-causal 602 / 631 against 583 / 618,
       causal 567 / 639 against 560 / 601; over 16 more D = 128 cells (fp16 and bf16, 1k-16k) a median
       +1.8% with single cells moving -16% to +12% (both signs at the same shape in the two
-      dtypes, the run's spread)."""
+      dtypes, the run's spread). (``seqlen_q`` chose the old rule's mode and no longer changes the
+      config; callers still pass it.)"""
     if head_dim > 128:
         # D = 256 (SPLIT_D): both consumers on the same 64 keys, each with half of dK's and dV's
         # columns; 64-row Q blocks and a 2-slot ring fill 222 KB of shared memory. H200
@@ -1239,7 +1240,7 @@ def fused_config_for(head_dim: int, causal: bool, deterministic: bool = True) ->
     process, H200, 2026-12-05, 9c63a38, TFLOP/s-equivalent, unordered: D = 128 fp16 non-causal
     N = 4k / 8k / 16k 460 / 488 / 517-522 against 435 / 477 / 449-502, causal 419 / 467 / 504-505
     against 371 / 427 / 467-472 (bf16 alike); D = 64 fp16 non-causal 4k / 16k 336 / 412 against
-    154 / 164 (2 spills there), causal 314 / 395 against 283 / 355. With one dQ staging slot
+    154 / 164 (the one-block-ahead loads spill there), causal 314 / 395 against 283 / 355. With one dQ staging slot
     (``DQ_BUFS=1``, no spills at D = 128) or a 3-slot ring it was level or slower (causal 16k
     453-460 against 504-518). Ordered sums (``deterministic=True``) keep the loads after the
     Q/dO wait (0)."""
