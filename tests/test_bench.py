@@ -72,6 +72,37 @@ def test_wrong_kernel_shows_in_max_err(monkeypatch):
     assert row["status"] == "ok" and row["max_err"] > 0.1
 
 
+def test_sigterm_mid_grid_writes_the_cells_measured(tmp_path, monkeypatch, capsys):
+    """`timeout` stopping a grid (SIGTERM) keeps what was measured: the results hold the cells done
+    before the signal, the run says it was interrupted and exits non-zero."""
+    import os
+    import signal
+
+    real = bench.measure
+    calls = []
+
+    def measure(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 3:  # the third measurement is stopped as `timeout` would stop it
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "measure", measure)
+    before = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "run"
+    rc = cli.main(["bench", "--device", "cpu", "--quick", "--modes", "fwd", "--seqlens", "32", "48",
+                   "--head-dim", "16", "--causal", "no", "--providers", "tileflash", "eager", "--no-plots",
+                   "--out", str(out)])
+    assert rc == 130
+    assert "interrupted: 2 of 4 measurements done" in capsys.readouterr().out
+    rows = json.loads((out / "results.json").read_text())["results"]
+    assert [(r["provider"], r["seqlen_q"]) for r in rows] == [("tileflash", 32), ("eager", 32)]
+    assert all(r["status"] == "ok" for r in rows)
+    with open(out / "results.csv") as f:
+        assert len(list(csv.DictReader(f))) == 2
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is put back
+
+
 def test_plot_without_results_is_a_clear_error(tmp_path, capsys):
     assert cli.main(["plot", str(tmp_path)]) == 2
     assert "results.json not found" in capsys.readouterr().err

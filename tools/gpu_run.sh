@@ -47,7 +47,7 @@ for stage in "$@"; do
       for mode in ${GRID_MODES:-fwd bwd}; do
         extra=""; [ $mode = bwd ] && extra=tileflash_det  # the deterministic=True backward beside the default
         timeout ${BENCH_LIMIT:-200} python3 -m tileflash bench --modes $mode --dtype $dt --providers $providers $extra \
-            --seqlens 1024 2048 4096 8192 16384 --head-dim 64 128 --out "$OUT/$mode-$dt" > "$OUT/$mode-$dt.log" 2>&1
+            --seqlens 1024 2048 4096 8192 16384 --head-dim 64 128 --no-plots --out "$OUT/$mode-$dt" > "$OUT/$mode-$dt.log" 2>&1
         echo "bench $mode $dt rc=$?"
         python3 tools/grid_report.py "$OUT/$mode-$dt" > "$OUT/report-$mode-$dt.md" 2>&1
         tail -n 3 "$OUT/report-$mode-$dt.md"

@@ -232,6 +232,28 @@ class _Progress:
             self.bar.close()
 
 
+@contextlib.contextmanager
+def _stop_on_sigterm():
+    """Turn SIGTERM (what ``timeout`` sends) into KeyboardInterrupt while the grid runs, so that a
+    run stopped by a time limit still writes the cells it measured. Main thread only (signal
+    handlers can be set nowhere else); the previous handler comes back afterwards."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def format_table(rows):
     head = f"{'provider':<15}{'mode':<8}{'D':>4}{'causal':>7}{'N':>7}{'ms':>10}{'TFLOP/s':>9}{'MiB':>9}{'max_err':>10}  status"
     lines = [head, "-" * len(head)]
@@ -443,14 +465,21 @@ def run(args) -> int:
     rows = []
     prog = _Progress(len(shapes) * len(args.modes) * len(names))
     ctx = tiled_cpu_path() if device == "cpu" else contextlib.nullcontext()
-    with ctx:
-        for mode in args.modes:
-            for shape in shapes:
-                for name in names:
-                    prog.step(f"{name} {mode} N={shape['seqlen']} D={shape['head_dim']} causal={shape['causal']}")
-                    rows.append({**measure(name, shape, mode, dtype, device, args.quick), **meta})
+    interrupted = False
+    with ctx, _stop_on_sigterm():
+        try:
+            for mode in args.modes:
+                for shape in shapes:
+                    for name in names:
+                        prog.step(f"{name} {mode} N={shape['seqlen']} D={shape['head_dim']} causal={shape['causal']}")
+                        rows.append({**measure(name, shape, mode, dtype, device, args.quick), **meta})
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (`timeout`): keep and write what was measured
+            interrupted = True
     prog.close()
     print(format_table(rows))
+    if interrupted:
+        print(f"interrupted: {len(rows)} of {prog.total} measurements done; the results written below hold "
+              "only those", flush=True)
     print("TFLOP/s = 4·B·H·Sq·Sk·D / time (×0.5 causal, ×2.5 bwd, ×3.5 fwd+bwd); "
           f"{meta['device_name']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}, git {meta['git']}")
     if args.out:
@@ -462,5 +491,4 @@ def run(args) -> int:
 
             written += make_plots(rows, out_dir)
         print("wrote " + ", ".join(str(p) for p in written))
-    return 0
-
+    return 130 if interrupted else 0
