@@ -32,4 +32,7 @@ for c in $CASES; do case $c in
   dbwd128k16) run dbwd128k16 '_attn_bwd_sm90|_bwd_dq' bwd --d 128 --n 16384 --deterministic ;;
   fa4bwd128k16) run fa4bwd128k16 '.' fa4-bwd --d 128 --n 16384 ;;
   fa4bwd128) run fa4bwd128 '.' fa4-bwd --d 128 --n 8192 ;;
+  # D = 64 at 16k: deterministic=False routes to the fused kernel too (both lengths >= 16384)
+  nbwd64k16) run nbwd64k16 '_attn_bwd_sm90' bwd --d 64 --n 16384 ;;
+  fa4bwd64k16) run fa4bwd64k16 '.' fa4-bwd --d 64 --n 16384 ;;
 esac; done
