@@ -862,14 +862,19 @@ def test_lse_early_rule():
     """config_for's LSE_EARLY: the producer warp stages each Q block's LSE/delta rows in shared memory
     (3) for every warp-specialized dK/dV kernel but the split-D one (D = 256), whose consumers load
     their own; the fused mode's ordered sums keep the loads after the Q/dO wait (0), its unordered
-    sums (deterministic=False) take 3 as well (measured 2026-12-05: gluon.backward's docstrings)."""
+    sums (deterministic=False) take 3 as well, and 64-row Q blocks at D = 64 non-causal (measured
+    2026-12-05: gluon.backward's docstrings; the other cases keep the ordered kernel's tiles)."""
     for d in (64, 128):
         for c in (False, True):
             for n in (1024, 4096, 16384):
                 assert gb.config_for(d, c, n)["LSE_EARLY"] == 3
-            assert gb.fused_config_for(d, c)["LSE_EARLY"] == 0
+            ordered = gb.fused_config_for(d, c)
+            assert ordered["LSE_EARLY"] == 0
             nd = gb.fused_config_for(d, c, deterministic=False)
-            assert nd["LSE_EARLY"] == 3 and dict(nd, LSE_EARLY=0) == gb.fused_config_for(d, c)
+            rows = 64 if d == 64 else ordered["BLOCK_M"]
+            assert nd["LSE_EARLY"] == 3 and dict(nd, LSE_EARLY=0, BLOCK_M=ordered["BLOCK_M"]) == ordered
+            assert nd["BLOCK_M"] == rows
+    assert gb.fused_config_for(64, False)["BLOCK_M"] == 128  # (what the 64-row change is measured against)
     assert all(gb.config_for(256, c, 4096)["LSE_EARLY"] == 0 for c in (False, True))
 
 

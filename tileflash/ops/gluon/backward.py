@@ -1243,10 +1243,17 @@ def fused_config_for(head_dim: int, causal: bool, deterministic: bool = True) ->
     154 / 164 (the one-block-ahead loads spill there), causal 314 / 395 against 283 / 355. With one dQ staging slot
     (``DQ_BUFS=1``, no spills at D = 128) or a 3-slot ring it was level or slower (causal 16k
     453-460 against 504-518). Ordered sums (``deterministic=True``) keep the loads after the
-    Q/dO wait (0)."""
-    return dict(config_for(head_dim, causal, 4096), STAGES=2, CARRY_DK=False, WITH_DQ=True, DQ_BUFS=2,
-                LSE_EARLY=0 if deterministic else 3, DQ_FIRST=head_dim > 64, PER_HEAD=False,
-                PDL_TRIGGER=False)  # ordered adds: the 2-D grid
+    Q/dO wait (0). Unordered at D = 64 non-causal: 64-row Q blocks (no spills, 133 KB of shared
+    memory, against 32 bytes of spills and 232 KB with 128 rows): H100, same process, 2026-12-05,
+    b9ff7f0, TFLOP/s-equivalent, fp16 / bf16, N = 8k 371 / 385 against 259 / 259 with 128 rows (the
+    split pair: 377 / 395), N = 16k 406 / 426 against 334 / 348 (split 393 / 401); a 3-slot Q/dO
+    ring on top was level at 16k (416 / 427) and mixed at 8k (320 / 411)."""
+    cfg = dict(config_for(head_dim, causal, 4096), STAGES=2, CARRY_DK=False, WITH_DQ=True, DQ_BUFS=2,
+               LSE_EARLY=0 if deterministic else 3, DQ_FIRST=head_dim > 64, PER_HEAD=False,
+               PDL_TRIGGER=False)  # ordered adds: the 2-D grid
+    if not deterministic and head_dim == 64 and not causal:
+        cfg["BLOCK_M"] = 64  # (causal D = 64 has 64-row Q blocks already)
+    return cfg
 
 
 _BROKEN: set = set()
