@@ -1247,7 +1247,8 @@ def fused_config_for(head_dim: int, causal: bool, deterministic: bool = True) ->
     memory, against 32 bytes of spills and 232 KB with 128 rows): H100, same process, 2026-12-05,
     b9ff7f0, TFLOP/s-equivalent, fp16 / bf16, N = 8k 371 / 385 against 259 / 259 with 128 rows (the
     split pair: 377 / 395), N = 16k 406 / 426 against 334 / 348 (split 393 / 401); a 3-slot Q/dO
-    ring on top was level at 16k (416 / 427) and mixed at 8k (320 / 411)."""
+    ring on top was level at 16k (416 / 427) and mixed at 8k (320 / 411). Through the public API
+    the gain is smaller (docs/perf-notes.md, "64-row Q blocks")."""
     cfg = dict(config_for(head_dim, causal, 4096), STAGES=2, CARRY_DK=False, WITH_DQ=True, DQ_BUFS=2,
                LSE_EARLY=0 if deterministic else 3, DQ_FIRST=head_dim > 64, PER_HEAD=False,
                PDL_TRIGGER=False)  # ordered adds: the 2-D grid
