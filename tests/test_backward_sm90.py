@@ -300,7 +300,7 @@ from compile_check import compile_gluon_bwd
 from tileflash.ops.gluon import backward as GB
 rows = {}
 for d, causal, det, mode in ((128, False, True, 0), (128, True, False, 0), (64, False, True, 0), (64, True, True, 0),
-                             (128, False, False, 1), (128, False, False, 2)):
+                             (64, False, False, 0), (128, False, False, 1), (128, False, False, 2)):
     ptx = compile_gluon_bwd(d, causal, dict(GB.fused_config_for(d, causal, det), DQ_MODE=mode),
                             deterministic=det).asm["ptx"]
     rows[f"{d} {int(causal)} {int(det)} {mode}"] = [ptx.count("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"),
@@ -312,6 +312,7 @@ print(json.dumps(rows))
     # TMA boxes of 32 each), D = 64 halves 32; the order lives in the writer warp alone
     assert rows["128 0 1 0"][:3] == [4, 1, 1] and rows["128 1 0 0"][:3] == [4, 0, 0]
     assert rows["64 0 1 0"][:3] == [2, 1, 1] and rows["64 1 1 0"][:3] == [2, 1, 1]
+    assert rows["64 0 0 0"][:3] == [2, 0, 0]  # (the 64-row Q blocks deterministic=False runs at D = 64)
     assert rows["128 0 0 1"][0] == 0 and rows["128 0 0 1"][3] == 4
     assert rows["128 0 0 2"][0] == 0 and rows["128 0 0 2"][3] == 0
 
