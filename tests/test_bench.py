@@ -290,3 +290,40 @@ def test_host_bench_cpu(capsys, tmp_path):
         if ln[1] == "sdpa":
             assert float(ln[4]) == 1.0
     assert "flash_attn_func" in prof.read_text() and "flash_attn_with_kvcache" in prof.read_text()
+
+
+def test_ncu_source_summary_ranks_instructions_and_opcodes(tmp_path):
+    """tools/ncu_source.py over a synthetic `ncu --page source --csv --print-source sass` table (with
+    a line ncu prints before the header, thousands separators and an instruction without samples):
+    the instructions come out by samples, with their shares, until --cover of the samples is listed,
+    and the per-opcode sums strip predicates and modifiers. A CSV without the sample column is an
+    error that says which column is missing."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    rows = [("0x10", "@!P0 SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x8], R3", "1,200", "1,150"),
+            ("0x20", "HGMMA.64x128x16.F32 R24, gdesc[UR8], R24", "300", "120"),
+            ("0x30", "BAR.SYNC.DEFER_BLOCKING 0x1, 0x100", "2,000", "1,990"),
+            ("0x40", "@P1 SYNCS.ARRIVE.TRANS64.RED.A1T0 RZ, [UR4], RZ", "500", "480"),
+            ("0x50", "FFMA R1, R2, R3, R4", "0", "0")]
+    text = ['==PROF== Connected to process 1', '"Address","Source","Warp Stall Sampling (All Samples)",'
+            '"Warp Stall Sampling (Not-issued Samples)","Instructions Executed"']
+    text += [f'"{a}","{s}","{n}","{ni}","10"' for a, s, n, ni in rows]
+    path = tmp_path / "src.csv"
+    path.write_text("\n".join(text) + "\n")
+    tool = [sys.executable, str(root / "tools" / "ncu_source.py")]
+    out = subprocess.run(tool + [str(path), "--cover", "0.8"], capture_output=True, text=True, check=True,
+                         timeout=120).stdout
+    assert out.splitlines()[0] == "5 instructions, 4000 warp samples"
+    listed = [ln for ln in out.splitlines() if ln.startswith("| ") and "`" in ln]
+    # 2000 + 1200 = 80% of the samples: the listing stops there
+    assert [ln.split("|")[5].strip() for ln in listed] == ["0x30", "0x10"]
+    assert listed[0].startswith("| 50.0% | 50.0% | 2000 | 1990 |") and listed[1].startswith("| 30.0% | 80.0% |")
+    ops = {ln.split("|")[1].strip(): ln.split("|")[2].strip() for ln in out.splitlines()
+           if ln.startswith("| ") and "`" not in ln and "%" in ln}
+    assert ops == {"BAR": "50.0%", "SYNCS": "42.5%", "HGMMA": "7.5%", "FFMA": "0.0%"}
+    bad = tmp_path / "bad.csv"
+    bad.write_text('"Address","Source","Instructions Executed"\n"0x10","FFMA R1, R2, R3, R4","3"\n')
+    res = subprocess.run(tool + [str(bad)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Warp Stall Sampling (All" in res.stderr and "SourceCounters" in res.stderr

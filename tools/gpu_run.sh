@@ -16,6 +16,8 @@
 #   lse3         the checks of the 2026-12-04 session's unrun work: its GPU tests (LSE scratch, LSE_EARLY=3
 #                bits and schedules), then tools/fused_ab.py with LSE_EARLY=3 for the fused and dK/dV kernels
 #   ab64         tools/fused_ab.py at D = 64 with the fused kernel's tile candidates of a compile sweep
+#   ncusrc       tools/ncu_attn.sh with NCU_SOURCE=1 on the 16k backward cases (ours and FA4's, D 64/128):
+#                where the stall samples sit, per SASS instruction (tools/ncu_source.py)
 #
 # FA4 (flash-attn-4) joins the grid when .fa4/fa4-site.tar.xz is carried: a site folder of its
 # wheels (flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1 + libs-base, libs-core (cutlass.cute's Python)
@@ -98,6 +100,10 @@ for stage in "$@"; do
           --fused-cfg '{"BLOCK_M": 64}' --fused-cfg '{"BLOCK_M": 64, "STAGES": 3}' \
           > "$OUT/ab64.log" 2>&1
       echo "ab64 rc=$?"; tail -n 10 "$OUT/ab64.log" ;;
+    ncusrc)
+      NCU_SOURCE=1 timeout ${NCU_LIMIT:-400} bash tools/ncu_attn.sh ${NCU_CASES:-nbwd64k16 fa4bwd64k16 nbwd128k16 fa4bwd128k16} \
+          > "$OUT/ncusrc.log" 2>&1
+      echo "ncusrc rc=$?"; grep -A 12 "^== source" "$OUT/ncusrc.log" | head -n 60 ;;
     ptx)
       timeout ${PTX_LIMIT:-400} python3 tools/compile_check.py --ptx-digests "$OUT/ptx.json" > "$OUT/ptx.log" 2>&1
       echo "ptx rc=$? $(tail -n 1 "$OUT/ptx.log")" ;;

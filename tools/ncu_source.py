@@ -1,0 +1,119 @@
+"""Where a kernel's warps stall, per SASS instruction: a summary of Nsight Compute's source page.
+
+Input: the CSV that ``ncu --import REPORT --page source --csv --print-source sass`` prints for a
+report taken with the SourceCounters section (``tools/ncu_attn.sh`` with ``NCU_SOURCE=1`` writes
+it as ``src-<case>.csv``). Its rows are SASS instructions; the columns this script reads are found
+by name, so that the exact set ncu prints may vary between versions:
+
+* the instruction text: a column named ``Source``;
+* the address: the first column whose name contains ``Address`` (optional);
+* the samples: the first column whose name contains ``Warp Stall Sampling (All`` (every sample of
+  a warp at that instruction, issued or not), and ``Warp Stall Sampling (Not-issued`` if present.
+
+Prints the instructions that hold the most samples (until ``--cover`` of all samples are listed, at
+most ``--top`` rows) and the samples summed by opcode (predicates and modifiers stripped:
+``@!P0 SYNCS.PHASECHK.TRANS64.TRYWAIT`` counts as ``SYNCS``), so that "barrier stalls are 2x
+FA4's" becomes "N% of the samples sit on this wait".
+
+    python tools/ncu_source.py src-nbwd64k16.csv [--top 30] [--cover 0.9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import re
+import sys
+from collections import Counter
+
+
+def _number(text: str) -> float:
+    text = text.strip().replace(",", "")
+    if not text or text in ("-", "n/a"):
+        return 0.0
+    return float(text)
+
+
+def _find(header, *needles, required=True):
+    for i, name in enumerate(header):
+        if all(n.lower() in name.lower() for n in needles):
+            return i
+    if required:
+        raise ValueError(f"no column with {' and '.join(repr(n) for n in needles)} in the CSV header "
+                         f"{header!r}: was the report taken with --section SourceCounters, and printed "
+                         "with --page source --csv --print-source sass?")
+    return None
+
+
+def opcode(sass: str) -> str:
+    """The opcode of a SASS instruction, without predicate and modifiers: ``@!P0 BAR.SYNC.DEFER_BLOCKING 0x1``
+    -> ``BAR``."""
+    words = sass.strip().split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0].rstrip(";") if words else ""
+
+
+def read_rows(text: str):
+    """(address, instruction, all samples, not-issued samples) per instruction of the CSV ``text``
+    (lines before the header, which ncu may print, are skipped)."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if '"Source"' in line or line.startswith("Source,")
+                  or ",Source," in line), None)
+    if start is None:
+        raise ValueError("no header with a 'Source' column: not ncu's --page source --csv output")
+    reader = csv.reader(io.StringIO("\n".join(lines[start:])))
+    header = next(reader)
+    src = _find(header, "Source")
+    addr = _find(header, "Address", required=False)
+    all_s = _find(header, "Warp Stall Sampling (All")
+    not_issued = _find(header, "Warp Stall Sampling (Not", required=False)
+    rows = []
+    for r in reader:
+        if len(r) <= max(src, all_s):
+            continue
+        rows.append((r[addr] if addr is not None else "", r[src].strip(), _number(r[all_s]),
+                     _number(r[not_issued]) if not_issued is not None else None))
+    return rows
+
+
+def summarize(rows, top: int = 30, cover: float = 0.9) -> str:
+    total = sum(r[2] for r in rows)
+    if total <= 0:
+        return "no stall samples in the CSV (was the SourceCounters section collected?)"
+    out = [f"{len(rows)} instructions, {total:.0f} warp samples", "",
+           "| share | cumulative | samples | not issued | address | instruction |", "|---|---|---|---|---|---|"]
+    done = 0.0
+    for addr, sass, n, ni in sorted(rows, key=lambda r: -r[2])[:top]:
+        done += n
+        out.append(f"| {n / total:.1%} | {done / total:.1%} | {n:.0f} | {'' if ni is None else f'{ni:.0f}'} | "
+                   f"{addr} | `{sass}` |")
+        if done >= cover * total:
+            break
+    by_op = Counter()
+    for _, sass, n, _ in rows:
+        by_op[opcode(sass)] += n
+    out += ["", "| opcode | share | samples |", "|---|---|---|"]
+    out += [f"| {op} | {n / total:.1%} | {n:.0f} |" for op, n in by_op.most_common(15)]
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("csv")
+    ap.add_argument("--top", type=int, default=30, help="at most this many instructions")
+    ap.add_argument("--cover", type=float, default=0.9, help="stop once this share of the samples is listed")
+    a = ap.parse_args(argv)
+    with open(a.csv, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    try:
+        print(summarize(read_rows(text), a.top, a.cover))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
