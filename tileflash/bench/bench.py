@@ -478,8 +478,8 @@ def run(args) -> int:
     prog.close()
     print(format_table(rows))
     if interrupted:
-        print(f"interrupted: {len(rows)} of {prog.total} measurements done; the results written below hold "
-              "only those", flush=True)
+        print(f"interrupted: {len(rows)} of {prog.total} measurements done; the table above and the files "
+              "written below hold only those", flush=True)
     print("TFLOP/s = 4·B·H·Sq·Sk·D / time (×0.5 causal, ×2.5 bwd, ×3.5 fwd+bwd); "
           f"{meta['device_name']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}, git {meta['git']}")
     if args.out:
