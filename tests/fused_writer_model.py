@@ -28,10 +28,15 @@ the first of ``q_full``'s two arrivals) the producer stages the block's LSE/delt
 row of the LSE/delta rings and arrives again; each consumer reads the LSE right after its
 ``q_full`` wait and delta before its dSᵀ, and both reads must see that block's rows.
 
+With ``alt=True`` it models ``DQ_ALT`` instead of the column halves: block it's dQ is computed and
+staged whole by consumer it % 2 (the owner), in staging slot it % DQ_BUFS; only the owner waits for
+``ds_full[it % 2]`` and reads both dSᵀ halves. No barrier releases a dSᵀ buffer: the model checks
+that the alternation itself keeps a half from being overwritten before its owner read it.
+
 Negative controls (``bug``): "one_ds" (a single dSᵀ buffer), "no_turn" (the writer adds without
 waiting for its turn), "no_empty" (consumers stage without waiting for a free slot),
 "lse_one_arrival" (``lse``: ``q_full`` with one arrival, the expect, so the rows may be staged
-after a consumer passed). The test suite (tests/test_backward_sm90.py) checks that each is caught. Usage: python tests/fused_writer_model.py
+after a consumer passed); with ``alt``, "one_ds" and "no_empty" again. The test suite (tests/test_backward_sm90.py) checks that each is caught. Usage: python tests/fused_writer_model.py
 """
 import os
 import random
@@ -45,7 +50,7 @@ class Failure(Exception):
     pass
 
 
-def _program(n, q_blocks, stages, dq_bufs, counters, order, bug, lse=False):
+def _program(n, q_blocks, stages, dq_bufs, counters, order, bug, lse=False, alt=False):
     """The four partitions of K block n's program, as generators that yield a wait predicate
     (a callable: True once they may go on) before each blocking step."""
     total = len(q_blocks)
@@ -54,11 +59,12 @@ def _program(n, q_blocks, stages, dq_bufs, counters, order, bug, lse=False):
     q_empty = [Barrier(2) for _ in range(stages)]
     n_ds = 1 if bug == "one_ds" else 2
     ds_full = [Barrier(2) for _ in range(n_ds)]
-    dq_full = [Barrier(1) for _ in range(2 * dq_bufs)]
-    dq_empty = [Barrier(1) for _ in range(2 * dq_bufs)]
+    n_slots = dq_bufs if alt else 2 * dq_bufs
+    dq_full = [Barrier(1) for _ in range(n_slots)]
+    dq_empty = [Barrier(1) for _ in range(n_slots)]
     ring = [None] * stages                       # which block a Q/dO slot holds
     ds = [[None, None] for _ in range(n_ds)]     # which block each dSᵀ half holds
-    staged = [None] * (2 * dq_bufs)              # which (block, half) a dQ staging slot holds
+    staged = [None] * n_slots                    # which (block, half) a dQ staging slot holds
     rows = [None] * stages                       # which block's LSE/delta rows a ring slot holds
 
     def producer():
@@ -85,6 +91,9 @@ def _program(n, q_blocks, stages, dq_bufs, counters, order, bug, lse=False):
                 if rows[stage] != it:  # delta, read before dSᵀ
                     raise Failure("data")
             buf = it % n_ds
+            if alt:
+                yield from _alt_block(c, it, stage, buf)
+                continue
             ds[buf][c] = it
             ds_full[buf].arrive()
             yield lambda: ds_full[buf].ready((it // n_ds) & 1)
@@ -97,7 +106,37 @@ def _program(n, q_blocks, stages, dq_bufs, counters, order, bug, lse=False):
             staged[slot] = (it, c)
             dq_full[slot].arrive()
 
+    def _alt_block(c, it, stage, buf):
+        # DQ_ALT: the rest of block it for consumer c, from its dSᵀ half on (owner: consumer it % 2)
+        ds[buf][c] = it
+        ds_full[buf].arrive()
+        if it % 2 == c:  # the owner: both halves, then the whole part staged
+            yield lambda: ds_full[buf].ready((it // n_ds) & 1)
+            if ds[buf] != [it, it]:
+                raise Failure("data")
+            slot = it % dq_bufs
+            if it >= dq_bufs and bug != "no_empty":
+                yield lambda: dq_empty[slot].ready(((it // dq_bufs) & 1) ^ 1)
+            staged[slot] = (it,)
+            dq_full[slot].arrive()
+        if ring[stage] != it:  # dK reads Q
+            raise Failure("data")
+        q_empty[stage].arrive()
+
     def writer():
+        if alt:
+            for it in range(total):
+                slot = it % dq_bufs
+                yield lambda: dq_full[slot].ready((it // dq_bufs) & 1)
+                m = q_blocks[it]
+                if bug != "no_turn":
+                    yield lambda: counters[m] == n
+                if staged[slot] != (it,):
+                    raise Failure("data")
+                order[m].append(n)
+                counters[m] += 1
+                dq_empty[slot].arrive()
+            return
         for it in range(total):
             base = (it % dq_bufs) * 2
             phase = (it // dq_bufs) & 1
@@ -116,7 +155,7 @@ def _program(n, q_blocks, stages, dq_bufs, counters, order, bug, lse=False):
     return [producer(), consumer(0), consumer(1), writer()]
 
 
-def run(n_k, n_q, resident, stages, dq_bufs, causal, rng, bug=None, lse=False):
+def run(n_k, n_q, resident, stages, dq_bufs, causal, rng, bug=None, lse=False, alt=False):
     """One random schedule: "ok", "deadlock", "data" (a buffer held the wrong block) or "order"
     (the adds to a Q block did not come in K-block order, or some are missing)."""
     # causal: K block n's first Q block; non-decreasing in n, 0 for n = 0 (bottom-right, Sq = Sk)
@@ -126,7 +165,7 @@ def run(n_k, n_q, resident, stages, dq_bufs, causal, rng, bug=None, lse=False):
 
     def start(n):
         agents = [[a, None] for a in _program(n, list(range(lo[n], n_q)), stages, dq_bufs, counters, order, bug,
-                                              lse)]
+                                              lse, alt)]
         return [n, agents]
 
     try:
@@ -158,11 +197,11 @@ def run(n_k, n_q, resident, stages, dq_bufs, causal, rng, bug=None, lse=False):
     return "ok"
 
 
-def explore(n_k, n_q, resident, stages, dq_bufs, causal, schedules=100, bug=None, seed=0, lse=False):
+def explore(n_k, n_q, resident, stages, dq_bufs, causal, schedules=100, bug=None, seed=0, lse=False, alt=False):
     rng = random.Random(seed)
     out = {}
     for _ in range(schedules):
-        r = run(n_k, n_q, resident, stages, dq_bufs, causal, rng, bug, lse)
+        r = run(n_k, n_q, resident, stages, dq_bufs, causal, rng, bug, lse, alt)
         out[r] = out.get(r, 0) + 1
     return out
 
@@ -177,4 +216,8 @@ if __name__ == "__main__":
         print(f"bug={bug}: {explore(6, 8, 3, 2, 2, True, bug=bug)}")
     for stages in (2, 3):
         print(f"LSE_EARLY=3 stages={stages}: {explore(6, 8, 3, stages, 2, True, lse=True)}")
+    for stages, dq_bufs in ((2, 2), (3, 2), (3, 1)):
+        print(f"DQ_ALT stages={stages} dq_bufs={dq_bufs}: {explore(6, 8, 3, stages, dq_bufs, True, alt=True)}")
+    for bug in ("one_ds", "no_empty", "no_turn"):
+        print(f"DQ_ALT stages=3 bug={bug}: {explore(6, 8, 3, 3, 2, True, bug=bug, alt=True)}")
     print(f"LSE_EARLY=3 bug=lse_one_arrival: {explore(6, 8, 3, 2, 2, True, bug='lse_one_arrival', lse=True)}")

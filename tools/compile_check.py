@@ -167,6 +167,7 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
                      DQ_FIRST=cfg.get("DQ_FIRST", False), DQ_OWN_FIRST=cfg.get("DQ_OWN_FIRST", False),
                      LSE_EARLY=cfg.get("LSE_EARLY", 0), D_OUT=cfg.get("D_OUT", 0),
                      SPLIT_D=cfg.get("SPLIT_D", False))
+        const["DQ_ALT"] = cfg.get("DQ_ALT", False)
         if not const["WITH_DQ"]:
             const.update(dq_desc=None, SEM=None)  # the launcher passes None for the unused dQ buffers
     else:
@@ -178,7 +179,7 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
     kv_rows = bn // 2 if ws and not cfg.get("SPLIT_D", False) else bn
     return _compile_gluon_sm90(GB._attn_bwd_sm90_ws if ws else GB._attn_bwd_sm90, const, dtype, d,
                                dict(q_desc=bm, do_desc=bm, k_desc=kv_rows, v_desc=kv_rows,
-                                    dq_desc=(bm, d // 2)),
+                                    dq_desc=(bm, d if cfg.get("DQ_ALT", False) else d // 2)),
                                dict(LSE="*fp32", DELTA="*fp32", DQ="*fp32", SEM="*i32", DK="*DTYPE", DV="*DTYPE"),
                                fp32_descs=("dq_desc",))
 
@@ -308,6 +309,14 @@ def main():
                 cases.append((f"gluon-bwd-unordered D={d} causal={causal!s:<5}",
                               GB.fused_config_for(d, causal, deterministic=False),
                               lambda d_, c_, cfg_, dt_: compile_gluon_bwd(d_, c_, cfg_, dt_, deterministic=False)))
+                # the consumers taking turns at whole dQ parts (DQ_ALT; not routed to yet), unordered and
+                # ordered, at the route's Q blocks and at 128 rows
+                for bm in (64, 128) if d == 64 else (64,):
+                    for det in (False, True):
+                        cases.append((f"gluon-bwd-dqalt D={d} causal={causal!s:<5} det={det}",
+                                      dict(GB.fused_config_for(d, causal, deterministic=det), DQ_ALT=True, BLOCK_M=bm),
+                                      lambda d_, c_, cfg_, dt_, det_=det: compile_gluon_bwd(d_, c_, cfg_, dt_,
+                                                                                            deterministic=det_)))
                 # the consumers' own LSE/delta loads (the rule before 2026-12-05, opt-in now: 0 for the
                 # D = 64 non-causal dK carry, else a block ahead): the dK/dV kernel and the fused kernel
                 early = 0 if d == 64 and not causal else 2

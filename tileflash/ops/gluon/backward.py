@@ -438,7 +438,7 @@ def _bwd_ws_consumer(shared, writer_bars, C: gl.constexpr, HALF_N: gl.constexpr,
                      BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, CARRY_DK: gl.constexpr,
                      PINGPONG: gl.constexpr, WITH_DQ: gl.constexpr, DQ_BUFS: gl.constexpr, DQ_FIRST: gl.constexpr,
                      DQ_OWN_FIRST: gl.constexpr, LSE_EARLY: gl.constexpr = 0, D_OUT: gl.constexpr = 0,
-                     ld_smem=None):
+                     ld_smem=None, DQ_ALT: gl.constexpr = False):
     """Keys [start_n + C·HALF_N, +HALF_N): the dK/dV schedule of _attn_bwd_sm90 (WITH_DQ=False)
     on one warpgroup, releasing each ring slot when its dK matmul retires. ``shared`` holds
     what both consumers get alike (buffers, barriers, pointers, coordinates and strides; see
@@ -464,7 +464,15 @@ def _bwd_ws_consumer(shared, writer_bars, C: gl.constexpr, HALF_N: gl.constexpr,
     the fused config keeps 0); 3 from shared memory (ld_smem: the LSE and delta rings,
     [STAGES, BLOCK_M] each), where the producer put them (FA3's way: no global-load latency in the
     consumers and no rows held across blocks), the LSE after the Q/dO wait and delta just before
-    dSᵀ."""
+    dSᵀ.
+
+    DQ_ALT (WITH_DQ): the consumers take turns at dQ instead of splitting its columns: consumer
+    it % 2 computes the whole [BLOCK_M, HEAD_DIM] dQ part of block it over all BLOCK_N keys (two
+    wgmmas of N = HEAD_DIM rather than four of N = HEAD_DIM / 2: at D = 64 a column half is an N = 32
+    wgmma, which reads 1.5x the shared-memory operand bytes per multiply-add of an N = 64 one) and
+    stages it in one slot for the writer; the other consumer does not wait for the dSᵀ exchange in
+    that block. dSᵀ buffer it % 2 is then read by its owner only; the consumers still alternate
+    in lockstep (each owner waits for the other's half), which is what frees the buffers."""
     (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_full, q_empty, pp_bar, LSE, DELTA, DK, DV,
      off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale, sm_scale,
      stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
@@ -489,7 +497,7 @@ def _bwd_ws_consumer(shared, writer_bars, C: gl.constexpr, HALF_N: gl.constexpr,
     if WITH_DQ:
         gl.static_assert(not CARRY_DK, "WITH_DQ waits for dK within each block (CARRY_DK=False)")
         ds_full, dq_full, dq_empty = writer_bars
-        DQ_D: gl.constexpr = HEAD_DIM // 2                                            # this consumer's dQ columns
+        DQ_D: gl.constexpr = HEAD_DIM if DQ_ALT else HEAD_DIM // 2                   # this consumer's dQ columns
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, DQ_D, 16])
         OTHER: gl.constexpr = 1 - C
@@ -536,6 +544,42 @@ def _bwd_ws_consumer(shared, writer_bars, C: gl.constexpr, HALF_N: gl.constexpr,
             dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                         # [HALF_N, HEAD_DIM]
             dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
             _f90._ws_pass(pp_bar, C, PINGPONG)
+        elif WITH_DQ and DQ_ALT:
+            dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                         # [HALF_N, HEAD_DIM]
+            dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)                   # [HALF_N, BLOCK_M]
+            # dSᵀ buffer it % 2, and the consumer that computes this block's dQ. The buffer's block it - 2
+            # was read by its owner before that one wrote its half of block it - 1, which the other
+            # consumer (that block's owner) waited for: no release barrier is needed
+            ds_buf = it % 2
+            ds_smem.index(2 * ds_buf + C).store(dst)
+            fence_async_shared()
+            _cta_barrier()   # every row of this warpgroup is written before the arrival
+            mbarrier.arrive(ds_full.index(ds_buf), count=1)
+            b_dst = gl.convert_layout(dst, op_layout)                                 # [HALF_N, BLOCK_M]
+            # (no wgmma stays in flight into the branch: an accumulator cannot cross it)
+            dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv,))
+            if ds_buf == C:
+                # this block's whole dQ part over all BLOCK_N keys: dS·K, one wgmma per key half, issued
+                # before dK so that dK runs on while the part is staged
+                mbarrier.wait(ds_full.index(ds_buf), (it // 2) & 1)                  # both halves are in
+                dq_tok = gl.zeros([BLOCK_M, DQ_D], gl.float32, dq_layout)             # [BLOCK_M, HEAD_DIM]
+                dq_tok = warpgroup_mma(ds_smem.index(2 * ds_buf).permute((1, 0)), k_smem.index(0), dq_tok,
+                                       use_acc=False, is_async=True)
+                dq_tok = warpgroup_mma(ds_smem.index(2 * ds_buf + 1).permute((1, 0)), k_smem.index(1), dq_tok,
+                                       is_async=True)
+                dk = warpgroup_mma(b_dst, q_s, dk, is_async=True)                    # [HALF_N, HEAD_DIM]
+                dq_part = warpgroup_mma_wait(num_outstanding=1, deps=(dq_tok,))       # [BLOCK_M, HEAD_DIM]
+                slot = it % DQ_BUFS
+                mbarrier.wait(dq_empty.index(slot), ((it // DQ_BUFS) & 1) ^ 1, pred=it >= DQ_BUFS)
+                dq_smem.index(slot).store(dq_part)
+                fence_async_shared()
+                _cta_barrier()
+                mbarrier.arrive(dq_full.index(slot), count=1)
+                dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
+            else:
+                dk = warpgroup_mma(b_dst, q_s, dk, is_async=True)                    # [HALF_N, HEAD_DIM]
+                dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
+            mbarrier.arrive(q_empty.index(stage), count=1)                            # Q/dO slot done
         elif WITH_DQ:
             dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                         # [HALF_N, HEAD_DIM]
             dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)                   # [HALF_N, BLOCK_M]
@@ -762,7 +806,8 @@ def _bwd_ws_split_consumer(shared, split, C: gl.constexpr, BLOCK_N: gl.constexpr
 @gluon.jit
 def _bwd_ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, off_b, off_hk, kv_group, lo, per_head, total,
                       seqlen_q, nheads, n_m, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                      DQ_BUFS: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_MODE: gl.constexpr):
+                      DQ_BUFS: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_MODE: gl.constexpr,
+                      DQ_ALT: gl.constexpr = False):
     """The fused mode's dQ writer (one warp). Per Q block the two consumers stage the two column
     halves of dS·K over the whole K block (_bwd_ws_consumer); this warp adds both with TMA bulk
     reductions into the fp32 (B·Sq, H·D) view behind dq_desc and frees the slots once the
@@ -770,29 +815,49 @@ def _bwd_ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, off_b, off_hk, k
     added theirs to the Q block (a counter per (b, h, Q block) at SEM), and counts this one once
     its reductions have completed, so the fp32 sums are the same bits on every run; the consumers
     never wait on the order, only on a free staging slot (FA3's deterministic mode). DQ_MODE 1 (a
-    plain TMA store) and 2 (no global write) are wrong on purpose, to time the reductions' cost."""
+    plain TMA store) and 2 (no global write) are wrong on purpose, to time the reductions' cost.
+    DQ_ALT: one consumer stages the whole [BLOCK_M, HEAD_DIM] part of a block, in slot it % DQ_BUFS."""
     DQ_D: gl.constexpr = HEAD_DIM // 2
-    for it in range(total):
-        base = (it % DQ_BUFS) * 2
-        phase = (it // DQ_BUFS) & 1
-        h = off_hk * kv_group + it // per_head
-        start_m = lo + (it % per_head) * BLOCK_M
-        mbarrier.wait(dq_full.index(base), phase)
-        mbarrier.wait(dq_full.index(base + 1), phase)
-        if DETERMINISTIC:
-            sem = SEM + (off_b * nheads + h) * n_m + start_m // BLOCK_M                # (b, h, Q block)
-            _dq_turn(sem, gl.program_id(1))   # K blocks 0 .. n-1 have added theirs
-        for c in gl.static_range(2):
+    if DQ_ALT:
+        for it in range(total):
+            slot = it % DQ_BUFS
+            h = off_hk * kv_group + it // per_head
+            start_m = lo + (it % per_head) * BLOCK_M
+            mbarrier.wait(dq_full.index(slot), (it // DQ_BUFS) & 1)
+            if DETERMINISTIC:
+                sem = SEM + (off_b * nheads + h) * n_m + start_m // BLOCK_M            # (b, h, Q block)
+                _dq_turn(sem, gl.program_id(1))
             if DQ_MODE == 0:
-                _f90._tma_add(dq_desc, [off_b * seqlen_q + start_m, h * HEAD_DIM + c * DQ_D], dq_smem.index(base + c))
-            elif DQ_MODE == 1:  # timing only (wrong dQ): a plain TMA store, no reduction
-                _f90._tma_store(dq_desc, [off_b * seqlen_q + start_m, h * HEAD_DIM + c * DQ_D], dq_smem.index(base + c))
-        if DETERMINISTIC:
-            _dq_turn_done(sem)          # completed (in global memory), then counted
-        else:
-            _f90.tma.store_wait(0)      # read: the slots can be refilled
-        mbarrier.arrive(dq_empty.index(base), count=1)
-        mbarrier.arrive(dq_empty.index(base + 1), count=1)
+                _f90._tma_add(dq_desc, [off_b * seqlen_q + start_m, h * HEAD_DIM], dq_smem.index(slot))
+            elif DQ_MODE == 1:
+                _f90._tma_store(dq_desc, [off_b * seqlen_q + start_m, h * HEAD_DIM], dq_smem.index(slot))
+            if DETERMINISTIC:
+                _dq_turn_done(sem)
+            else:
+                _f90.tma.store_wait(0)
+            mbarrier.arrive(dq_empty.index(slot), count=1)
+    else:
+        for it in range(total):
+            base = (it % DQ_BUFS) * 2
+            phase = (it // DQ_BUFS) & 1
+            h = off_hk * kv_group + it // per_head
+            start_m = lo + (it % per_head) * BLOCK_M
+            mbarrier.wait(dq_full.index(base), phase)
+            mbarrier.wait(dq_full.index(base + 1), phase)
+            if DETERMINISTIC:
+                sem = SEM + (off_b * nheads + h) * n_m + start_m // BLOCK_M                # (b, h, Q block)
+                _dq_turn(sem, gl.program_id(1))   # K blocks 0 .. n-1 have added theirs
+            for c in gl.static_range(2):
+                if DQ_MODE == 0:
+                    _f90._tma_add(dq_desc, [off_b * seqlen_q + start_m, h * HEAD_DIM + c * DQ_D], dq_smem.index(base + c))
+                elif DQ_MODE == 1:  # timing only (wrong dQ): a plain TMA store, no reduction
+                    _f90._tma_store(dq_desc, [off_b * seqlen_q + start_m, h * HEAD_DIM + c * DQ_D], dq_smem.index(base + c))
+            if DETERMINISTIC:
+                _dq_turn_done(sem)          # completed (in global memory), then counted
+            else:
+                _f90.tma.store_wait(0)      # read: the slots can be refilled
+            mbarrier.arrive(dq_empty.index(base), count=1)
+            mbarrier.arrive(dq_empty.index(base + 1), count=1)
 
 @gluon.jit
 def _attn_bwd_sm90_ws(
@@ -807,12 +872,13 @@ def _attn_bwd_sm90_ws(
     DQ_MODE: gl.constexpr = 0, PER_HEAD: gl.constexpr = False, PDL_TRIGGER: gl.constexpr = False,
     DQ_BUFS: gl.constexpr = 2, DQ_FIRST: gl.constexpr = False, DQ_OWN_FIRST: gl.constexpr = False,
     LSE_EARLY: gl.constexpr = 0, D_OUT: gl.constexpr = 0, SPLIT_D: gl.constexpr = False,
+    DQ_ALT: gl.constexpr = False,
 ):
     """One program per (batch·kv head, K/V block) as _attn_bwd_sm90; k_desc/v_desc blocks are
     the BLOCK_N // 2-key halves (SPLIT_D: the whole BLOCK_N keys, which both consumers share,
     each owning half of dK's and dV's columns: _bwd_ws_split_consumer). WITH_DQ: also dQ, summed into the fp32 buffer behind dq_desc
     by a fourth, 1-warp partition (_bwd_ws_dq_writer; DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST and
-    DQ_MODE: see _bwd_ws_consumer and the writer); otherwise dq_desc and SEM are unused.
+    DQ_MODE, DQ_ALT: see _bwd_ws_consumer and the writer); otherwise dq_desc and SEM are unused.
     LSE_EARLY: where the consumers load the LSE/delta rows (_bwd_ws_consumer). PER_HEAD: the launch order of
     _kv_block_coords with a head's K/V blocks together (not with WITH_DQ, whose ordered adds
     take their turn from program_id(1)). PDL_TRIGGER: let the next kernel (the dQ kernel, if
@@ -858,17 +924,21 @@ def _attn_bwd_sm90_ws(
         split = _split_exchange(BLOCK_N, BLOCK_M, dtype)   # Pᵀ and dSᵀ of the current Q block
     if WITH_DQ:
         # dSᵀ of both consumers, double-buffered ([2 blocks · 2 key halves, HALF_N, BLOCK_M]); the
-        # staged dQ column halves ([DQ_BUFS blocks · 2 halves, BLOCK_M, HEAD_DIM // 2] fp32)
+        # staged dQ column halves ([DQ_BUFS blocks · 2 halves, BLOCK_M, HEAD_DIM // 2] fp32; DQ_ALT:
+        # whole parts, [DQ_BUFS blocks, BLOCK_M, HEAD_DIM])
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF_N, BLOCK_M], dtype)
         ds_smem = gl.allocate_shared_memory(dtype, [4, HALF_N, BLOCK_M], ds_layout)
-        gl.static_assert(dq_desc.block_type.shape[1] == HEAD_DIM // 2, "dq_desc's blocks are half a head wide")
-        dq_smem = gl.allocate_shared_memory(gl.float32, [2 * DQ_BUFS, BLOCK_M, HEAD_DIM // 2], dq_desc.layout)
+        DQ_SLOTS: gl.constexpr = DQ_BUFS * (1 if DQ_ALT else 2)
+        DQ_COLS: gl.constexpr = HEAD_DIM // (1 if DQ_ALT else 2)
+        gl.static_assert(dq_desc.block_type.shape[1] == HEAD_DIM // (1 if DQ_ALT else 2),
+                         "dq_desc's blocks are half a head wide (DQ_ALT: whole)")
+        dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_SLOTS, BLOCK_M, DQ_COLS], dq_desc.layout)
         ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        dq_full = gl.allocate_shared_memory(gl.int64, [2 * DQ_BUFS, 1], mbarrier.MBarrierLayout())
-        dq_empty = gl.allocate_shared_memory(gl.int64, [2 * DQ_BUFS, 1], mbarrier.MBarrierLayout())
+        dq_full = gl.allocate_shared_memory(gl.int64, [DQ_SLOTS, 1], mbarrier.MBarrierLayout())
+        dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_SLOTS, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(ds_full.index(i), count=2)   # one arrival per consumer
-        for i in gl.static_range(2 * DQ_BUFS):
+        for i in gl.static_range(DQ_SLOTS):
             mbarrier.init(dq_full.index(i), count=1)
             mbarrier.init(dq_empty.index(i), count=1)
         writer_bars = (ds_full, dq_full, dq_empty)
@@ -894,16 +964,16 @@ def _attn_bwd_sm90_ws(
     elif WITH_DQ:
         gl.warp_specialize([
             (_bwd_ws_consumer, (shared, writer_bars, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK, PINGPONG,
-                                WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY, D_OUT, ld_smem)),
+                                WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY, D_OUT, ld_smem, DQ_ALT)),
             (_bwd_ws_consumer, (shared, writer_bars, 1, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK, PINGPONG,
-                                WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY, D_OUT, ld_smem)),
+                                WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY, D_OUT, ld_smem, DQ_ALT)),
             (_bwd_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
                                 q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh,
                                 q_ch, HALF_N, BLOCK_M, STAGES, 2, ld_smem, LSE, DELTA, stride_lb, stride_lh,
                                 LSE_EARLY)),
             (_bwd_ws_dq_writer, (dq_desc, dq_smem, writer_bars[1], writer_bars[2], SEM, off_b, off_hk, kv_group,
                                  lo, per_head, total, seqlen_q, nheads_k * kv_group, n_m, HEAD_DIM, BLOCK_M,
-                                 DQ_BUFS, DETERMINISTIC, DQ_MODE)),
+                                 DQ_BUFS, DETERMINISTIC, DQ_MODE, DQ_ALT)),
         ], [4, 1, 1], [CONSUMER_REGS, 24, 24])
     else:
         gl.warp_specialize([
@@ -1447,7 +1517,7 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
         dq_acc = torch.zeros((batch, seqlen_q, nheads, d), dtype=torch.float32, device=q.device)
         sem = torch.zeros((batch * nheads * (seqlen_q // bm),), dtype=torch.int32, device=q.device)
         dq_view = dq_acc.view(batch * seqlen_q, nheads * d)
-        dq_d = d // 2  # each consumer's column half of dQ
+        dq_d = d if cfg.get("DQ_ALT", False) else d // 2  # each consumer's column half of dQ (DQ_ALT: all of it)
         dq_desc = _f90.TensorDescriptor(dq_view, list(dq_view.shape), [nheads * d, 1], [bm, dq_d],
                                         gl.NVMMASharedLayout.get_default_for([bm, dq_d], gl.float32))
     elif with_dq:
@@ -1469,6 +1539,7 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
             PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=with_dq, DETERMINISTIC=deterministic,
             DQ_MODE=cfg.get("DQ_MODE", 0), DQ_BUFS=cfg.get("DQ_BUFS", 2), DQ_FIRST=cfg.get("DQ_FIRST", False),
             DQ_OWN_FIRST=cfg.get("DQ_OWN_FIRST", False), LSE_EARLY=cfg.get("LSE_EARLY", 0), D_OUT=_d_out(dk, d),
+            DQ_ALT=cfg.get("DQ_ALT", False),
         )
         if with_dq:  # dq = scale · dq_acc (its first dq.shape[-1] columns), cast to q's dtype in one pass
             torch.mul(dq_acc[..., :dq.shape[-1]], softmax_scale, out=dq)
