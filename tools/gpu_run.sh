@@ -16,6 +16,8 @@
 #   lse3         the checks of the 2026-12-04 session's unrun work: its GPU tests (LSE scratch, LSE_EARLY=3
 #                bits and schedules), then tools/fused_ab.py with LSE_EARLY=3 for the fused and dK/dV kernels
 #   ab64         tools/fused_ab.py at D = 64 with the fused kernel's tile candidates of a compile sweep
+#   alt          the fused-mode GPU tests (DQ_ALT variants included), then tools/fused_ab.py at D = 64 with DQ_ALT
+#                (the consumers take turns at whole dQ parts) at the route's 64-row and at 128-row Q blocks
 #   ncusrc       tools/ncu_attn.sh with NCU_SOURCE=1 on the 16k backward cases (ours and FA4's, D 64/128):
 #                where the stall samples sit, per SASS instruction (tools/ncu_source.py)
 #
@@ -100,6 +102,14 @@ for stage in "$@"; do
           --fused-cfg '{"BLOCK_M": 64}' --fused-cfg '{"BLOCK_M": 64, "STAGES": 3}' \
           > "$OUT/ab64.log" 2>&1
       echo "ab64 rc=$?"; tail -n 10 "$OUT/ab64.log" ;;
+    alt)
+      timeout ${TESTS_LIMIT:-150} python3 -m pytest -q -rf -n 8 -p no:cacheprovider tests/test_backward_sm90.py \
+          -k "fused_schedule or protocol or unordered or fused_mode" > "$OUT/alt-tests.log" 2>&1
+      echo "alt tests rc=$? $(tail -n 1 "$OUT/alt-tests.log")"
+      timeout ${AB_LIMIT:-300} python3 tools/fused_ab.py --dims 64 --seqlens ${AB_SEQLENS:-4096 8192 16384} \
+          --dtypes float16 --fused-cfg '{"DQ_ALT": true}' --fused-cfg '{"DQ_ALT": true, "BLOCK_M": 128}' \
+          > "$OUT/alt-ab.log" 2>&1
+      echo "alt ab rc=$?"; tail -n 12 "$OUT/alt-ab.log" ;;
     ncusrc)
       NCU_SOURCE=1 timeout ${NCU_LIMIT:-400} bash tools/ncu_attn.sh ${NCU_CASES:-nbwd64k16 fa4bwd64k16 nbwd128k16 fa4bwd128k16} \
           > "$OUT/ncusrc.log" 2>&1
