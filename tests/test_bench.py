@@ -296,20 +296,23 @@ def test_ncu_source_summary_ranks_instructions_and_opcodes(tmp_path):
     """tools/ncu_source.py over a synthetic `ncu --page source --csv --print-source sass` table (with
     a line ncu prints before the header, thousands separators and an instruction without samples):
     the instructions come out by samples, with their shares, until --cover of the samples is listed,
-    and the per-opcode sums strip predicates and modifiers. A CSV without the sample column is an
-    error that says which column is missing."""
+    and the per-opcode sums strip predicates and modifiers; the samples grouped by execution count
+    (the partitions of a warp-specialized kernel) carry their largest stall reasons. A CSV without
+    the sample column is an error that says which column is missing."""
     import subprocess
     import sys
 
     root = Path(__file__).resolve().parents[1]
-    rows = [("0x10", "@!P0 SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x8], R3", "1,200", "1,150"),
-            ("0x20", "HGMMA.64x128x16.F32 R24, gdesc[UR8], R24", "300", "120"),
-            ("0x30", "BAR.SYNC.DEFER_BLOCKING 0x1, 0x100", "2,000", "1,990"),
-            ("0x40", "@P1 SYNCS.ARRIVE.TRANS64.RED.A1T0 RZ, [UR4], RZ", "500", "480"),
-            ("0x50", "FFMA R1, R2, R3, R4", "0", "0")]
+    # (address, instruction, samples, not issued, times executed, barrier and long-scoreboard samples)
+    rows = [("0x10", "@!P0 SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x8], R3", "1,200", "1,150", "4,096", 0, 1200),
+            ("0x20", "HGMMA.64x128x16.F32 R24, gdesc[UR8], R24", "300", "120", "4,100", 100, 0),
+            ("0x30", "BAR.SYNC.DEFER_BLOCKING 0x1, 0x100", "2,000", "1,990", "8", 2000, 0),
+            ("0x40", "@P1 SYNCS.ARRIVE.TRANS64.RED.A1T0 RZ, [UR4], RZ", "500", "480", "512", 0, 500),
+            ("0x50", "FFMA R1, R2, R3, R4", "0", "0", "4,096", 0, 0)]
     text = ['==PROF== Connected to process 1', '"Address","Source","Warp Stall Sampling (All Samples)",'
-            '"Warp Stall Sampling (Not-issued Samples)","Instructions Executed"']
-    text += [f'"{a}","{s}","{n}","{ni}","10"' for a, s, n, ni in rows]
+            '"Warp Stall Sampling (Not-issued Samples)","Instructions Executed","stall_barrier","stall_long_sb",'
+            '"stall_barrier (Not Issued)"']
+    text += [f'"{a}","{s}","{n}","{ni}","{ex}","{b}","{lsb}","0"' for a, s, n, ni, ex, b, lsb in rows]
     path = tmp_path / "src.csv"
     path.write_text("\n".join(text) + "\n")
     tool = [sys.executable, str(root / "tools" / "ncu_source.py")]
@@ -320,9 +323,16 @@ def test_ncu_source_summary_ranks_instructions_and_opcodes(tmp_path):
     # 2000 + 1200 = 80% of the samples: the listing stops there
     assert [ln.split("|")[5].strip() for ln in listed] == ["0x30", "0x10"]
     assert listed[0].startswith("| 50.0% | 50.0% | 2000 | 1990 |") and listed[1].startswith("| 30.0% | 80.0% |")
-    ops = {ln.split("|")[1].strip(): ln.split("|")[2].strip() for ln in out.splitlines()
-           if ln.startswith("| ") and "`" not in ln and "%" in ln}
+    tables = out.split("\n\n")
+    ops_table = next(t for t in tables if t.startswith("| opcode |"))
+    ops = {ln.split("|")[1].strip(): ln.split("|")[2].strip() for ln in ops_table.splitlines()[2:]}
     assert ops == {"BAR": "50.0%", "SYNCS": "42.5%", "HGMMA": "7.5%", "FFMA": "0.0%"}
+    # by execution count (two significant digits: 4,096 and 4,100 are one group); 512 holds 12.5%
+    groups = next(t for t in tables if t.startswith("| executed |")).splitlines()[2:]
+    assert [g.split("|")[1:4] for g in groups] == [[" 8 ", " 1 ", " 50.0% "], [" 4.1e+03 ", " 3 ", " 37.5% "],
+                                                   [" 5.1e+02 ", " 1 ", " 12.5% "]]
+    assert groups[0].split("|")[4].strip() == "barrier 50.0%"
+    assert groups[1].split("|")[4].strip() == "long_sb 30.0%, barrier 2.5%"
     bad = tmp_path / "bad.csv"
     bad.write_text('"Address","Source","Instructions Executed"\n"0x10","FFMA R1, R2, R3, R4","3"\n')
     res = subprocess.run(tool + [str(bad)], capture_output=True, text=True, timeout=120)

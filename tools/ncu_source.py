@@ -15,6 +15,15 @@ most ``--top`` rows) and the samples summed by opcode (predicates and modifiers 
 ``@!P0 SYNCS.PHASECHK.TRANS64.TRYWAIT`` counts as ``SYNCS``), so that "barrier stalls are 2x
 FA4's" becomes "N% of the samples sit on this wait".
 
+With an ``Instructions Executed`` column it also sums the samples by execution count: every
+instruction of one partition's loop runs the same number of times (its warps times its
+iterations), so these groups approximate the partitions of a warp-specialized kernel (the two
+consumer warpgroups, the producer warp, ...), each with its largest stall reasons (the
+``stall_*`` columns, where ncu prints them). A group of a few instructions run once per warp that
+holds many samples is warps idling at a barrier, e.g. the warps triton adds to round a
+warp-specialized CTA up to whole warpgroups: their stalls delay nobody, although they count in
+Nsight Compute's per-kernel "stalled per issued instruction" ratios.
+
     python tools/ncu_source.py src-nbwd64k16.csv [--top 30] [--cover 0.9]
 """
 
@@ -24,7 +33,9 @@ import argparse
 import csv
 import io
 import sys
-from collections import Counter
+from collections import Counter, namedtuple
+
+Row = namedtuple("Row", "addr sass samples not_issued executed reasons")
 
 
 def _number(text: str) -> float:
@@ -55,8 +66,9 @@ def opcode(sass: str) -> str:
 
 
 def read_rows(text: str):
-    """(address, instruction, all samples, not-issued samples) per instruction of the CSV ``text``
-    (lines before the header, which ncu may print, are skipped)."""
+    """A :data:`Row` (address, instruction, all samples, not-issued samples or None, times executed
+    or None, {stall reason: samples}) per instruction of the CSV ``text`` (lines before the header,
+    which ncu may print, are skipped)."""
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if '"Source"' in line or line.startswith("Source,")
                   or ",Source," in line), None)
@@ -68,33 +80,63 @@ def read_rows(text: str):
     addr = _find(header, "Address", required=False)
     all_s = _find(header, "Warp Stall Sampling (All")
     not_issued = _find(header, "Warp Stall Sampling (Not", required=False)
+    executed = next((i for i, name in enumerate(header) if name.strip() == "Instructions Executed"), None)
+    # per-reason samples (all samples, not the "(Not Issued)" copies): stall_barrier, stall_long_sb, ...
+    reasons = [(i, name.strip()[len("stall_"):]) for i, name in enumerate(header)
+               if name.strip().startswith("stall_") and "(" not in name]
     rows = []
     for r in reader:
         if len(r) <= max(src, all_s):
             continue
-        rows.append((r[addr] if addr is not None else "", r[src].strip(), _number(r[all_s]),
-                     _number(r[not_issued]) if not_issued is not None else None))
+        rows.append(Row(r[addr] if addr is not None else "", r[src].strip(), _number(r[all_s]),
+                        _number(r[not_issued]) if not_issued is not None else None,
+                        _number(r[executed]) if executed is not None and executed < len(r) else None,
+                        {name: _number(r[i]) for i, name in reasons if i < len(r)}))
     return rows
 
 
+def by_executed(rows, total: float, least: float = 0.005) -> list:
+    """Markdown rows of the samples grouped by execution count (two significant digits), largest
+    first, groups under ``least`` of the samples left out; [] without an execution-count column."""
+    groups = {}
+    for r in rows:
+        if r.executed is None:
+            return []
+        g = groups.setdefault(float(f"{r.executed:.2g}"), [0, 0.0, Counter()])
+        g[0] += 1
+        g[1] += r.samples
+        g[2].update(r.reasons)
+    out = []
+    for ex, (n, samples, reasons) in sorted(groups.items(), key=lambda kv: -kv[1][1]):
+        if samples < least * total:
+            break
+        top = ", ".join(f"{name} {v / total:.1%}" for name, v in reasons.most_common(3) if v > 0)
+        out.append(f"| {ex:.2g} | {n} | {samples / total:.1%} | {top} |")
+    return out
+
+
 def summarize(rows, top: int = 30, cover: float = 0.9) -> str:
-    total = sum(r[2] for r in rows)
+    total = sum(r.samples for r in rows)
     if total <= 0:
         return "no stall samples in the CSV (was the SourceCounters section collected?)"
     out = [f"{len(rows)} instructions, {total:.0f} warp samples", "",
            "| share | cumulative | samples | not issued | address | instruction |", "|---|---|---|---|---|---|"]
     done = 0.0
-    for addr, sass, n, ni in sorted(rows, key=lambda r: -r[2])[:top]:
+    for addr, sass, n, ni, _, _ in sorted(rows, key=lambda r: -r.samples)[:top]:
         done += n
         out.append(f"| {n / total:.1%} | {done / total:.1%} | {n:.0f} | {'' if ni is None else f'{ni:.0f}'} | "
                    f"{addr} | `{sass}` |")
         if done >= cover * total:
             break
     by_op = Counter()
-    for _, sass, n, _ in rows:
-        by_op[opcode(sass)] += n
+    for r in rows:
+        by_op[opcode(r.sass)] += r.samples
     out += ["", "| opcode | share | samples |", "|---|---|---|"]
     out += [f"| {op} | {n / total:.1%} | {n:.0f} |" for op, n in by_op.most_common(15)]
+    groups = by_executed(rows, total)
+    if groups:
+        out += ["", "| executed | instructions | share | largest stall reasons (share of all samples) |",
+                "|---|---|---|---|"] + groups
     return "\n".join(out)
 
 
