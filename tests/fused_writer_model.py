@@ -28,6 +28,9 @@ the first of ``q_full``'s two arrivals) the producer stages the block's LSE/delt
 row of the LSE/delta rings and arrives again; each consumer reads the LSE right after its
 ``q_full`` wait and delta before its dSᵀ, and both reads must see that block's rows.
 
+With ``late=True`` it models ``DQ_LATE``: a consumer stages block it's dQ half after its
+``q_full`` wait of block it + 1 (the last block's after its loop).
+
 With ``alt=True`` it models ``DQ_ALT`` instead of the column halves: block it's dQ is computed and
 staged whole by consumer it % 2 (the owner), in staging slot it % DQ_BUFS; only the owner waits for
 ``ds_full[it % 2]`` and reads both dSᵀ halves. No barrier releases a dSᵀ buffer: the model checks
@@ -50,7 +53,7 @@ class Failure(Exception):
     pass
 
 
-def _program(n, q_blocks, stages, dq_bufs, counters, order, bug, lse=False, alt=False):
+def _program(n, q_blocks, stages, dq_bufs, counters, order, bug, lse=False, alt=False, late=False):
     """The four partitions of K block n's program, as generators that yield a wait predicate
     (a callable: True once they may go on) before each blocking step."""
     total = len(q_blocks)
@@ -80,12 +83,21 @@ def _program(n, q_blocks, stages, dq_bufs, counters, order, bug, lse=False, alt=
                 if second:
                     q_full[slot].arrive()
 
+    def stage_dq(c, it):
+        slot = (it % dq_bufs) * 2 + c
+        if it >= dq_bufs and bug != "no_empty":
+            yield lambda: dq_empty[slot].ready(((it // dq_bufs) & 1) ^ 1)
+        staged[slot] = (it, c)
+        dq_full[slot].arrive()
+
     def consumer(c):
         for it in range(total):
             stage = it % stages
             yield lambda: q_full[stage].ready((it // stages) & 1)
             if ring[stage] != it or (lse and rows[stage] != it):  # Q/dO, and the LSE row (LSE_EARLY=3)
                 raise Failure("data")
+            if late and it > 0:  # DQ_LATE: block it - 1's half, under this block's first matmuls
+                yield from stage_dq(c, it - 1)
             if lse:
                 yield lambda: True     # Sᵀ and dPᵀ: anything may run meanwhile
                 if rows[stage] != it:  # delta, read before dSᵀ
@@ -100,11 +112,10 @@ def _program(n, q_blocks, stages, dq_bufs, counters, order, bug, lse=False, alt=
             if ds[buf] != [it, it] or ring[stage] != it:  # the dQ wgmmas read both halves, dK reads Q
                 raise Failure("data")
             q_empty[stage].arrive()
-            slot = (it % dq_bufs) * 2 + c
-            if it >= dq_bufs and bug != "no_empty":
-                yield lambda: dq_empty[slot].ready(((it // dq_bufs) & 1) ^ 1)
-            staged[slot] = (it, c)
-            dq_full[slot].arrive()
+            if not late:
+                yield from stage_dq(c, it)
+        if late and total:
+            yield from stage_dq(c, total - 1)
 
     def _alt_block(c, it, stage, buf):
         # DQ_ALT: the rest of block it for consumer c, from its dSᵀ half on (owner: consumer it % 2)
@@ -155,7 +166,7 @@ def _program(n, q_blocks, stages, dq_bufs, counters, order, bug, lse=False, alt=
     return [producer(), consumer(0), consumer(1), writer()]
 
 
-def run(n_k, n_q, resident, stages, dq_bufs, causal, rng, bug=None, lse=False, alt=False):
+def run(n_k, n_q, resident, stages, dq_bufs, causal, rng, bug=None, lse=False, alt=False, late=False):
     """One random schedule: "ok", "deadlock", "data" (a buffer held the wrong block) or "order"
     (the adds to a Q block did not come in K-block order, or some are missing)."""
     # causal: K block n's first Q block; non-decreasing in n, 0 for n = 0 (bottom-right, Sq = Sk)
@@ -165,7 +176,7 @@ def run(n_k, n_q, resident, stages, dq_bufs, causal, rng, bug=None, lse=False, a
 
     def start(n):
         agents = [[a, None] for a in _program(n, list(range(lo[n], n_q)), stages, dq_bufs, counters, order, bug,
-                                              lse, alt)]
+                                              lse, alt, late)]
         return [n, agents]
 
     try:
@@ -197,11 +208,12 @@ def run(n_k, n_q, resident, stages, dq_bufs, causal, rng, bug=None, lse=False, a
     return "ok"
 
 
-def explore(n_k, n_q, resident, stages, dq_bufs, causal, schedules=100, bug=None, seed=0, lse=False, alt=False):
+def explore(n_k, n_q, resident, stages, dq_bufs, causal, schedules=100, bug=None, seed=0, lse=False, alt=False,
+            late=False):
     rng = random.Random(seed)
     out = {}
     for _ in range(schedules):
-        r = run(n_k, n_q, resident, stages, dq_bufs, causal, rng, bug, lse, alt)
+        r = run(n_k, n_q, resident, stages, dq_bufs, causal, rng, bug, lse, alt, late)
         out[r] = out.get(r, 0) + 1
     return out
 
@@ -220,4 +232,8 @@ if __name__ == "__main__":
         print(f"DQ_ALT stages={stages} dq_bufs={dq_bufs}: {explore(6, 8, 3, stages, dq_bufs, True, alt=True)}")
     for bug in ("one_ds", "no_empty", "no_turn"):
         print(f"DQ_ALT stages=3 bug={bug}: {explore(6, 8, 3, 3, 2, True, bug=bug, alt=True)}")
+    for stages, dq_bufs in ((2, 2), (3, 1)):
+        print(f"DQ_LATE stages={stages} dq_bufs={dq_bufs}: {explore(6, 8, 3, stages, dq_bufs, True, late=True)}")
+    for bug in ("no_empty", "no_turn"):
+        print(f"DQ_LATE bug={bug}: {explore(6, 8, 3, 2, 2, True, bug=bug, late=True)}")
     print(f"LSE_EARLY=3 bug=lse_one_arrival: {explore(6, 8, 3, 2, 2, True, bug='lse_one_arrival', lse=True)}")

@@ -713,16 +713,18 @@ def test_lse_early_moves_loads_not_bits(case, d, causal):
 @needs_sm90
 @pytest.mark.parametrize("variant", [dict(DQ_OWN_FIRST=True), dict(DQ_BUFS=1), dict(DQ_FIRST="flip"), dict(LSE_EARLY=2),
                                      dict(LSE_EARLY=3), dict(DQ_ALT=True), dict(DQ_ALT=True, BLOCK_M=64),
-                                     dict(DQ_ALT=True, DQ_BUFS=1, LSE_EARLY=3)],
+                                     dict(DQ_ALT=True, DQ_BUFS=1, LSE_EARLY=3), dict(DQ_LATE=True),
+                                     dict(DQ_LATE=True, BLOCK_M=64, LSE_EARLY=3)],
                          ids=["own-first", "one-slot", "dq-first-flipped", "lse-early", "lse-smem", "dq-alt",
-                              "dq-alt-64", "dq-alt-one-slot-lse"])
+                              "dq-alt-64", "dq-alt-one-slot-lse", "dq-late", "dq-late-64-lse"])
 @pytest.mark.parametrize("d,causal", [(64, False), (128, True)])
 def test_fused_schedule_variants(variant, d, causal):
     """The fused mode's schedule switches (fused_config_for's DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, and
-    LSE_EARLY, DQ_ALT) reorder work, not arithmetic: dK and dV are the same bits as the default
+    LSE_EARLY, DQ_ALT, DQ_LATE) reorder work, not arithmetic: dK and dV are the same bits as the default
     config's, and so is dQ except with DQ_OWN_FIRST (consumer 1 then adds its two key halves in the
     other order) and DQ_ALT (one wgmma of N = D per key half instead of two of D / 2, and 64-row Q
-    blocks change the tiles), which meet the reference rule instead. NaN-poisoned buffers; GQA,
+    blocks change the tiles), which meet the reference rule instead (as does any variant with other
+    Q blocks). NaN-poisoned buffers; GQA,
     Sq != Sk."""
     q, k, v = make_qkv(2, 256, 384, 4, 2, d, torch.float16, "cuda", seed=11 + d)
     do = torch.randn_like(q)
@@ -736,7 +738,7 @@ def test_fused_schedule_variants(variant, d, causal):
     assert res is not None and res[0] is bufs[0]
     if cfg["BLOCK_M"] == base["BLOCK_M"]:  # (other Q blocks: other dK/dV sums)
         assert torch.equal(res[1], ref[1]) and torch.equal(res[2], ref[2])
-    if "DQ_OWN_FIRST" in variant or "DQ_ALT" in variant:
+    if "DQ_OWN_FIRST" in variant or "DQ_ALT" in variant or cfg["BLOCK_M"] != base["BLOCK_M"]:
         check_cuda_grads(res, q, k, v, do, causal)
     else:
         assert torch.equal(res[0], ref[0])
@@ -767,6 +769,13 @@ def test_fused_writer_protocol_model():
             assert got == {"ok": 40}, ("alt", causal, stages, dq_bufs, got)
     for bug, caught in (("one_ds", "data"), ("no_turn", "order"), ("no_empty", "data")):
         assert model.explore(6, 8, 3, 3, 2, True, schedules=40, bug=bug, alt=True).get(caught, 0) > 0, bug
+    # DQ_LATE (a block's dQ halves staged after the next block's Q/dO wait)
+    for causal in (False, True):
+        for stages, dq_bufs in ((2, 2), (3, 1)):
+            got = model.explore(6, 8, 3, stages, dq_bufs, causal, schedules=40, late=True)
+            assert got == {"ok": 40}, ("late", causal, stages, dq_bufs, got)
+    for bug, caught in (("no_turn", "order"), ("no_empty", "data")):
+        assert model.explore(6, 8, 3, 2, 2, True, schedules=40, bug=bug, late=True).get(caught, 0) > 0, bug
 
 
 def test_lse_smem_protocol_model():

@@ -168,6 +168,7 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
                      LSE_EARLY=cfg.get("LSE_EARLY", 0), D_OUT=cfg.get("D_OUT", 0),
                      SPLIT_D=cfg.get("SPLIT_D", False))
         const["DQ_ALT"] = cfg.get("DQ_ALT", False)
+        const["DQ_LATE"] = cfg.get("DQ_LATE", False)
         if not const["WITH_DQ"]:
             const.update(dq_desc=None, SEM=None)  # the launcher passes None for the unused dQ buffers
     else:
@@ -317,6 +318,12 @@ def main():
                                       dict(GB.fused_config_for(d, causal, deterministic=det), DQ_ALT=True, BLOCK_M=bm),
                                       lambda d_, c_, cfg_, dt_, det_=det: compile_gluon_bwd(d_, c_, cfg_, dt_,
                                                                                             deterministic=det_)))
+                # the dQ parts staged a block late (DQ_LATE; not routed to yet), unordered and ordered
+                for det in (False, True):
+                    cases.append((f"gluon-bwd-dqlate D={d} causal={causal!s:<5} det={det}",
+                                  dict(GB.fused_config_for(d, causal, deterministic=det), DQ_LATE=True),
+                                  lambda d_, c_, cfg_, dt_, det_=det: compile_gluon_bwd(d_, c_, cfg_, dt_,
+                                                                                        deterministic=det_)))
                 # the consumers' own LSE/delta loads (the rule before 2026-12-05, opt-in now: 0 for the
                 # D = 64 non-causal dK carry, else a block ahead): the dK/dV kernel and the fused kernel
                 early = 0 if d == 64 and not causal else 2

@@ -18,6 +18,7 @@
 #   ab64         tools/fused_ab.py at D = 64 with the fused kernel's tile candidates of a compile sweep
 #   alt          the fused-mode GPU tests (DQ_ALT variants included), then tools/fused_ab.py at D = 64 with DQ_ALT
 #                (the consumers take turns at whole dQ parts) at the route's 64-row and at 128-row Q blocks
+#   late         tools/fused_ab.py at D = 64 with DQ_LATE, then the fused-schedule GPU tests
 #   ncusrc       tools/ncu_attn.sh with NCU_SOURCE=1 on the 16k backward cases (ours and FA4's, D 64/128):
 #                where the stall samples sit, per SASS instruction (tools/ncu_source.py)
 #
@@ -110,6 +111,14 @@ for stage in "$@"; do
           --dtypes float16 --fused-cfg '{"DQ_ALT": true}' --fused-cfg '{"DQ_ALT": true, "BLOCK_M": 128}' \
           > "$OUT/alt-ab.log" 2>&1
       echo "alt ab rc=$?"; tail -n 12 "$OUT/alt-ab.log" ;;
+    late)
+      # DQ_LATE (a block's dQ halves staged under the next block's first matmuls) at D = 64, then its GPU tests
+      timeout ${AB_LIMIT:-200} python3 tools/fused_ab.py --dims 64 --seqlens ${AB_SEQLENS:-8192 16384} \
+          --dtypes float16 --fused-cfg '{"DQ_LATE": true}' > "$OUT/late-ab.log" 2>&1
+      echo "late ab rc=$?"; tail -n 8 "$OUT/late-ab.log"
+      timeout ${TESTS_LIMIT:-120} python3 -m pytest -q -rf -n 8 -p no:cacheprovider tests/test_backward_sm90.py \
+          -k "fused_schedule or protocol" > "$OUT/late-tests.log" 2>&1
+      echo "late tests rc=$? $(tail -n 1 "$OUT/late-tests.log")" ;;
     ncusrc)
       NCU_SOURCE=1 timeout ${NCU_LIMIT:-400} bash tools/ncu_attn.sh ${NCU_CASES:-nbwd64k16 fa4bwd64k16 nbwd128k16 fa4bwd128k16} \
           > "$OUT/ncusrc.log" 2>&1
