@@ -337,3 +337,29 @@ def test_ncu_source_summary_ranks_instructions_and_opcodes(tmp_path):
     bad.write_text('"Address","Source","Instructions Executed"\n"0x10","FFMA R1, R2, R3, R4","3"\n')
     res = subprocess.run(tool + [str(bad)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "Warp Stall Sampling (All" in res.stderr and "SourceCounters" in res.stderr
+
+
+def test_fused_ab_rotates_the_arms_order():
+    """tools/fused_ab.py times a cell's arms in rounds whose order is rotated by one arm each round,
+    and reports each arm's median round: with a bench whose reading depends on the place in the
+    order (the bias found on the H100), every arm takes every place once in len(arms) rounds, so
+    equal arms come out equal, which one fixed order would not give."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("fused_ab", root / "tools" / "fused_ab.py")
+    fused_ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fused_ab)
+    order = []
+
+    def bench(fn):  # the arm's own time plus a bias by its place within the current round
+        order.append(fn)
+        place = (len(order) - 1) % 3
+        return fn() + (0.0, 0.5, 0.1)[place]
+
+    arms = {"a": lambda: 1.0, "b": lambda: 1.0, "c": lambda: 2.0}
+    got = fused_ab.rotated_medians(arms, 3, bench)
+    names = {v: k for k, v in arms.items()}
+    assert [names[f] for f in order] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    # each arm saw the biases 0, 0.5, 0.1 once: the median adds 0.1 to every arm alike
+    assert got == {"a": 1.1, "b": 1.1, "c": 2.1}

@@ -17,6 +17,12 @@ For each (dtype, D, causal, N) of the grid (B·N = 16k tokens, H = 2048/D): the 
 The fused results are checked against the split ones (max abs difference per gradient, relative to
 the gradient's max). Prints one line per cell and a table last.
 
+The arms of a cell are timed in ``--rounds`` rounds (default 3), the order rotated by one arm each
+round, and each arm's median round is reported. With one fixed order the same kernel read up to
+~10% apart by its place in the order (H100, 2026-12-05: the route's D = 64 fused kernel 413 / 425
+TFLOP/s third in line, right after the ordered kernel, and 397 / 387 fourth), which is larger than
+most of the differences being measured.
+
     python tools/fused_ab.py [--dtypes float16 bfloat16] [--seqlens 1024 ... 16384] [--dims 64 128]
 """
 
@@ -59,6 +65,18 @@ def ours(kind, dout, q, k, v, out, lse, scale, causal, fused_cfg=None, dkdv_cfg=
     return run
 
 
+def rotated_medians(fns: dict, rounds: int, bench) -> dict:
+    """{name: median over ``rounds`` of ``bench(fn)``}, timing the arms of ``fns`` in an order
+    rotated by one arm each round (round r starts with the r-th arm), so that no arm always runs
+    right after the same one or in the same place."""
+    names = list(fns)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(bench(fns[name]))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def autograd_bwd(fn, q, k, v, dout, causal):
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     out = fn(*leaves, causal)
@@ -74,6 +92,7 @@ def main():
     ap.add_argument("--fused-cfg", type=json.loads, action="append", default=None,
                     help='JSON overrides of fused_config_for for the fused kinds, e.g. {"LSE_EARLY": 2}; '
                          'repeat it for more unordered variants (kinds fused+1, fused+2, ...)')
+    ap.add_argument("--rounds", type=int, default=3, help="rounds per cell, the arms' order rotated each round")
     ap.add_argument("--dkdv-cfg", type=json.loads, default=None,
                     help='JSON overrides of config_for for the dK/dV kernel alone (kinds dkdv, dkdv_alt)')
     a = ap.parse_args()
@@ -103,23 +122,25 @@ def main():
                         pairs = list(zip(g, ref))[1:] if kind == "dkdv_alt" else zip(g, ref)
                         err[kind] = max(((x.float() - y.float()).abs().max() / y.float().abs().max()).item()
                                         for x, y in pairs)
-                    tf = {}
+                    fns = {}
                     for kind in kinds:
                         if kind == "fa4":
-                            fn = autograd_bwd(fa4, q, k, v, dout, causal)
+                            fns[kind] = autograd_bwd(fa4, q, k, v, dout, causal)
                         elif kind == "cudnn":
-                            fn = autograd_bwd(cudnn, q, k, v, dout, causal)
+                            fns[kind] = autograd_bwd(cudnn, q, k, v, dout, causal)
                         else:
-                            fn = ours(kind, dout, q, k, v, out, lse, scale, causal, a.fused_cfg, a.dkdv_cfg)
-                        ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
-                        tf[kind] = flops / ms * 1e-9
+                            fns[kind] = ours(kind, dout, q, k, v, out, lse, scale, causal, a.fused_cfg, a.dkdv_cfg)
+                    ms = rotated_medians(fns, a.rounds,
+                                         lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median"))
+                    tf = {kind: flops / ms[kind] * 1e-9 for kind in kinds}
                     rows.append((dt, d, causal, n, tf, err))
                     print(f"{dt} D={d} causal={int(causal)} N={n}: "
                           + " ".join(f"{kk}={x:.0f}" for kk, x in tf.items())
                           + f" | rel.diff vs split: ordered {err['fused_ord']:.1e}, unordered {err['fused']:.1e}"
                           + "".join(f", {kk} {err[kk]:.1e}" for kk in extra)
                           + (f", dK/dV alt {err['dkdv_alt']:.1e}" if a.dkdv_cfg else ""), flush=True)
-    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}; backward TFLOP/s (x2.5), B*N=16k, H=2048/D"
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}; backward TFLOP/s (x2.5), B*N=16k, H=2048/D; "
+          f"median of {a.rounds} rounds, the arms' order rotated each round"
           + (f"; fused config overrides {a.fused_cfg}" if a.fused_cfg else "")
           + (f"; dK/dV config overrides {a.dkdv_cfg}" if a.dkdv_cfg else ""))
     print("| dtype | D | causal | N | " + " | ".join(kinds) + " | fused/split | fused/fa4 | fused/cudnn |")
