@@ -484,12 +484,14 @@ def _bwd_ws_consumer(shared, writer_bars, C: gl.constexpr, HALF_N: gl.constexpr,
     stages it in one slot for the writer; the other consumer does not wait for the dSᵀ exchange in
     that block. dSᵀ buffer it % 2 is then read by its owner only; the consumers still alternate
     in lockstep (each owner waits for the other's half), which is what frees the buffers.
+    Measured level with the column halves at D = 64 (H100, 2026-12-05): opt-in, not routed.
 
     DQ_LATE (WITH_DQ, not DQ_ALT): block it's dQ part is staged for the writer after block it + 1's
     Sᵀ and dPᵀ are issued (the last block's after the loop), so that the shared-memory store, its
     proxy fence and the warpgroup barrier run under those matmuls instead of with nothing in flight
     (Nsight Compute, D = 64: the consumers' fences after shared-memory stores hold 17% of their
-    stall samples, FA4's 9%)."""
+    stall samples, FA4's 9%). Measured level at D = 64 (H100, 2026-12-05); at D = 128 ptxas
+    serializes the wgmmas with it. Opt-in, not routed."""
     (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_full, q_empty, pp_bar, LSE, DELTA, DK, DV,
      off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale, sm_scale,
      stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
@@ -1343,7 +1345,8 @@ def fused_config_for(head_dim: int, causal: bool, deterministic: bool = True) ->
     b9ff7f0, TFLOP/s-equivalent, fp16 / bf16, N = 8k 371 / 385 against 259 / 259 with 128 rows (the
     split pair: 377 / 395), N = 16k 406 / 426 against 334 / 348 (split 393 / 401); a 3-slot Q/dO
     ring on top was level at 16k (416 / 427) and mixed at 8k (320 / 411). Through the public API
-    the gain is smaller (docs/perf-notes.md, "64-row Q blocks")."""
+    the gain is smaller (docs/perf-notes.md, "64-row Q blocks"): that A/B timed its arms in one
+    fixed order, which was later found to bias an arm by up to ~10%."""
     cfg = dict(config_for(head_dim, causal, 4096), STAGES=2, CARRY_DK=False, WITH_DQ=True, DQ_BUFS=2,
                LSE_EARLY=0 if deterministic else 3, DQ_FIRST=head_dim > 64, PER_HEAD=False,
                PDL_TRIGGER=False)  # ordered adds: the 2-D grid
