@@ -89,7 +89,13 @@ def test_gluon_kernels_compile_for_sm90(dtype):
     padded = [ln for ln in lines if ln.startswith("ok") and "'D_OUT': 96" in ln]
     assert len([ln for ln in native if "gluon-bwd D=64" in ln or "gluon-bwd D=128" in ln]) == 16
     ws = [ln for ln in native if "gluon-bwd" in ln and "'WS': True" in ln and "'SPLIT_D'" not in ln
-          and "lse-global" not in ln]
+          and "lse-global" not in ln and "gluon-bwd-dq" not in ln]
+    # the opt-in dQ schedules (not routed): DQ_ALT at D = 64 with 64- and 128-row Q blocks and at D = 128
+    # with 64, DQ_LATE at D 64/128, each causal or not, ordered and unordered
+    alt = [ln for ln in native if "gluon-bwd-dqalt" in ln]
+    late = [ln for ln in native if "gluon-bwd-dqlate" in ln]
+    assert len(alt) == 12 and all("'DQ_ALT': True" in ln and "'WITH_DQ': True" in ln for ln in alt), alt
+    assert len(late) == 8 and all("'DQ_LATE': True" in ln and "'WITH_DQ': True" in ln for ln in late), late
     assert len([ln for ln in ws if "gluon-bwd-unordered" not in ln]) == 4
     assert all("'LSE_EARLY': 3" in ln for ln in ws)  # the producer stages the LSE/delta rows
     # the opt-in consumer loads of the LSE/delta rows: dK/dV and fused unordered, D 64/128 x causal
