@@ -434,10 +434,9 @@ def _bwd_ws_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do
                              per_head, lo, off_b, off_hk, kv_group, stride_lb, stride_lh, BLOCK_M)
 
 @gluon.jit
-def _stage_dq(dq_part, dq_smem, dq_full, dq_empty, it, C: gl.constexpr, DQ_BUFS: gl.constexpr):
-    """Consumer C's dQ column half of block it into its staging slot for the writer partition,
-    once the writer's reduction of block it - DQ_BUFS read that slot."""
-    slot = (it % DQ_BUFS) * 2 + C
+def _stage_dq(dq_part, dq_smem, dq_full, dq_empty, slot, it, DQ_BUFS: gl.constexpr):
+    """A consumer's dQ part of block it (a column half, or with DQ_ALT the whole part) into staging
+    slot ``slot`` for the writer partition, once the writer's reduction of block it - DQ_BUFS read it."""
     mbarrier.wait(dq_empty.index(slot), ((it // DQ_BUFS) & 1) ^ 1, pred=it >= DQ_BUFS)
     dq_smem.index(slot).store(dq_part)
     fence_async_shared()
@@ -548,7 +547,7 @@ def _bwd_ws_consumer(shared, writer_bars, C: gl.constexpr, HALF_N: gl.constexpr,
         _f90._ws_pass(pp_bar, C, PINGPONG)
         if DQ_LATE:  # block it - 1's dQ part, under this block's first matmuls
             if it > 0:
-                _stage_dq(dq_prev, dq_smem, dq_full, dq_empty, it - 1, C, DQ_BUFS)
+                _stage_dq(dq_prev, dq_smem, dq_full, dq_empty, ((it - 1) % DQ_BUFS) * 2 + C, it - 1, DQ_BUFS)
         if LSE_EARLY == 0:
             lse, delta = _lse_delta(LSE, DELTA, row_lse, offs_m)                      # [BLOCK_M] each
         if CARRY_DK:
@@ -569,86 +568,72 @@ def _bwd_ws_consumer(shared, writer_bars, C: gl.constexpr, HALF_N: gl.constexpr,
             dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                         # [HALF_N, HEAD_DIM]
             dk = warpgroup_mma(gl.convert_layout(dst, op_layout), q_s, dk, is_async=True)
             _f90._ws_pass(pp_bar, C, PINGPONG)
-        elif WITH_DQ and DQ_ALT:
-            dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                         # [HALF_N, HEAD_DIM]
-            dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)                   # [HALF_N, BLOCK_M]
-            # dSᵀ buffer it % 2, and the consumer that computes this block's dQ. The buffer's block it - 2
-            # was read by its owner before that one wrote its half of block it - 1, which the other
-            # consumer (that block's owner) waited for: no release barrier is needed
-            ds_buf = it % 2
-            ds_smem.index(2 * ds_buf + C).store(dst)
-            fence_async_shared()
-            _cta_barrier()   # every row of this warpgroup is written before the arrival
-            mbarrier.arrive(ds_full.index(ds_buf), count=1)
-            b_dst = gl.convert_layout(dst, op_layout)                                 # [HALF_N, BLOCK_M]
-            # (no wgmma stays in flight into the branch: an accumulator cannot cross it)
-            dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv,))
-            if ds_buf == C:
-                # this block's whole dQ part over all BLOCK_N keys: dS·K, one wgmma per key half, issued
-                # before dK so that dK runs on while the part is staged
-                mbarrier.wait(ds_full.index(ds_buf), (it // 2) & 1)                  # both halves are in
-                dq_tok = gl.zeros([BLOCK_M, DQ_D], gl.float32, dq_layout)             # [BLOCK_M, HEAD_DIM]
-                dq_tok = warpgroup_mma(ds_smem.index(2 * ds_buf).permute((1, 0)), k_smem.index(0), dq_tok,
-                                       use_acc=False, is_async=True)
-                dq_tok = warpgroup_mma(ds_smem.index(2 * ds_buf + 1).permute((1, 0)), k_smem.index(1), dq_tok,
-                                       is_async=True)
-                dk = warpgroup_mma(b_dst, q_s, dk, is_async=True)                    # [HALF_N, HEAD_DIM]
-                dq_part = warpgroup_mma_wait(num_outstanding=1, deps=(dq_tok,))       # [BLOCK_M, HEAD_DIM]
-                slot = it % DQ_BUFS
-                mbarrier.wait(dq_empty.index(slot), ((it // DQ_BUFS) & 1) ^ 1, pred=it >= DQ_BUFS)
-                dq_smem.index(slot).store(dq_part)
-                fence_async_shared()
-                _cta_barrier()
-                mbarrier.arrive(dq_full.index(slot), count=1)
-                dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
-            else:
-                dk = warpgroup_mma(b_dst, q_s, dk, is_async=True)                    # [HALF_N, HEAD_DIM]
-                dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
-            mbarrier.arrive(q_empty.index(stage), count=1)                            # Q/dO slot done
         elif WITH_DQ:
             dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                         # [HALF_N, HEAD_DIM]
             dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)                   # [HALF_N, BLOCK_M]
             # this consumer's keys of dSᵀ into the block's double-buffered dSᵀ. The buffer of block
             # it - 2 is free: the other consumer read it before it wrote block it - 1's dSᵀ, which
-            # this consumer waited for
-            ds_buf = it % 2
+            # this consumer waited for (DQ_ALT: block it - 2's owner read it before it wrote its half of
+            # block it - 1, which the other consumer, that block's owner, waited for)
+            ds_buf = it % 2   # (DQ_ALT: also the consumer that computes this block's dQ)
             ds_smem.index(2 * ds_buf + C).store(dst)
             fence_async_shared()
             _cta_barrier()   # every row of this warpgroup is written before the arrival
             mbarrier.arrive(ds_full.index(ds_buf), count=1)
             b_dst = gl.convert_layout(dst, op_layout)                                 # [HALF_N, BLOCK_M]
-            if not DQ_FIRST:
-                dk = warpgroup_mma(b_dst, q_s, dk, is_async=True)                    # [HALF_N, HEAD_DIM]
-            # dQ[:, C·DQ_D : +DQ_D] of this Q block over all BLOCK_N keys: dS·K, one wgmma per key half
-            dq_tok = gl.zeros([BLOCK_M, DQ_D], gl.float32, dq_layout)                 # [BLOCK_M, DQ_D]
-            if DQ_OWN_FIRST:
-                dq_tok = warpgroup_mma(ds_smem.index(2 * ds_buf + C).permute((1, 0)),
-                                       k_smem.index(C).slice(C * DQ_D, DQ_D, dim=1), dq_tok, use_acc=False,
-                                       is_async=True)
-                mbarrier.wait(ds_full.index(ds_buf), (it // 2) & 1)                  # the other half is in
-                dq_tok = warpgroup_mma(ds_smem.index(2 * ds_buf + OTHER).permute((1, 0)),
-                                       k_smem.index(OTHER).slice(C * DQ_D, DQ_D, dim=1), dq_tok, is_async=True)
+            if DQ_ALT:
+                # (no wgmma stays in flight into the branch: an accumulator cannot cross it)
+                dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv,))
+                if ds_buf == C:
+                    # this block's whole dQ part over all BLOCK_N keys: dS·K, one wgmma per key half, issued
+                    # before dK so that dK runs on while the part is staged
+                    mbarrier.wait(ds_full.index(ds_buf), (it // 2) & 1)                  # both halves are in
+                    dq_tok = gl.zeros([BLOCK_M, DQ_D], gl.float32, dq_layout)             # [BLOCK_M, HEAD_DIM]
+                    dq_tok = warpgroup_mma(ds_smem.index(2 * ds_buf).permute((1, 0)), k_smem.index(0), dq_tok,
+                                           use_acc=False, is_async=True)
+                    dq_tok = warpgroup_mma(ds_smem.index(2 * ds_buf + 1).permute((1, 0)), k_smem.index(1), dq_tok,
+                                           is_async=True)
+                    dk = warpgroup_mma(b_dst, q_s, dk, is_async=True)                    # [HALF_N, HEAD_DIM]
+                    dq_part = warpgroup_mma_wait(num_outstanding=1, deps=(dq_tok,))       # [BLOCK_M, HEAD_DIM]
+                    _stage_dq(dq_part, dq_smem, dq_full, dq_empty, it % DQ_BUFS, it, DQ_BUFS)
+                    dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
+                else:
+                    dk = warpgroup_mma(b_dst, q_s, dk, is_async=True)                    # [HALF_N, HEAD_DIM]
+                    dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
+                mbarrier.arrive(q_empty.index(stage), count=1)                            # Q/dO slot done
             else:
-                mbarrier.wait(ds_full.index(ds_buf), (it // 2) & 1)                  # both halves are in
-                dq_tok = warpgroup_mma(ds_smem.index(2 * ds_buf).permute((1, 0)),
-                                       k_smem.index(0).slice(C * DQ_D, DQ_D, dim=1), dq_tok, use_acc=False,
-                                       is_async=True)
-                dq_tok = warpgroup_mma(ds_smem.index(2 * ds_buf + 1).permute((1, 0)),
-                                       k_smem.index(1).slice(C * DQ_D, DQ_D, dim=1), dq_tok, is_async=True)
-            if DQ_FIRST:  # dK runs on while dQ is staged
-                dk = warpgroup_mma(b_dst, q_s, dk, is_async=True)                    # [HALF_N, HEAD_DIM]
-                dq_part, dv = warpgroup_mma_wait(num_outstanding=1, deps=(dq_tok, dv))   # [BLOCK_M, DQ_D]
-            else:
-                dq_part, dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, dv, dk))
-                mbarrier.arrive(q_empty.index(stage), count=1)                        # Q/dO slot done
-            # to the writer partition's staging slot, once its reduction of block it - DQ_BUFS read it
-            if DQ_LATE:
-                dq_prev = dq_part   # staged in the next iteration (or after the loop)
-            else:
-                _stage_dq(dq_part, dq_smem, dq_full, dq_empty, it, C, DQ_BUFS)
-            if DQ_FIRST:
-                dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
-                mbarrier.arrive(q_empty.index(stage), count=1)                        # Q/dO slot done
+                if not DQ_FIRST:
+                    dk = warpgroup_mma(b_dst, q_s, dk, is_async=True)                    # [HALF_N, HEAD_DIM]
+                # dQ[:, C·DQ_D : +DQ_D] of this Q block over all BLOCK_N keys: dS·K, one wgmma per key half
+                dq_tok = gl.zeros([BLOCK_M, DQ_D], gl.float32, dq_layout)                 # [BLOCK_M, DQ_D]
+                if DQ_OWN_FIRST:
+                    dq_tok = warpgroup_mma(ds_smem.index(2 * ds_buf + C).permute((1, 0)),
+                                           k_smem.index(C).slice(C * DQ_D, DQ_D, dim=1), dq_tok, use_acc=False,
+                                           is_async=True)
+                    mbarrier.wait(ds_full.index(ds_buf), (it // 2) & 1)                  # the other half is in
+                    dq_tok = warpgroup_mma(ds_smem.index(2 * ds_buf + OTHER).permute((1, 0)),
+                                           k_smem.index(OTHER).slice(C * DQ_D, DQ_D, dim=1), dq_tok, is_async=True)
+                else:
+                    mbarrier.wait(ds_full.index(ds_buf), (it // 2) & 1)                  # both halves are in
+                    dq_tok = warpgroup_mma(ds_smem.index(2 * ds_buf).permute((1, 0)),
+                                           k_smem.index(0).slice(C * DQ_D, DQ_D, dim=1), dq_tok, use_acc=False,
+                                           is_async=True)
+                    dq_tok = warpgroup_mma(ds_smem.index(2 * ds_buf + 1).permute((1, 0)),
+                                           k_smem.index(1).slice(C * DQ_D, DQ_D, dim=1), dq_tok, is_async=True)
+                if DQ_FIRST:  # dK runs on while dQ is staged
+                    dk = warpgroup_mma(b_dst, q_s, dk, is_async=True)                    # [HALF_N, HEAD_DIM]
+                    dq_part, dv = warpgroup_mma_wait(num_outstanding=1, deps=(dq_tok, dv))   # [BLOCK_M, DQ_D]
+                else:
+                    dq_part, dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, dv, dk))
+                    mbarrier.arrive(q_empty.index(stage), count=1)                        # Q/dO slot done
+                # to the writer partition's staging slot, once its reduction of block it - DQ_BUFS read it
+                if DQ_LATE:
+                    dq_prev = dq_part   # staged in the next iteration (or after the loop)
+                else:
+                    _stage_dq(dq_part, dq_smem, dq_full, dq_empty, (it % DQ_BUFS) * 2 + C, it, DQ_BUFS)
+                if DQ_FIRST:
+                    dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
+                    mbarrier.arrive(q_empty.index(stage), count=1)                        # Q/dO slot done
         else:  # dV runs while dSᵀ is computed
             dv = warpgroup_mma(b_pt, do_s, dv, is_async=True)                         # [HALF_N, HEAD_DIM]
             dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)                   # [HALF_N, BLOCK_M]
@@ -663,7 +648,7 @@ def _bwd_ws_consumer(shared, writer_bars, C: gl.constexpr, HALF_N: gl.constexpr,
             dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
             mbarrier.arrive(q_empty.index(stage), count=1)                            # block it is done
     if DQ_LATE:
-        _stage_dq(dq_prev, dq_smem, dq_full, dq_empty, total - 1, C, DQ_BUFS)
+        _stage_dq(dq_prev, dq_smem, dq_full, dq_empty, ((total - 1) % DQ_BUFS) * 2 + C, total - 1, DQ_BUFS)
     if CARRY_DK:
         dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
     _store_dkdv(DK, DV, dk, dv, start_c, off_b, off_hk, sm_scale, stride_dkb, stride_dkn, stride_dkh,
@@ -842,47 +827,30 @@ def _bwd_ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, off_b, off_hk, k
     never wait on the order, only on a free staging slot (FA3's deterministic mode). DQ_MODE 1 (a
     plain TMA store) and 2 (no global write) are wrong on purpose, to time the reductions' cost.
     DQ_ALT: one consumer stages the whole [BLOCK_M, HEAD_DIM] part of a block, in slot it % DQ_BUFS."""
-    DQ_D: gl.constexpr = HEAD_DIM // 2
-    if DQ_ALT:
-        for it in range(total):
-            slot = it % DQ_BUFS
-            h = off_hk * kv_group + it // per_head
-            start_m = lo + (it % per_head) * BLOCK_M
-            mbarrier.wait(dq_full.index(slot), (it // DQ_BUFS) & 1)
-            if DETERMINISTIC:
-                sem = SEM + (off_b * nheads + h) * n_m + start_m // BLOCK_M            # (b, h, Q block)
-                _dq_turn(sem, gl.program_id(1))
+    PARTS: gl.constexpr = 1 if DQ_ALT else 2                                        # staged parts per block
+    DQ_D: gl.constexpr = HEAD_DIM // PARTS
+    for it in range(total):
+        base = (it % DQ_BUFS) * PARTS
+        phase = (it // DQ_BUFS) & 1
+        h = off_hk * kv_group + it // per_head
+        start_m = lo + (it % per_head) * BLOCK_M
+        for c in gl.static_range(PARTS):
+            mbarrier.wait(dq_full.index(base + c), phase)
+        if DETERMINISTIC:
+            sem = SEM + (off_b * nheads + h) * n_m + start_m // BLOCK_M                # (b, h, Q block)
+            _dq_turn(sem, gl.program_id(1))   # K blocks 0 .. n-1 have added theirs
+        for c in gl.static_range(PARTS):
+            coord = [off_b * seqlen_q + start_m, h * HEAD_DIM + c * DQ_D]
             if DQ_MODE == 0:
-                _f90._tma_add(dq_desc, [off_b * seqlen_q + start_m, h * HEAD_DIM], dq_smem.index(slot))
-            elif DQ_MODE == 1:
-                _f90._tma_store(dq_desc, [off_b * seqlen_q + start_m, h * HEAD_DIM], dq_smem.index(slot))
-            if DETERMINISTIC:
-                _dq_turn_done(sem)
-            else:
-                _f90.tma.store_wait(0)
-            mbarrier.arrive(dq_empty.index(slot), count=1)
-    else:
-        for it in range(total):
-            base = (it % DQ_BUFS) * 2
-            phase = (it // DQ_BUFS) & 1
-            h = off_hk * kv_group + it // per_head
-            start_m = lo + (it % per_head) * BLOCK_M
-            mbarrier.wait(dq_full.index(base), phase)
-            mbarrier.wait(dq_full.index(base + 1), phase)
-            if DETERMINISTIC:
-                sem = SEM + (off_b * nheads + h) * n_m + start_m // BLOCK_M                # (b, h, Q block)
-                _dq_turn(sem, gl.program_id(1))   # K blocks 0 .. n-1 have added theirs
-            for c in gl.static_range(2):
-                if DQ_MODE == 0:
-                    _f90._tma_add(dq_desc, [off_b * seqlen_q + start_m, h * HEAD_DIM + c * DQ_D], dq_smem.index(base + c))
-                elif DQ_MODE == 1:  # timing only (wrong dQ): a plain TMA store, no reduction
-                    _f90._tma_store(dq_desc, [off_b * seqlen_q + start_m, h * HEAD_DIM + c * DQ_D], dq_smem.index(base + c))
-            if DETERMINISTIC:
-                _dq_turn_done(sem)          # completed (in global memory), then counted
-            else:
-                _f90.tma.store_wait(0)      # read: the slots can be refilled
-            mbarrier.arrive(dq_empty.index(base), count=1)
-            mbarrier.arrive(dq_empty.index(base + 1), count=1)
+                _f90._tma_add(dq_desc, coord, dq_smem.index(base + c))
+            elif DQ_MODE == 1:  # timing only (wrong dQ): a plain TMA store, no reduction
+                _f90._tma_store(dq_desc, coord, dq_smem.index(base + c))
+        if DETERMINISTIC:
+            _dq_turn_done(sem)          # completed (in global memory), then counted
+        else:
+            _f90.tma.store_wait(0)      # read: the slots can be refilled
+        for c in gl.static_range(PARTS):
+            mbarrier.arrive(dq_empty.index(base + c), count=1)
 
 @gluon.jit
 def _attn_bwd_sm90_ws(
