@@ -1063,6 +1063,61 @@ def test_decode_loop_reuses_its_checks_and_plans(lengths):
     assert torch.equal(kc, exp_k) and torch.equal(vc, exp_v), "a refused call wrote into the cache"
 
 
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("append", [False, True])
+def test_decode_steps_replay_their_kept_launches(paged, append):
+    """With a length tensor, a repeated decoding step replays its kept append and decode launches
+    (``interface._KV_FAST`` -> ``route.replay_kvcache``) without the other layers: every replayed
+    step matches the reference and the cache holds exactly the appended tokens; the LSE comes back
+    when asked for; a changed debug switch (pdl) or another signature takes the full path."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from tileflash import interface
+    from tileflash.ops import route
+
+    dev, dt = "cuda", torch.float16
+    kc, vc, table, g = _setup(dev, 2, paged, 16, seed=37)
+    exp_k, exp_v = kc.clone(), vc.clone()
+    interface._KV_FAST.clear()
+    replays = []
+    real = route.replay_kvcache
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(route, "replay_kvcache", lambda *a: replays.append(1) or real(*a))
+        for i in range(5):
+            q = torch.randn(B, 1, H, D, generator=g).to(dev, dt)
+            k, v = (torch.randn(B, 1, 2, D, generator=g).to(dev, dt) for _ in range(2))
+            pos = [5 + i, 17 + i, 30 + i]
+            sl = torch.tensor(pos, dtype=torch.int32, device=dev)
+            kw = dict(cache_seqlens=sl, causal=True, block_table=table, return_softmax_lse=i % 2 == 1)
+            res = tileflash.flash_attn_with_kvcache(q, kc, vc, *((k, v) if append else ()), **kw)
+            out, lse = res if i % 2 == 1 else (res, None)
+            assert len(replays) == i, f"step {i}: steps after the first replay"
+            n_new = 1 if append else 0
+            if append:
+                for b in range(B):
+                    if table is None:
+                        exp_k[b, pos[b]], exp_v[b, pos[b]] = k[b, 0], v[b, 0]
+                    else:
+                        page, row = int(table[b, pos[b] // 16]), pos[b] % 16
+                        exp_k[page, row], exp_v[page, row] = k[b, 0], v[b, 0]
+            assert torch.equal(kc, exp_k) and torch.equal(vc, exp_v), f"step {i}: the cache"
+            for b in range(B):
+                n = pos[b] + n_new
+                keys, vals = _rows(exp_k, b, n, table, None), _rows(exp_v, b, n, table, None)
+                _assert_matches(out[b:b + 1], q[b:b + 1], keys[None], vals[None], 0, causal=True)
+                if lse is not None:
+                    s = (q[b, 0].float().view(2, H // 2, D) @ keys.float().transpose(0, 1).transpose(1, 2))
+                    want = torch.logsumexp(s * D ** -0.5, dim=-1).reshape(H)
+                    assert torch.allclose(lse[b, :, 0], want, atol=1e-3), f"step {i}: the LSE"
+        assert len(interface._KV_FAST) == 1
+        n = len(replays)
+        with pytest.MonkeyPatch.context() as mp2:
+            mp2.setattr(DEBUG, "pdl", 0 if DEBUG.pdl else 1)
+            tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=sl, causal=True, block_table=table)
+        tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=sl, causal=False, block_table=table)
+        assert len(replays) == n, "a changed debug switch or signature must not replay"
+
+
 def test_append_does_not_sync_and_captures():
     """On CUDA a decode step with an append reads no value on the host (torch's sync debug mode
     would raise), and append + attention captured in a CUDA graph and replayed give the eager

@@ -508,3 +508,120 @@ def test_prepared_signature_ignores_the_key_length(monkeypatch, backend):
     assert len(interface._PREPARED) == 1, "one signature for every key length"
     with pytest.raises(ValueError, match="same seqlen"):
         tileflash.flash_attn_func(q, k, v[:, :7], causal=True)
+
+
+def test_fast_forward_replays_only_its_own_signature(monkeypatch):
+    """flash_attn_func's one-key replay (``interface._FAST_FWD``): after a validated call without
+    autograd whose route planned a Gluon launch (here a stand-in plan, on CPU tensors through
+    ``_PREPARE_CPU``), the same signature replays that plan directly (``route.replay_forward``) with
+    the call's scale and LSE request; every change of layout, dtype, argument value or argument type,
+    a call that needs a gradient, and a replay that declines (None) take the full path, whose
+    output meets the error rule."""
+    from tileflash import interface
+
+    monkeypatch.setattr(interface, "_PREPARE_CPU", True)
+    monkeypatch.setattr(interface, "_FAST_FWD", {})
+    interface._PREPARED.clear()
+    replays, declined = [], []
+
+    def planned(q, k, v, scale, causal, shift, window, softcap, dropout_p, options):
+        return ("plan", q.dtype, q.stride(), causal, window)
+
+    def replay(plan, q, k, v, scale, need_lse):
+        replays.append((plan, scale, need_lse))
+        if declined:
+            return None
+        return torch.full_like(q, 7.0), (torch.zeros(1) if need_lse else None)
+
+    monkeypatch.setattr(route, "planned_forward", planned)
+    monkeypatch.setattr(route, "replay_forward", replay)
+    q, k, v = (torch.randn(1, 9, 4, 16) for _ in range(3))
+
+    def full_path_ok(out, q, k, v, causal=False, scale=None, window=(-1, -1), atol=1e-6):
+        ref = attention_ref(q.double(), k.double(), v.double(), causal=causal, softmax_scale=scale,
+                            window_size=window)[0]
+        plain = attention_ref(q, k, v, causal=causal, softmax_scale=scale, window_size=window, upcast=False)[0]
+        assert_error_rule("full path", out, ref, (plain.double() - ref).abs().max().item(), 2, atol)
+
+    full_path_ok(tileflash.flash_attn_func(q, k, v), q, k, v)
+    assert not replays and len(interface._FAST_FWD) == 1
+    out = tileflash.flash_attn_func(q, k, v)
+    assert replays == [(("plan", torch.float32, q.stride(), False, (-1, -1)), 16 ** -0.5, False)]
+    assert torch.equal(out, torch.full_like(q, 7.0))
+    out, lse, none = tileflash.flash_attn_func(q, k, v, return_attn_probs=True)
+    assert replays[-1][2] is True and none is None and torch.equal(out, torch.full_like(q, 7.0))
+
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # same shape, other strides
+    misses = [
+        ("strides", (qt, k, v), {}),
+        ("dtype", (q.half(), k.half(), v.half()), {}),
+        ("causal", (q, k, v), dict(causal=True)),
+        ("scale", (q, k, v), dict(softmax_scale=0.3)),
+        ("scale as int", (q, k, v), dict(softmax_scale=1)),
+        ("window", (q, k, v), dict(window_size=(3, -1))),
+        ("window as list", (q, k, v), dict(window_size=[-1, -1])),
+        ("options", (q, k, v), dict(options=Options(autotune=True))),
+        ("options as dict", (q, k, v), dict(options={})),
+        ("deterministic", (q, k, v), dict(deterministic=True)),
+    ]
+    for name, tensors, kw in misses:
+        n = len(replays)
+        got = tileflash.flash_attn_func(*tensors, **kw)
+        assert len(replays) == n, f"{name}: another signature must not replay the plan"
+        scale = kw.get("softmax_scale")
+        window = kw.get("window_size", (-1, -1))
+        full_path_ok(got.float(), *(t.float() for t in tensors), causal=bool(kw.get("causal", False)),
+                     scale=scale, window=tuple(window), atol=1e-3 if name == "dtype" else 1e-6)
+    # an argument equal to a kept one but of a refused type is refused, not replayed (0 == False)
+    n = len(replays)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        tileflash.flash_attn_func(q, k, v, causal=0)
+    assert len(replays) == n
+    # a call that needs a gradient takes autograd's path
+    qg = q.clone().requires_grad_()
+    n = len(replays)
+    out = tileflash.flash_attn_func(qg, k, v)
+    assert len(replays) == n and out.requires_grad
+    full_path_ok(out.detach(), q, k, v)
+    with torch.no_grad():
+        tileflash.flash_attn_func(qg, k, v)
+    assert len(replays) == n + 1, "without grad mode the same signature replays"
+    # a replay that declines (a misaligned pointer, another device): the full path's output
+    declined.append(True)
+    full_path_ok(tileflash.flash_attn_func(q, k, v), q, k, v)
+
+
+@pytest.mark.skipif(not (IS_SM90 and gluon_modules() is not None), reason="needs a Hopper GPU and triton's Gluon")
+@pytest.mark.parametrize("causal", [False, True])
+def test_fast_forward_replay_on_the_gpu(causal):
+    """The one-key replay on the Gluon forward (``interface._FAST_FWD`` -> ``route.replay_forward``):
+    a repeated call without autograd gives the first call's bits (output and LSE), a packed-QKV view
+    (other strides, same shapes) is its own signature and meets the error rule on fresh inputs, and
+    a call at an address that is not 16-byte aligned declines the replay and is still right."""
+    from tileflash import interface
+
+    interface._FAST_FWD.clear()
+    route._FWD_PLANS.clear()
+    q, k, v = make_qkv(2, 256, 256, 4, 4, 128, torch.float16, "cuda", seed=21)
+    first = tileflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)[:2]
+    assert len(interface._FAST_FWD) == 1, "the first call keeps its planned forward"
+    again = tileflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)[:2]
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+    assert torch.equal(tileflash.flash_attn_func(q, k, v, causal=causal), first[0])
+
+    def check(name, out, q, k, v):
+        ref = attention_ref(*(t.cpu().double() for t in (q, k, v)), causal=causal)[0]
+        plain = attention_ref(q.cpu(), k.cpu(), v.cpu(), causal=causal, upcast=False)[0]
+        assert_error_rule(name, out, ref, (plain.double() - ref).abs().max().item(), 2,
+                          rounding_atol(ref, torch.float16))
+
+    qkv = torch.randn(2, 256, 3, 4, 128, device="cuda", dtype=torch.float16)
+    qp, kp, vp = qkv.unbind(2)
+    for _ in range(2):  # the second call replays the packed layout's own plan
+        check("packed", tileflash.flash_attn_func(qp, kp, vp, causal=causal), qp, kp, vp)
+    assert len(interface._FAST_FWD) == 2
+    raw = torch.randn(q.numel() + 8, device="cuda", dtype=torch.float16)
+    qm = raw[1:1 + q.numel()].view(q.shape)  # 2-byte offset: not 16-byte aligned
+    qm.copy_(torch.randn_like(q))
+    check("misaligned q", tileflash.flash_attn_func(qm, k, v, causal=causal), qm, k, v)

@@ -16,7 +16,7 @@ from tileflash.ops import route
 from tileflash.ops.route import use_triton
 from tileflash.ops.triton.decode import check_grid, row_block_count
 from tileflash.ops.utils import apply_rotary
-from tileflash.options import Options, resolve
+from tileflash.options import DEBUG, Options, resolve
 
 MAX_HEADDIM = 256
 _GPU_DTYPES = (torch.float16, torch.bfloat16)
@@ -254,6 +254,41 @@ def _call_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, a
             softcap, type(softcap), deterministic, type(deterministic), options)
 
 
+# A call signature as _call_key's (which it must have passed) plus the tensors' strides -> (the
+# planned Gluon forward its call replayed, False where it replayed none, None where not known yet
+# (calls under autograd do not look); the op's arguments after q, k, v): a repeated call skips the
+# checks and every layer down to the launch (``route.replay_forward``; host time, issue: host cost
+# per call). Tensors keyed by their whole layout, scalars by value and type.
+_FAST_FWD: dict = {}
+
+
+def _fast_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, deterministic, options):
+    """The ``_FAST_FWD`` key of a call with plain tensors and no ALiBi (it may be unhashable: then
+    the call takes the full path), or None where window_size is not a tuple of two ints."""
+    if (type(window_size) is not tuple or len(window_size) != 2 or type(window_size[0]) is not int
+            or type(window_size[1]) is not int):
+        return None
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
+            k.device, v.device, dropout_p, type(dropout_p), softmax_scale, type(softmax_scale), causal, type(causal),
+            window_size, softcap, type(softcap), deterministic, type(deterministic), options, type(options))
+
+
+def _keep_fast(fast, q, k, v, args, grad: bool):
+    """After a call validated through ``_call_key`` (args: its ``op_args``): keep its
+    ``_FAST_FWD`` entry; a call without autograd also looks up the planned Gluon forward it
+    replayed (``route.planned_forward``)."""
+    if not q.is_cuda and not _PREPARE_CPU:
+        return
+    plan = None
+    if not grad:
+        (scale, causal, shift, left, right, softcap, _, _, _, _, _, dropout_p, _, _, options) = args
+        plan = route.planned_forward(q, k, v, scale, causal, shift, (left, right), softcap, dropout_p,
+                                     Options.decode(options)) or False
+    if len(_FAST_FWD) >= 1024:
+        _FAST_FWD.clear()
+    _FAST_FWD[fast] = (plan, args)
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, deterministic=False, return_attn_probs=False, options=None):
     """Exact attention, ``softmax(q kᵀ · softmax_scale) v``, without materialising the score matrix.
@@ -350,6 +385,25 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
             ALiBi its lse is ours + slope·(i + seqlen_k - seqlen_q) (it biases by +slope·j).
         None [optional, if return_attn_probs=True]: placeholder for the attention probabilities.
     """
+    fast = None
+    if (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor and alibi_slopes is None
+            and not torch.compiler.is_compiling()):
+        # a validated signature seen before (_FAST_FWD): its op arguments and, without autograd, its
+        # planned Gluon forward, replayed directly
+        fast = _fast_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, deterministic, options)
+        try:
+            entry = _FAST_FWD.get(fast)
+        except TypeError:  # (unhashable arguments, e.g. a dict of options: the full path)
+            entry = fast = None
+        if entry is not None:
+            plan, args = entry
+            grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+            done = route.replay_forward(plan, q, k, v, args[0], return_attn_probs) if plan and not grad else None
+            if done is None:
+                done = attention_args(q, k, v, args, need_lse=return_attn_probs)
+                if plan is None and not grad:
+                    _keep_fast(fast, q, k, v, args, False)
+            return (done[0], done[1], None) if return_attn_probs else done[0]
     key = _call_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                     options)
     args = _PREPARED.get(key) if key is not None else None
@@ -367,6 +421,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     elif args[2] != k.shape[1] - q.shape[1]:  # the signature's keys at another length: this call's causal shift
         args = (args[0], args[1], k.shape[1] - q.shape[1], *args[3:])
     out, lse = attention_args(q, k, v, args, need_lse=return_attn_probs)
+    if fast is not None and key is not None:
+        _keep_fast(fast, q, k, v, args, torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                                                     or v.requires_grad))
     if return_attn_probs:
         return out, lse, None
     return out
@@ -681,6 +738,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                        cache_leftpad, block_table, softmax_scale, causal, window_size, softcap, alibi_slopes,
                        num_splits, options)
     prepared = _KV_PREPARED.get(key) if key is not None else None
+    if prepared is not None and type(cache_seqlens) is Tensor:
+        # a step of a signature whose launches are kept (_KV_FAST): append and attend directly
+        fast = _KV_FAST.get(key)
+        if fast is not None and fast[2] == DEBUG.pdl:
+            done = route.replay_kvcache(fast[0], q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx,
+                                        block_table, cache_leftpad, fast[1], return_softmax_lse)
+            if done is not None:
+                return done if return_softmax_lse else done[0]
     if prepared is None:
         prepared = _kvcache_prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                                     cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_size,
@@ -743,6 +808,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         out, lse = kvcache_fwd(*args)
     else:  # (an LSE nobody returns need not be allocated: kvcache_forward's need_lse)
         out, lse = kvcache_forward(*args, need_lse=return_softmax_lse)
+        if key is not None and not uniform and q is args[0]:  # (a length tensor; q as given)
+            planned = route.planned_kvcache(q, k_cache, v_cache, k, v, seqlens, scale, causal,
+                                            (feats["window_left"], feats["window_right"]), feats["softcap"],
+                                            cache_batch_idx, block_table, num_splits, cache_leftpad, args[-1],
+                                            Options.decode(feats["options"]))
+            if planned is not None:
+                if len(_KV_FAST) >= 1024:
+                    _KV_FAST.clear()
+                _KV_FAST[key] = (planned, args[-1], DEBUG.pdl)
     return (out, lse) if return_softmax_lse else out
 
 
@@ -753,6 +827,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 # index tensors, outside torch.compile and without TILEFLASH_CHECK_INPUTS=1 (whose value checks run
 # at every call).
 _KV_PREPARED: dict = {}
+# A _KV_PREPARED signature with a length tensor whose step ran kept launches -> (what
+# route.planned_kvcache returned, seqlen_add, the debug switch pdl then): later steps replay them
+# (route.replay_kvcache) without the interface's and the route's other layers (host time).
+_KV_FAST: dict = {}
 
 
 def _tensor_meta(t):
@@ -780,7 +858,7 @@ def _kvcache_key(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
              None if v is None else (type(v) is Tensor and (v.shape, v.stride(), v.dtype, v.device)))
     if any(m is False for m in metas):
         return None
-    return (q.shape, q.stride(-1), q.dtype, q.device, k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device,
+    return (q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device,
             v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device, *metas, softmax_scale, type(softmax_scale),
             causal, type(causal), window_size, softcap, type(softcap), num_splits, type(num_splits), options)
 

@@ -91,9 +91,11 @@ class Launch:
         # scales as floats: triton would specialize an integer 1 into a constexpr, and the cached
         # launcher skips constexpr slots. ``ints``: this call's integer arguments in place of the
         # plan's, for kernels whose varying ints triton does not specialize (``do_not_specialize``)
-        rest = (*ptrs, *(self.ints if ints is None else ints), *(float(x) for x in scales))
+        rest = (*ptrs, *(self.ints if ints is None else ints), *map(float, scales))
         runner = self.runner
-        if runner is not None and cacheable and torch.cuda.current_device() == runner[0]:
+        # (a runner exists only after a CUDA launch, so CUDA is initialized: torch's current-device
+        # getter without torch.cuda.current_device()'s Python layer, host time)
+        if runner is not None and cacheable and torch._C._cuda_getDevice() == runner[0]:
             if runner[1].__class__ is DescRunner:  # no descriptor objects unless it needs them
                 runner[1].call_tensors(self.templates, tensors, (*rest, *self.tail))
             else:
@@ -209,7 +211,10 @@ class DescRunner:
 def aligned(*tensors) -> bool:
     """Whether every given pointer (None entries skipped) is 16-byte aligned, as triton specializes
     raw pointers on that: a cached launcher (:class:`Launch`) is used only then (and made only then)."""
-    return all(t is None or t.data_ptr() % 16 == 0 for t in tensors)
+    for t in tensors:  # (a loop, not all() over a generator: host time per call)
+        if t is not None and t.data_ptr() & 15:
+            return False
+    return True
 
 
 @functools.lru_cache(maxsize=None)

@@ -76,7 +76,8 @@ def _interpreter_dtype(t: torch.Tensor) -> torch.dtype:
 def _device(t):
     """``torch.cuda.device(t.device)`` for a CUDA tensor not on the current device, else nothing to
     enter (a device switch costs host time on every call)."""
-    if not t.is_cuda or t.device.index == torch.cuda.current_device():
+    # (a CUDA tensor exists, so CUDA is initialized: torch's getter without torch.cuda's Python layer)
+    if not t.is_cuda or t.device.index == torch._C._cuda_getDevice():
         return contextlib.nullcontext()
     return torch.cuda.device(t.device)
 
@@ -102,11 +103,12 @@ def forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int | Non
               and cu_seqlens_q is None and cu_seqlens_k is None)
     if common and q.is_cuda:
         # the common call: its route is planned once per layout (_FWD_PLANS) and replayed
-        key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device, softmax_scale,
-               causal, causal_shift, window, softcap, dropout_p, options)
+        key = _fwd_key(q, k, v, softmax_scale, causal, causal_shift, window, softcap, dropout_p, options)
         plan = _FWD_PLANS.get(key)
-        if plan.__class__ is tuple and aligned(q, k, v):  # a planned Gluon launch
-            done = _replay_forward(plan, key, q, k, v, softmax_scale, causal, need_lse)
+        if plan.__class__ is tuple:  # a planned Gluon launch
+            done = replay_forward(plan, q, k, v, softmax_scale, need_lse)  # (one that has launched before)
+            if done is None and aligned(q, k, v):
+                done = _replay_forward(plan, key, q, k, v, softmax_scale, causal, need_lse)
             if done is not None:
                 return done
     kw = dict(window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed,
@@ -148,6 +150,44 @@ def forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int | Non
                 return done
         return tr_fwd.flash_attn_forward(q, k, v, softmax_scale, causal, causal_shift, **kw, config=config, out=out,
                                          lse=lse, use_tma=options.use_tma, autotune=options.autotune)
+
+
+def _fwd_key(q, k, v, softmax_scale, causal, causal_shift, window, softcap, dropout_p, options) -> tuple:
+    """A common forward call's layout and arguments: its ``_FWD_PLANS`` key."""
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device, softmax_scale, causal,
+            causal_shift, window, softcap, dropout_p, options)
+
+
+def planned_forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int, window=(-1, -1),
+                    softcap: float = 0.0, dropout_p: float = 0.0, options: Options = DEFAULT):
+    """The ``_FWD_PLANS`` entry of this common forward call if it is a planned Gluon launch that has
+    launched before (its compiled launcher kept), else None: what :func:`replay_forward` takes.
+    ``tileflash.interface.flash_attn_func`` keeps it per call signature and replays it directly."""
+    plan = _FWD_PLANS.get(_fwd_key(q, k, v, softmax_scale, causal, causal_shift, window, softcap, dropout_p,
+                                   options))
+    return plan if plan.__class__ is tuple and plan[1].runner is not None else None
+
+
+def replay_forward(plan, q, k, v, softmax_scale: float, need_lse: bool = True):
+    """The planned Gluon forward ``plan`` (a :func:`planned_forward` result: it has launched before,
+    so no compile can fail) on these tensors of its layout -> (out, lse), or None where this call
+    cannot replay it as it is: a pointer not 16-byte aligned (triton specializes on that), a CUDA
+    device other than the current one, or a plan without a compiled launcher yet; the caller then
+    takes the full route. ``need_lse=False``: the LSE goes to the write-only scratch buffer
+    (``utils.lse_scratch``) and None is returned for it. No device switch, no key: host time
+    (docs/perf-notes.md, "Host path")."""
+    gf, gplan, lse_shape, lse_numel = plan
+    runner = gplan.runner
+    if (runner is None or (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15
+            or q.device.index != runner[0] or torch._C._cuda_getDevice() != runner[0]):
+        return None
+    out = torch.empty(*q.shape, dtype=q.dtype, device=q.device)
+    lse = None if need_lse else lse_scratch(lse_numel, q.device)
+    keep = lse is None
+    if keep:
+        lse = torch.empty(*lse_shape, dtype=torch.float32, device=q.device)
+    gf.replay(gplan, q, k, v, out, lse, softmax_scale)
+    return out, (lse if keep else None)
 
 
 def _replay_forward(plan, key, q, k, v, softmax_scale, causal, need_lse=True):
@@ -469,6 +509,40 @@ def kvcache_append(k_cache, v_cache, k, v, seqlens, seqlen_fixed: int, cache_bat
             tr_dec.append_kv(k_cache, v_cache, k, v, seqlens, seqlen_fixed, cache_batch_idx, block_table)
         return
     cpu.append_kv(k_cache, v_cache, k, v, seqlens, seqlen_fixed, cache_batch_idx, block_table)
+
+
+def planned_kvcache(q, k_cache, v_cache, k, v, seqlens_k, softmax_scale, causal, window, softcap, cache_batch_idx,
+                    block_table, num_splits, cache_leftpad, seqlen_add, options: Options = DEFAULT):
+    """What a CUDA ``flash_attn_with_kvcache`` call with a length tensor ran, where both launches
+    are kept and have launched before: (the append's launch, None without k/v; the decode plan),
+    else None. ``tileflash.interface`` keeps it per call signature for :func:`replay_kvcache`."""
+    if not q.is_cuda or options.backend == "gluon":
+        return None
+    plan = tr_dec.planned_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, softcap,
+                                 cache_batch_idx, block_table, num_splits, cache_leftpad, seqlen_add)
+    if plan is None or plan.launch.runner is None:
+        return None
+    append = None
+    if k is not None and k.shape[1] > 0:
+        append = tr_dec.planned_append(k_cache, v_cache, k, v, seqlens_k, cache_batch_idx, block_table)
+        if append is None:
+            return None
+    return append, plan
+
+
+def replay_kvcache(planned, q, k_cache, v_cache, k, v, seqlens_k, cache_batch_idx, block_table, cache_leftpad,
+                   seqlen_add: int, need_lse: bool):
+    """A decoding step through a :func:`planned_kvcache` result on tensors of its layout: the
+    append (if any), then the decode launch -> (out, lse or None with ``need_lse=False``). None,
+    before any write, where q is not on the current CUDA device (the caller takes the full path,
+    which switches devices)."""
+    if q.device.index != torch._C._cuda_getDevice():
+        return None
+    append, plan = planned
+    if append is not None:
+        tr_dec.replay_append(append, k_cache, v_cache, k, v, seqlens_k, 0, cache_batch_idx, block_table)
+    return plan(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, None, cache_leftpad, seqlen_add,
+                need_lse)
 
 
 def kvcache(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, window=(-1, -1), softcap=0.0,

@@ -752,7 +752,7 @@ class _Plan(Launch):
     """The forward's launch (:class:`Launch`) for one call layout and its tile config, built by
     :func:`plan_for`: a repeated call pays for a dictionary lookup instead of the routing checks,
     the 2-D views and the descriptors' validation (host time; docs/perf-notes.md, "Host path"). Its descriptors are
-    Q, K, V and O, its one raw pointer the LSE: :func:`_run` keeps the compiled launcher only for
+    Q, K, V and O, its one raw pointer the LSE: :func:`replay` keeps the compiled launcher only for
     16-byte aligned LSE pointers, as triton specializes on that."""
 
     __slots__ = ("cfg", "key")
@@ -903,7 +903,7 @@ def forward(q, k, v, out, lse, softmax_scale: float, causal: bool, cfg: dict | N
         plan = _Plan(q, k, v, out, lse, bool(causal), cfg)
     ran = launch_or_fall_back(_BROKEN, plan.key, "the Hopper Gluon forward",
                               "using the Triton kernel for this configuration. Options(backend='triton') turns the "
-                              "Gluon kernels off.", lambda: _run(plan, q, k, v, out, lse, softmax_scale))
+                              "Gluon kernels off.", lambda: replay(plan, q, k, v, out, lse, softmax_scale))
     if not ran:
         _PLANS.clear()  # plans made before the failure would route to the broken configuration
     return (out, lse) if ran else None
@@ -913,7 +913,9 @@ def _key(d, causal, dtype, cfg):
     return (d, bool(causal), dtype, tuple(sorted(cfg.items())))
 
 
-def _run(plan: _Plan, q, k, v, out, lse, softmax_scale):
+def replay(plan: _Plan, q, k, v, out, lse, softmax_scale):
     """One launch of the plan's kernel on these tensors (:meth:`Launch.__call__`): the compiled
-    launcher is reused only while the LSE pointer is 16-byte aligned, as at its first launch."""
+    launcher is reused only while the LSE pointer is 16-byte aligned, as at its first launch.
+    Without the compile-failure fallback of :func:`forward`: for a plan that has launched before
+    (``plan.runner`` set), as ``tileflash.ops.route.replay_forward`` calls it."""
     plan((q, k, v, out), (lse,), (softmax_scale * LOG2E,), lse.data_ptr() % 16 == 0)

@@ -448,6 +448,32 @@ def ticket_counters(n: int, device) -> torch.Tensor:
     return buf
 
 
+_PARTIALS: dict = {}          # (device index, stream handle) -> fp32 buffer for split partials
+PARTIALS_MAX = 1 << 22        # floats (16 MiB) kept per stream; a larger launch allocates its own
+
+
+def split_partials(n: int, device) -> torch.Tensor:
+    """An fp32 buffer of at least n elements for a split launch's partial outputs and LSEs, on the
+    current stream of `device` (the current device, as for the launch). Outside a CUDA graph
+    capture and up to ``PARTIALS_MAX`` floats it is the stream's own buffer, reused by every split
+    launch on that stream (one allocation less per call, host time): launches of one stream run in
+    order, and a PDL launch touches no global memory before its ``gdc_wait``, which waits for the
+    previous kernel to complete. Otherwise (a capture, whose graph must own its memory; larger
+    launches; CPU) a fresh buffer."""
+    if device.type != "cuda" or n > PARTIALS_MAX or torch.cuda.is_current_stream_capturing():
+        return torch.empty(n, dtype=torch.float32, device=device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (index, torch._C._cuda_getCurrentRawStream(index))
+    buf = _PARTIALS.get(key)
+    if buf is None or buf.numel() < n:
+        # (the old buffer may still be read by queued kernels of this stream: the allocator reuses
+        # its memory only in stream order)
+        size = min(max(n, 2 * (0 if buf is None else buf.numel())), PARTIALS_MAX)
+        buf = torch.empty(size, dtype=torch.float32, device=device)
+        _PARTIALS[key] = buf
+    return buf
+
+
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -622,14 +648,8 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         # its capacity's and strides' classes only (_cache_layout): a loop whose whole cache grows
         # by a token per step (the keys of a dense decode-shaped forward) shares the plan too
         grows = not paged and max_seqlen_k >= 0
-        key = (DEBUG.pdl, q.shape, q.stride(), *_cache_layout(k_cache, v_cache, grows), q.dtype,
-               k_cache.dtype, v_cache.dtype, q.device, None if seqlens_k is None else seqlens_k.dtype,
-               length_bucket(max_seqlen_k),
-               softmax_scale, causal, window, softcap, num_splits, seqlen_add,
-               None if cache_batch_idx is None else cache_batch_idx.dtype,
-               None if cache_leftpad is None else cache_leftpad.dtype,
-               None if not paged else (block_table.shape, block_table.stride(), block_table.dtype,
-                                       block_table.data_ptr() % 16 == 0))
+        key = _decode_key(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, softcap, cache_batch_idx,
+                          block_table, num_splits, max_seqlen_k, cache_leftpad, seqlen_add, grows)
         plan = _DECODE_PLANS.get(key)
         if plan is not None:
             return plan(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, None, cache_leftpad,
@@ -648,6 +668,32 @@ def decode_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, *, win
         block_table = torch.zeros((q.shape[0], 1), dtype=block_table.dtype, device=block_table.device)
     return plan(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, alibi_slopes, cache_leftpad,
                 max_seqlen_k if seqlens_k is None else seqlen_add, need_lse)
+
+
+def _decode_key(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, softcap, cache_batch_idx, block_table,
+                num_splits, max_seqlen_k, cache_leftpad, seqlen_add, grows) -> tuple:
+    """``decode_forward``'s plan key (see there)."""
+    paged = block_table is not None
+    return (DEBUG.pdl, q.shape, q.stride(), *_cache_layout(k_cache, v_cache, grows), q.dtype,
+            k_cache.dtype, v_cache.dtype, q.device, None if seqlens_k is None else seqlens_k.dtype,
+            length_bucket(max_seqlen_k),
+            softmax_scale, causal, window, softcap, num_splits, seqlen_add,
+            None if cache_batch_idx is None else cache_batch_idx.dtype,
+            None if cache_leftpad is None else cache_leftpad.dtype,
+            None if not paged else (block_table.shape, block_table.stride(), block_table.dtype,
+                                    block_table.data_ptr() % 16 == 0))
+
+
+def planned_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, softcap, cache_batch_idx,
+                   block_table, num_splits, cache_leftpad, seqlen_add):
+    """The kept :class:`_DecodePlan` of a ``decode_forward`` call with a length tensor and no
+    ALiBi (arguments as there), or None: what ``flash_attn_with_kvcache`` keeps per call
+    signature to call directly (``_DecodePlan.__call__``) on later steps."""
+    if seqlens_k is None or (block_table is not None and block_table.shape[1] == 0):
+        return None
+    return _DECODE_PLANS.get(_decode_key(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, softcap,
+                                         cache_batch_idx, block_table, num_splits, -1, cache_leftpad, seqlen_add,
+                                         False))
 
 
 _DECODE_PLANS: dict = {}  # decode_forward's key -> _DecodePlan
@@ -704,7 +750,7 @@ class _DecodePlan:
             return out, (lse if keep else None)
         if self.part_sizes is not None:  # partial outs, then partial LSEs, in one fp32 buffer
             n_o, n_l = self.part_sizes
-            buf = torch.empty(n_o + n_l, dtype=torch.float32, device=q.device)
+            buf = split_partials(n_o + n_l, q.device)
             o_part, lse_part = buf, buf[n_o:]  # (the partial outs start the buffer: no view for them)
             counter = (ticket_counters(self.n_counters, q.device) if self.n_counters > 0
                        else torch.zeros(-self.n_counters, dtype=torch.int32, device=q.device))
@@ -914,10 +960,7 @@ def append_kv(k_cache, v_cache, k, v, seqlens, seqlen_fixed: int, cache_batch_id
     if batch == 0 or seqlen_new == 0 or nheads_k == 0:
         return
     k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
-    paged = block_table is not None
-    key = (k.shape, k.stride(), v.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), k.dtype,
-           k_cache.dtype, k.device, seqlens is None, cache_batch_idx is None,
-           None if not paged else (block_table.shape, block_table.stride()))
+    key = _append_key(k_cache, v_cache, k, v, seqlens, cache_batch_idx, block_table)
     launch = _APPEND_PLANS.get(key)
     if launch is None:
         launch = _plan_append(k_cache, v_cache, k, v, seqlens, cache_batch_idx, block_table)
@@ -926,6 +969,25 @@ def append_kv(k_cache, v_cache, k, v, seqlens, seqlen_fixed: int, cache_batch_id
         _APPEND_PLANS[key] = launch
     if launch is _NOTHING:
         return
+    replay_append(launch, k_cache, v_cache, k, v, seqlens, seqlen_fixed, cache_batch_idx, block_table)
+
+
+def _append_key(k_cache, v_cache, k, v, seqlens, cache_batch_idx, block_table) -> tuple:
+    return (k.shape, k.stride(), v.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), k.dtype,
+            k_cache.dtype, k.device, seqlens is None, cache_batch_idx is None,
+            None if block_table is None else (block_table.shape, block_table.stride()))
+
+
+def planned_append(k_cache, v_cache, k, v, seqlens, cache_batch_idx, block_table):
+    """The kept append :class:`Launch` of this layout (k and v with unit last strides) that has
+    launched before (its compiled launcher kept), or None: for :func:`replay_append`."""
+    launch = _APPEND_PLANS.get(_append_key(k_cache, v_cache, k, v, seqlens, cache_batch_idx, block_table))
+    return launch if launch.__class__ is Launch and launch.runner is not None else None
+
+
+def replay_append(launch, k_cache, v_cache, k, v, seqlens, seqlen_fixed: int, cache_batch_idx, block_table):
+    """:func:`append_kv` through a :func:`planned_append` launch (no key, no checks of its own: the
+    caller keeps the launch per call signature)."""
     ptrs = (k, v, k_cache, v_cache, seqlens, cache_batch_idx, block_table)
     launch((), ptrs, (), aligned(*ptrs), launch.ints_with(_APPEND_FIXED, seqlen_fixed))
 
