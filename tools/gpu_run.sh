@@ -4,7 +4,7 @@
 #
 #   tests        the CUDA test suite (pytest -n 14; every CPU-only case skips itself there); the log names
 #                every test (-v), so a run cut off by TESTS_LIMIT shows which ran; TESTS_ARGS picks files
-#                or -k expressions (default: all of tests/)
+#                (split on spaces, no quoting; default: all of tests/), TESTS_K a -k expression
 #   grid-DTYPE   the D 64/128 x N 1k-16k x causal grid, forward and backward (GRID_MODES=bwd: one), against
 #                cuDNN and SDPA-flash (and FA4 when it imports: below), then tools/grid_report.py
 #   host         tileflash bench --host (per-call host cost) with cProfile statistics of tileflash's calls
@@ -47,7 +47,7 @@ echo "providers: $providers"
 for stage in "$@"; do
   case $stage in
     tests)
-      timeout ${TESTS_LIMIT:-400} python3 -m pytest -v -n 14 -p no:cacheprovider ${TESTS_ARGS:-tests} > "$OUT/tests.log" 2>&1
+      timeout ${TESTS_LIMIT:-400} python3 -m pytest -v -n 14 -p no:cacheprovider ${TESTS_ARGS:-tests} ${TESTS_K:+-k "$TESTS_K"} > "$OUT/tests.log" 2>&1
       echo "tests rc=$? $(tail -n 1 "$OUT/tests.log")"
       # (counted from the per-test lines, which a run cut off by the limit still has)
       echo "tests so far: $(grep -c ' PASSED ' "$OUT/tests.log") passed, $(grep -c ' FAILED ' "$OUT/tests.log") failed," \
