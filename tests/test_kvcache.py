@@ -1118,6 +1118,43 @@ def test_decode_steps_replay_their_kept_launches(paged, append):
         assert len(replays) == n, "a changed debug switch or signature must not replay"
 
 
+def test_split_partials_are_per_stream_and_capped(monkeypatch):
+    """``decode.split_partials``: a split launch's partials buffer is its stream's own, reused by
+    later launches on that stream, another stream gets another buffer, every call on either stream
+    matches the reference, and past ``PARTIALS_STREAMS`` streams the kept buffers are dropped."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from tileflash.ops.triton import decode
+
+    monkeypatch.setattr(decode, "_PARTIALS", {})
+    dev, dt = torch.device("cuda", torch.cuda.current_device()), torch.float16
+    g = torch.Generator().manual_seed(41)
+    kc, vc = (torch.randn(2, 4096, 2, 64, generator=g).to(dev, dt) for _ in range(2))
+    sl = torch.tensor([4000, 3001], dtype=torch.int32, device=dev)
+
+    def step(q):
+        out = tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=sl, num_splits=8)
+        for b, n in enumerate((4000, 3001)):
+            _assert_matches(out[b:b + 1], q[b:b + 1], kc[b:b + 1, :n], vc[b:b + 1, :n], 0)
+
+    step(torch.randn(2, 1, 4, 64, generator=g).to(dev, dt))
+    assert len(decode._PARTIALS) == 1
+    first = next(iter(decode._PARTIALS.values()))
+    step(torch.randn(2, 1, 4, 64, generator=g).to(dev, dt))
+    assert len(decode._PARTIALS) == 1 and next(iter(decode._PARTIALS.values())) is first, "reused on its stream"
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        q = torch.randn(2, 1, 4, 64, generator=g).to(dev, dt)
+        step(q)
+    torch.cuda.synchronize()
+    assert len(decode._PARTIALS) == 2, "another stream, another buffer"
+    monkeypatch.setattr(decode, "PARTIALS_STREAMS", 2)
+    with torch.cuda.stream(torch.cuda.Stream()):
+        step(torch.randn(2, 1, 4, 64, generator=g).to(dev, dt))
+    torch.cuda.synchronize()
+    assert len(decode._PARTIALS) == 1, "past the cap the kept buffers are dropped"
+
+
 def test_append_does_not_sync_and_captures():
     """On CUDA a decode step with an append reads no value on the host (torch's sync debug mode
     would raise), and append + attention captured in a CUDA graph and replayed give the eager

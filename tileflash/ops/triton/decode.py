@@ -450,6 +450,7 @@ def ticket_counters(n: int, device) -> torch.Tensor:
 
 _PARTIALS: dict = {}          # (device index, stream handle) -> fp32 buffer for split partials
 PARTIALS_MAX = 1 << 22        # floats (16 MiB) kept per stream; a larger launch allocates its own
+PARTIALS_STREAMS = 64         # streams with a kept buffer at most (then all are dropped)
 
 
 def split_partials(n: int, device) -> torch.Tensor:
@@ -470,6 +471,10 @@ def split_partials(n: int, device) -> torch.Tensor:
         # its memory only in stream order)
         size = min(max(n, 2 * (0 if buf is None else buf.numel())), PARTIALS_MAX)
         buf = torch.empty(size, dtype=torch.float32, device=device)
+        if len(_PARTIALS) >= PARTIALS_STREAMS:
+            # (a caller making a stream per request must not pile up buffers; a dropped one's memory
+            # goes back to its stream's pool, reused in that stream's order)
+            _PARTIALS.clear()
         _PARTIALS[key] = buf
     return buf
 
