@@ -1435,3 +1435,96 @@ def test_growing_dense_cache_shares_a_decode_plan(backend):
     assert plans == [1] * 6 + [2, 2, 3], plans
     assert dec._int_class(1) == (True, False, True) and dec._int_class(32) == (False, True, True)
     assert dec._int_class(2 ** 31) == (False, True, False)
+
+
+def test_kvcache_fast_signature_replays_only_its_own(monkeypatch):
+    """flash_attn_with_kvcache's kept launches (``interface._KV_FAST``), with stand-ins for the
+    route's kept launches on CPU tensors (``_PREPARE_CPU``): after a step with a length tensor, the
+    same signature replays them (``route.replay_kvcache``, with seqlen_add and the LSE request) and
+    runs no other layer (the cache is not written again); int lengths, a read-only call, another
+    causal flag, q with other strides, an int64 length tensor (refused), a changed debug switch and
+    TILEFLASH_CHECK_INPUTS=1 take the full path, whose results match the reference; so does a
+    replay that declines (None)."""
+    from tileflash import interface
+    from tileflash.ops import route
+
+    monkeypatch.setattr(interface, "_PREPARE_CPU", True)
+    monkeypatch.setattr(interface, "_KV_FAST", {})
+    monkeypatch.setattr(interface, "_KV_PREPARED", {})
+    monkeypatch.delenv("TILEFLASH_CHECK_INPUTS", raising=False)
+    replays, declined = [], []
+
+    def planned(q, k_cache, v_cache, k, v, seqlens, scale, causal, window, softcap, cbi, table, splits, leftpad, add,
+                options):
+        return ("plan", k is not None, causal)
+
+    def replay(kept, q, k_cache, v_cache, k, v, seqlens, cbi, table, leftpad, add, need_lse):
+        replays.append((kept, add, need_lse))
+        if declined:
+            return None
+        return torch.full_like(q, 7.0), (torch.zeros(1) if need_lse else None)
+
+    monkeypatch.setattr(route, "planned_kvcache", planned)
+    monkeypatch.setattr(route, "replay_kvcache", replay)
+    dev = "cpu"
+    kc, vc, _, g = _setup(dev, 2, False, 16, seed=43)
+    dt = kc.dtype
+    pos = [5, 17, 30]
+    sl = torch.tensor(pos, dtype=torch.int32)
+    q = torch.randn(B, 1, H, D, generator=g).to(dt)
+    k, v = (torch.randn(B, 1, 2, D, generator=g).to(dt) for _ in range(2))
+
+    def full_path_ok(out, q, n_new, causal=True):
+        for b in range(B):
+            n = pos[b] + n_new
+            _assert_matches(out[b:b + 1], q[b:b + 1], kc[b:b + 1, :n], vc[b:b + 1, :n], 1e-5, causal=causal)
+
+    out = tileflash.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=sl, causal=True)
+    full_path_ok(out, q, 1)
+    assert not replays and len(interface._KV_FAST) == 1
+    written = kc.clone()
+    k2 = torch.randn_like(k)
+    out = tileflash.flash_attn_with_kvcache(q, kc, vc, k2, v, cache_seqlens=sl, causal=True)
+    assert replays == [(("plan", True, True), 1, False)] and torch.equal(out, torch.full_like(q, 7.0))
+    assert torch.equal(kc, written), "a replayed step runs nothing but the kept launches"
+    out, lse = tileflash.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=sl, causal=True,
+                                                 return_softmax_lse=True)
+    assert replays[-1][2] is True and lse is not None
+
+    qt = torch.zeros(B, 1, H + 1, D, dtype=dt)[:, :, :H]  # same shape and unit last stride, other strides
+    qt.copy_(q)
+    n = len(replays)
+    for name, call in (
+        ("int lengths", lambda: tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=pos[0], causal=True)),
+        ("read-only", lambda: tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=sl, causal=True)),
+        ("not causal", lambda: tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=sl, causal=False)),
+        ("q strides", lambda: tileflash.flash_attn_with_kvcache(qt, kc, vc, cache_seqlens=sl, causal=True)),
+    ):
+        got = call()
+        assert len(replays) == n, f"{name}: another signature must not replay"
+        if name == "int lengths":
+            for b in range(B):
+                _assert_matches(got[b:b + 1], q[b:b + 1], kc[b:b + 1, :pos[0]], vc[b:b + 1, :pos[0]], 1e-5,
+                                causal=True)
+        else:
+            full_path_ok(got, q, 0, causal=name != "not causal")
+    with pytest.raises(TypeError, match="int32"):
+        tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=sl.long(), causal=True)
+    assert len(replays) == n
+    # the read-only signature now has kept launches too: it replays
+    tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=sl, causal=True)
+    assert replays[-1] == (("plan", False, True), 0, False)
+    n = len(replays)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(DEBUG, "pdl", 0 if DEBUG.pdl else 1)
+        full_path_ok(tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=sl, causal=True), q, 0)
+    monkeypatch.setenv("TILEFLASH_CHECK_INPUTS", "1")
+    full_path_ok(tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=sl, causal=True), q, 0)
+    assert len(replays) == n, "a changed debug switch or TILEFLASH_CHECK_INPUTS=1 must not replay"
+    monkeypatch.delenv("TILEFLASH_CHECK_INPUTS")
+    # (the step under the other switch kept its launches with that switch: one full step again)
+    tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=sl, causal=True)
+    assert len(replays) == n
+    declined.append(True)
+    full_path_ok(tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=sl, causal=True), q, 0)
+    assert len(replays) == n + 1

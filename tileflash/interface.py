@@ -233,7 +233,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 # call skips the checks and the argument assembly (host time; issue: host cost per call). Only
 # calls without tensors among the features and with unit last strides, outside torch.compile.
 _PREPARED: dict = {}
-_PREPARE_CPU = False  # tests set it to run the CUDA-only signature cache on CPU tensors
+_PREPARE_CPU = False  # tests set it to run the CUDA-only signature caches (also flash_attn_with_kvcache's, whose
+# value checks are then skipped on CPU too) on CPU tensors
 
 
 def _call_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, options):
@@ -846,7 +847,8 @@ def _tensor_meta(t):
 def _kvcache_key(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                  block_table, softmax_scale, causal, window_size, softcap, alibi_slopes, num_splits, options):
     """flash_attn_with_kvcache's call signature for ``_KV_PREPARED``, or None: check in full."""
-    if (type(q) is not Tensor or type(k_cache) is not Tensor or type(v_cache) is not Tensor or not q.is_cuda
+    if (type(q) is not Tensor or type(k_cache) is not Tensor or type(v_cache) is not Tensor
+            or (not q.is_cuda and not _PREPARE_CPU)
             or rotary_cos is not None or rotary_sin is not None or alibi_slopes is not None
             or type(window_size) is not tuple or len(window_size) != 2 or type(window_size[0]) is not int
             or type(window_size[1]) is not int or (options is not None and type(options) is not Options)
