@@ -511,7 +511,8 @@ def test_prepared_signature_ignores_the_key_length(monkeypatch, backend):
 
 
 def test_fast_forward_replays_only_its_own_signature(monkeypatch):
-    """flash_attn_func's one-key replay (``interface._FAST_FWD``): after a validated call without
+    """flash_attn_func's one-key replay (``interface._FAST_FWD``, for more than DECODE_MAX_Q query
+    tokens): after a validated call without
     autograd whose route planned a Gluon launch (here a stand-in plan, on CPU tensors through
     ``_PREPARE_CPU``), the same signature replays that plan directly (``route.replay_forward``) with
     the call's scale and LSE request; every change of layout, dtype, argument value or argument type,
@@ -535,7 +536,7 @@ def test_fast_forward_replays_only_its_own_signature(monkeypatch):
 
     monkeypatch.setattr(route, "planned_forward", planned)
     monkeypatch.setattr(route, "replay_forward", replay)
-    q, k, v = (torch.randn(1, 9, 4, 16) for _ in range(3))
+    q, k, v = (torch.randn(1, 20, 4, 16) for _ in range(3))
 
     def full_path_ok(out, q, k, v, causal=False, scale=None, window=(-1, -1), atol=1e-6):
         ref = attention_ref(q.double(), k.double(), v.double(), causal=causal, softmax_scale=scale,
@@ -589,6 +590,11 @@ def test_fast_forward_replays_only_its_own_signature(monkeypatch):
     # a replay that declines (a misaligned pointer, another device): the full path's output
     declined.append(True)
     full_path_ok(tileflash.flash_attn_func(q, k, v), q, k, v)
+    # a few query tokens (the decode kernel's calls, whose keys grow every step) keep no entry
+    kept = len(interface._FAST_FWD)
+    for _ in range(2):
+        full_path_ok(tileflash.flash_attn_func(q[:, :1], k, v), q[:, :1], k, v)
+    assert len(interface._FAST_FWD) == kept
 
 
 @pytest.mark.skipif(not (IS_SM90 and gluon_modules() is not None), reason="needs a Hopper GPU and triton's Gluon")

@@ -388,9 +388,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     """
     fast = None
     if (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor and alibi_slopes is None
-            and not torch.compiler.is_compiling()):
+            and q.dim() == 4 and q.shape[1] > route.DECODE_MAX_Q and not torch.compiler.is_compiling()):
         # a validated signature seen before (_FAST_FWD): its op arguments and, without autograd, its
-        # planned Gluon forward, replayed directly
+        # planned Gluon forward, replayed directly. (Not for a few query tokens: such calls go to the
+        # decode kernel, and a decoding loop's keys grow every step, so its signatures never repeat.)
         fast = _fast_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, deterministic, options)
         try:
             entry = _FAST_FWD.get(fast)
