@@ -237,12 +237,17 @@ _PREPARE_CPU = False  # tests set it to run the CUDA-only signature caches (also
 # value checks are then skipped on CPU too) on CPU tensors
 
 
+def _int_pair(w) -> bool:
+    """Whether w is a tuple of two ints (a window_size the signature caches key: equal values of
+    other types, e.g. (-1.0, -1), hash alike but take the full checks)."""
+    return type(w) is tuple and len(w) == 2 and type(w[0]) is int and type(w[1]) is int
+
+
 def _call_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, options):
     if (type(q) is not Tensor or type(k) is not Tensor or type(v) is not Tensor
             or (not q.is_cuda and not _PREPARE_CPU)
             or alibi_slopes is not None or type(dropout_p) is not float or dropout_p != 0.0
-            or type(window_size) is not tuple or len(window_size) != 2 or type(window_size[0]) is not int
-            or type(window_size[1]) is not int or (options is not None and type(options) is not Options)
+            or not _int_pair(window_size) or (options is not None and type(options) is not Options)
             or torch.compiler.is_compiling() or q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1):
         return None
     # k and v without their length (no check depends on it but their being equal; the causal shift,
@@ -266,8 +271,7 @@ _FAST_FWD: dict = {}
 def _fast_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, deterministic, options):
     """The ``_FAST_FWD`` key of a call with plain tensors and no ALiBi (it may be unhashable: then
     the call takes the full path), or None where window_size is not a tuple of two ints."""
-    if (type(window_size) is not tuple or len(window_size) != 2 or type(window_size[0]) is not int
-            or type(window_size[1]) is not int):
+    if not _int_pair(window_size):
         return None
     return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
             k.device, v.device, dropout_p, type(dropout_p), softmax_scale, type(softmax_scale), causal, type(causal),
@@ -851,8 +855,7 @@ def _kvcache_key(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
     if (type(q) is not Tensor or type(k_cache) is not Tensor or type(v_cache) is not Tensor
             or (not q.is_cuda and not _PREPARE_CPU)
             or rotary_cos is not None or rotary_sin is not None or alibi_slopes is not None
-            or type(window_size) is not tuple or len(window_size) != 2 or type(window_size[0]) is not int
-            or type(window_size[1]) is not int or (options is not None and type(options) is not Options)
+            or not _int_pair(window_size) or (options is not None and type(options) is not Options)
             or os.environ.get("TILEFLASH_CHECK_INPUTS", "0") == "1" or torch.compiler.is_compiling()):
         return None
     lens = type(cache_seqlens) if cache_seqlens is None or type(cache_seqlens) is int else _tensor_meta(cache_seqlens)
