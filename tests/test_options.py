@@ -528,7 +528,7 @@ def test_fast_forward_replays_only_its_own_signature(monkeypatch):
     def planned(q, k, v, scale, causal, shift, window, softcap, dropout_p, options):
         return ("plan", q.dtype, q.stride(), causal, window)
 
-    def replay(plan, q, k, v, scale, need_lse):
+    def replay(plan, q, k, v, scale, need_lse=True):
         replays.append((plan, scale, need_lse))
         if declined:
             return None
@@ -578,15 +578,16 @@ def test_fast_forward_replays_only_its_own_signature(monkeypatch):
     with pytest.raises(TypeError, match="causal must be a bool"):
         tileflash.flash_attn_func(q, k, v, causal=0)
     assert len(replays) == n
-    # a call that needs a gradient takes autograd's path
+    # a call that needs a gradient replays the plan inside the autograd class, with the LSE (its
+    # backward: test_fast_backward_replays_only_its_own_signature)
     qg = q.clone().requires_grad_()
     n = len(replays)
     out = tileflash.flash_attn_func(qg, k, v)
-    assert len(replays) == n and out.requires_grad
-    full_path_ok(out.detach(), q, k, v)
+    assert len(replays) == n + 1 and replays[-1][2] is True and out.requires_grad
+    assert torch.equal(out.detach(), torch.full_like(q, 7.0))
     with torch.no_grad():
         tileflash.flash_attn_func(qg, k, v)
-    assert len(replays) == n + 1, "without grad mode the same signature replays"
+    assert len(replays) == n + 2 and replays[-1][2] is False, "without grad mode the same signature replays"
     # a replay that declines (a misaligned pointer, another device): the full path's output
     declined.append(True)
     full_path_ok(tileflash.flash_attn_func(q, k, v), q, k, v)
@@ -595,6 +596,219 @@ def test_fast_forward_replays_only_its_own_signature(monkeypatch):
     for _ in range(2):
         full_path_ok(tileflash.flash_attn_func(q[:, :1], k, v), q[:, :1], k, v)
     assert len(interface._FAST_FWD) == kept
+
+
+def test_fast_backward_replays_only_its_own_signature(monkeypatch):
+    """Under autograd a repeated ``flash_attn_func`` signature replays its planned forward inside
+    the autograd class, and its backward replays the launches that the signature's first backward
+    through the route recorded into its ``_FAST_FWD`` entry (``route.planned_backward`` /
+    ``route.replay_backward``; stand-ins here, on CPU tensors through ``_PREPARE_CPU``). Another
+    signature never gets them, a replay that declines (None) runs the route, and every gradient
+    that the route computes meets the error rule."""
+    from tileflash import interface
+
+    monkeypatch.setattr(interface, "_PREPARE_CPU", True)
+    monkeypatch.setattr(interface, "_FAST_FWD", {})
+    interface._PREPARED.clear()
+    fwd_replays, planned_bwd, bwd_replays, declined = [], [], [], []
+
+    def planned(q, k, v, scale, causal, shift, window, softcap, dropout_p, options):
+        return ("fplan", causal)
+
+    def replay(plan, q, k, v, scale, need_lse=True):  # the route's own forward: right outputs and LSE
+        fwd_replays.append((plan, need_lse))
+        return route.forward(q, k, v, scale, plan[1], 0)
+
+    def planned_backward(dout, q, k, v, out, lse, scale, causal, shift, window, softcap, dropout_p, options,
+                         deterministic):
+        planned_bwd.append(causal)
+        return None if window != (-1, -1) else ("bplan", causal, dout.stride())
+
+    def replay_backward(kept, dout, q, k, v, out, lse, scale, deterministic):
+        bwd_replays.append(kept)
+        if declined:
+            return None
+        return torch.full_like(q, 3.0), torch.full_like(k, 4.0), torch.full_like(v, 5.0)
+
+    monkeypatch.setattr(route, "planned_forward", planned)
+    monkeypatch.setattr(route, "replay_forward", replay)
+    monkeypatch.setattr(route, "planned_backward", planned_backward)
+    monkeypatch.setattr(route, "replay_backward", replay_backward)
+    q, k, v = (torch.randn(1, 20, 4, 16) for _ in range(3))
+    dout = torch.randn(1, 20, 4, 16)
+
+    def step(causal=False):
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        out = tileflash.flash_attn_func(qg, kg, vg, causal=causal)
+        out.backward(dout)
+        return out.detach(), qg.grad, kg.grad, vg.grad
+
+    def route_ok(got, causal=False):
+        qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+        ref = attention_ref(qd, kd, vd, causal=causal)[0]
+        ref_grads = torch.autograd.grad(ref, (qd, kd, vd), dout.double())
+        qp, kp, vp = (t.clone().requires_grad_() for t in (q, k, v))
+        plain = attention_ref(qp, kp, vp, causal=causal, upcast=False)[0]
+        plain_grads = torch.autograd.grad(plain, (qp, kp, vp), dout)
+        for name, g, r, p in zip(("out", "dq", "dk", "dv"), got, (ref.detach(), *ref_grads),
+                                 (plain.detach(), *plain_grads)):
+            assert_error_rule(name, g, r, (p.double() - r).abs().max().item(), 2, 1e-6)
+
+    route_ok(step())                      # validated, kept; no backward kept yet
+    assert not fwd_replays and not planned_bwd and len(interface._FAST_FWD) == 1
+    route_ok(step())                      # forward replayed; backward by the route, then kept
+    assert fwd_replays == [(("fplan", False), True)] and planned_bwd == [False] and not bwd_replays
+    out, dq, dk, dv = step()              # both replayed: autograd hands on the replay's gradients
+    assert bwd_replays == [("bplan", False, dout.stride())]
+    assert torch.equal(dq, torch.full_like(q, 3.0)) and torch.equal(dk, torch.full_like(k, 4.0))
+    assert torch.equal(dv, torch.full_like(v, 5.0))
+    # another signature (causal) keeps its own backward, never this one's
+    route_ok(step(True), True)
+    route_ok(step(True), True)
+    assert planned_bwd == [False, True] and len(bwd_replays) == 1
+    step(True)
+    assert bwd_replays[-1] == ("bplan", True, dout.stride())
+    # a replay that declines: the route's gradients
+    declined.append(True)
+    route_ok(step())
+    assert len(bwd_replays) == 3 and bwd_replays[-1][1] is False
+    # only some inputs needing a gradient, and the LSE asked for: the same kept entry, right outputs
+    declined.clear()
+    kg = k.clone().requires_grad_()
+    out, lse, _ = tileflash.flash_attn_func(q, kg, v, return_attn_probs=True)
+    out.backward(dout)
+    assert len(bwd_replays) == 4 and torch.equal(kg.grad, torch.full_like(k, 4.0)) and lse.shape == (1, 4, 20)
+    # a signature whose route keeps no launches (here: a window) is looked up once, then never again
+    for _ in range(4):
+        qg = q.clone().requires_grad_()
+        tileflash.flash_attn_func(qg, k, v, window_size=(3, 3)).backward(dout)
+    assert planned_bwd == [False, True, False] and len(bwd_replays) == 4
+
+
+def test_sdpa_drop_in_replays_only_its_own_signature(monkeypatch):
+    """``tileflash.scaled_dot_product_attention`` keeps its validated signatures (``_FAST_SDPA``:
+    the arguments as given, scalars by value and type) like ``flash_attn_func``: a repeat replays
+    the planned forward (stand-ins on CPU tensors, through ``_PREPARE_CPU``) without the LSE, under
+    autograd inside the autograd class; any other signature, a mask, dropout, a refused argument
+    type and inputs that had to be copied (head dim not unit-strided) take the full path, which
+    raises or meets the error rule."""
+    from tileflash import interface
+
+    monkeypatch.setattr(interface, "_PREPARE_CPU", True)
+    monkeypatch.setattr(interface, "_FAST_SDPA", {})
+    replays = []
+
+    def planned(q, k, v, scale, causal, shift, window, softcap, dropout_p, options):
+        return ("plan", q.stride(), scale, causal)
+
+    def replay(plan, q, k, v, scale, need_lse=True):
+        replays.append((plan, need_lse))
+        return torch.full_like(q, 7.0), (torch.zeros(1) if need_lse else None)
+
+    monkeypatch.setattr(route, "planned_forward", planned)
+    monkeypatch.setattr(route, "replay_forward", replay)
+    sdpa = tileflash.scaled_dot_product_attention
+    q = torch.randn(1, 4, 20, 16)
+    k, v = torch.randn(1, 2, 20, 16), torch.randn(1, 2, 20, 16)
+
+    def full_ok(out, q, k, v, causal=False, scale=None, atol=1e-6):
+        f = torch.nn.functional.scaled_dot_product_attention
+        ref = f(q.double(), k.double(), v.double(), is_causal=causal, scale=scale, enable_gqa=True)
+        plain = f(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
+        assert_error_rule("full path", out, ref, (plain.double() - ref).abs().max().item(), 2, atol)
+
+    full_ok(sdpa(q, k, v, enable_gqa=True), q, k, v)
+    assert not replays and len(interface._FAST_SDPA) == 1
+    out = sdpa(q, k, v, enable_gqa=True)
+    qt = q.transpose(1, 2)  # the (batch, seqlen, nheads, headdim) view the op takes
+    assert replays == [(("plan", qt.stride(), 0.25, False), False)]
+    assert out.shape == q.shape and torch.equal(out, torch.full_like(q, 7.0))
+
+    misses = [
+        ("dtype", (q.half(), k.half(), v.half()), dict(enable_gqa=True)),
+        ("strides", (q.transpose(1, 2).contiguous().transpose(1, 2), k, v), dict(enable_gqa=True)),
+        ("is_causal", (q, k, v), dict(enable_gqa=True, is_causal=True)),
+        ("scale", (q, k, v), dict(enable_gqa=True, scale=0.3)),
+        ("scale as int", (q, k, v), dict(enable_gqa=True, scale=1)),
+        ("enable_gqa as int", (q, k, v), dict(enable_gqa=1)),
+        ("options", (q, k, v), dict(enable_gqa=True, options=Options(autotune=True))),
+        ("options as dict", (q, k, v), dict(enable_gqa=True, options={})),
+        ("dropout_p as int", (q, k, v), dict(enable_gqa=True, dropout_p=0)),
+    ]
+    for name, tensors, kw in misses:
+        n = len(replays)
+        got = sdpa(*tensors, **kw)
+        assert len(replays) == n, f"{name}: another signature must not replay the plan"
+        full_ok(got.float(), *(t.float() for t in tensors), causal=kw.get("is_causal", False),
+                scale=kw.get("scale"), atol=1e-3 if name == "dtype" else 1e-6)
+    n = len(replays)
+    with pytest.raises(NotImplementedError, match="attn_mask"):
+        sdpa(q, k, v, attn_mask=torch.ones(20, 20, dtype=torch.bool), enable_gqa=True)
+    with pytest.raises(NotImplementedError, match="dropout"):
+        sdpa(q, k, v, dropout_p=0.1, enable_gqa=True)
+    with pytest.raises(TypeError, match="is_causal must be a bool"):
+        sdpa(q, k, v, is_causal=0, enable_gqa=True)
+    with pytest.raises(ValueError, match="enable_gqa"):
+        sdpa(q, k, v)
+    assert len(replays) == n
+    # inputs whose head dim is not unit-strided are copied for the kernels: no entry for them
+    kept = len(interface._FAST_SDPA)
+    qs = torch.randn(1, 4, 20, 32)[..., ::2]
+    for _ in range(2):
+        full_ok(sdpa(qs, k, v, enable_gqa=True), qs, k, v)
+    assert len(interface._FAST_SDPA) == kept and len(replays) == n
+    # under autograd: the kept plan, with the LSE the backward needs
+    qg = q.clone().requires_grad_()
+    out = sdpa(qg, k, v, enable_gqa=True)
+    assert len(replays) == n + 1 and replays[-1][1] is True and out.requires_grad
+
+
+def test_replay_backward_declines_what_its_plan_did_not_see(monkeypatch):
+    """``route.replay_backward`` replays a kept backward (``route.planned_backward``'s tuple: dO's
+    strides, the process-wide switches, the launches) only for dO of the same strides, the same
+    ``deterministic`` resolution (argument or ``torch.use_deterministic_algorithms``) and debug
+    switches, 16-byte-aligned pointers and the current device; otherwise None (the caller runs the
+    route). A stand-in module records the replays; CPU tensors stand for one device."""
+    from tileflash.options import DEBUG
+
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: None, raising=False)  # (a CPU tensor's index)
+    ran = []
+
+    class FakeBackward:
+        @staticmethod
+        def replay_default(launches, dout, q, k, v, out, lse, scale):
+            ran.append((launches, scale))
+            return "grads"
+
+    q, k, v, out, dout = (torch.randn(1, 32, 2, 16) for _ in range(5))
+    lse = torch.randn(1, 2, 32)
+    kept = (dout.stride(), route._bwd_switches(False), (FakeBackward, "launches"))
+    assert route.replay_backward(kept, dout, q, k, v, out, lse, 0.25) == "grads"
+    assert ran == [("launches", 0.25)]
+    declines = {
+        "dO strides": lambda: route.replay_backward(kept, dout.transpose(1, 2).contiguous().transpose(1, 2), q, k, v,
+                                                    out, lse, 0.25),
+        "deterministic argument": lambda: route.replay_backward(kept, dout, q, k, v, out, lse, 0.25, True),
+        "misaligned dO": lambda: route.replay_backward(kept, torch.randn(dout.numel() + 1)[1:].view(dout.shape),
+                                                      q, k, v, out, lse, 0.25),
+    }
+    for name, call in declines.items():
+        assert call() is None, name
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 3, raising=False)
+    assert route.replay_backward(kept, dout, q, k, v, out, lse, 0.25) is None, "another current device"
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: None, raising=False)
+    for name in ("gluon_fused", "gluon_bwd", "gluon_dq", "dq_delta"):
+        with monkeypatch.context() as m:
+            m.setattr(DEBUG, name, not getattr(DEBUG, name))
+            assert route.replay_backward(kept, dout, q, k, v, out, lse, 0.25) is None, name
+    det = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert route.replay_backward(kept, dout, q, k, v, out, lse, 0.25) is None, "use_deterministic_algorithms"
+    finally:
+        torch.use_deterministic_algorithms(det)
+    assert len(ran) == 1
+    assert route.planned_backward(dout, q, k, v, out, lse, 0.25, False, 0) is None, "CPU tensors plan nothing"
 
 
 @pytest.mark.skipif(not (IS_SM90 and gluon_modules() is not None), reason="needs a Hopper GPU and triton's Gluon")
@@ -631,3 +845,86 @@ def test_fast_forward_replay_on_the_gpu(causal):
     qm = raw[1:1 + q.numel()].view(q.shape)  # 2-byte offset: not 16-byte aligned
     qm.copy_(torch.randn_like(q))
     check("misaligned q", tileflash.flash_attn_func(qm, k, v, causal=causal), qm, k, v)
+
+
+@pytest.mark.skipif(not (IS_SM90 and gluon_modules() is not None), reason="needs a Hopper GPU and triton's Gluon")
+@pytest.mark.parametrize("causal", [False, True])
+def test_fast_backward_replay_on_the_gpu(monkeypatch, causal):
+    """A repeated ``flash_attn_func`` signature under autograd on the Gluon kernels: the first
+    backward through the route records its launches into the signature's entry, the next ones
+    replay them (``route.replay_backward`` returned gradients) with the bits of the route's
+    (the default backward at this size is the split, deterministic pair), and the gradients meet
+    the error rule. dO of other strides (expanded, from ``out.sum()``) declines the replay and is
+    still right."""
+    from tileflash import interface
+
+    interface._FAST_FWD.clear()
+    route._FWD_PLANS.clear()
+    route._BWD_PLANS.clear()
+    replays = count_calls(monkeypatch, route, "replay_backward")
+    q, k, v = make_qkv(2, 256, 256, 4, 2, 128, torch.float16, "cuda", seed=23)
+    do = torch.randn_like(q)
+
+    def step(dout=do):
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        out = tileflash.flash_attn_func(qg, kg, vg, causal=causal)
+        if dout is None:
+            out.sum().backward()
+        else:
+            out.backward(dout)
+        return qg.grad, kg.grad, vg.grad
+
+    first = step()
+    second = step()
+    assert not replays, "the first backward of a signature runs the route"
+    entry = next(iter(interface._FAST_FWD.values()))
+    assert entry[2] is not None, "the route's launches are kept for the signature"
+    third = step()
+    assert len(replays) == 1, "a repeated signature's backward replays its kept launches"
+    for a, b, c in zip(first, second, third):
+        assert torch.equal(a, b) and torch.equal(b, c)
+
+    def check(grads, dout):
+        ref = ref_grads(q, k, v, dout, causal, upcast=True)
+        eager = ref_grads(q, k, v, dout, causal, upcast=False)
+        for name, g, r, e in zip(("dq", "dk", "dv"), grads, ref, eager):
+            assert not torch.isnan(g).any(), name
+            assert_error_rule(name, g, r, max_err(e, r), 2, rounding_atol(r, torch.float16))
+
+    check(third, do)
+    n = len(replays)
+    ones = step(None)  # dO = ones, expanded (zero strides): other strides, so not the kept replay
+    assert len(replays) == n
+    check(ones, torch.ones_like(q))
+
+
+@pytest.mark.skipif(not (IS_SM90 and gluon_modules() is not None), reason="needs a Hopper GPU and triton's Gluon")
+def test_sdpa_drop_in_replay_on_the_gpu():
+    """``tileflash.scaled_dot_product_attention`` on its kept signature (``_FAST_SDPA``) on the
+    Gluon kernels: a repeat gives the first call's bits, forward and (under autograd) backward, and
+    both meet the error rule against torch's SDPA in fp64."""
+    from tileflash import interface
+
+    interface._FAST_SDPA.clear()
+    f = torch.nn.functional.scaled_dot_product_attention
+    q, k, v = (t.transpose(1, 2) for t in make_qkv(2, 256, 256, 4, 2, 128, torch.float16, "cuda", seed=29))
+    do = torch.randn_like(q)
+    first = tileflash.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert len(interface._FAST_SDPA) == 1
+    assert torch.equal(tileflash.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), first)
+    ref = f(*(t.cpu().double() for t in (q, k, v)), is_causal=True, enable_gqa=True)
+    plain = f(q, k, v, is_causal=True, enable_gqa=True)
+    assert_error_rule("out", first, ref, max_err(plain, ref), 2, rounding_atol(ref, torch.float16))
+    grads = []
+    for _ in range(3):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        tileflash.scaled_dot_product_attention(*leaves, is_causal=True, enable_gqa=True).backward(do)
+        grads.append([t.grad for t in leaves])
+    for a, b in zip(grads[0], grads[2]):
+        assert torch.equal(a, b)
+    leaves64 = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
+    ref_g = torch.autograd.grad(f(*leaves64, is_causal=True, enable_gqa=True), leaves64, do.cpu().double())
+    leaves16 = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    plain_g = torch.autograd.grad(f(*leaves16, is_causal=True, enable_gqa=True), leaves16, do)
+    for name, g, r, p in zip(("dq", "dk", "dv"), grads[2], ref_g, plain_g):
+        assert_error_rule(name, g, r, max_err(p, r), 2, rounding_atol(r, torch.float16))

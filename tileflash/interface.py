@@ -10,8 +10,8 @@ import os
 import torch
 from torch import Tensor
 
-from tileflash.ops.attention import (PackedAttention, attention, attention_args, kvcache_append, kvcache_forward,
-                                     kvcache_fwd, op_args)
+from tileflash.ops.attention import (PackedAttention, attention, attention_args, attention_kept, kvcache_append,
+                                     kvcache_forward, kvcache_fwd, op_args)
 from tileflash.ops import route
 from tileflash.ops.route import use_triton
 from tileflash.ops.triton.decode import check_grid, row_block_count
@@ -260,11 +260,13 @@ def _call_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, a
             softcap, type(softcap), deterministic, type(deterministic), options)
 
 
-# A call signature as _call_key's (which it must have passed) plus the tensors' strides -> (the
-# planned Gluon forward its call replayed, False where it replayed none, None where not known yet
-# (calls under autograd do not look); the op's arguments after q, k, v): a repeated call skips the
-# checks and every layer down to the launch (``route.replay_forward``; host time, issue: host cost
-# per call). Tensors keyed by their whole layout, scalars by value and type.
+# A call signature as _call_key's (which it must have passed) plus the tensors' strides -> [the
+# planned Gluon forward its call ran (False where it ran none);
+# the op's arguments after q, k, v; the backward launches its first backward recorded
+# (``route.planned_backward``; False where the route keeps none, None until the first)]: a repeated call skips the checks and every layer
+# down to the launch (``route.replay_forward``, under autograd inside ``_EagerAttention``, whose
+# backward replays the kept backward launches; host time, issue: host cost per call). Tensors
+# keyed by their whole layout, scalars by value and type.
 _FAST_FWD: dict = {}
 
 
@@ -278,20 +280,30 @@ def _fast_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, d
             window_size, softcap, type(softcap), deterministic, type(deterministic), options, type(options))
 
 
-def _keep_fast(fast, q, k, v, args, grad: bool):
-    """After a call validated through ``_call_key`` (args: its ``op_args``): keep its
-    ``_FAST_FWD`` entry; a call without autograd also looks up the planned Gluon forward it
-    replayed (``route.planned_forward``)."""
+def _keep_fast(table: dict, fast, q, k, v, args):
+    """After a call validated in full (args: its ``op_args``; q, k, v as the op took them): keep
+    its entry in ``table`` (``_FAST_FWD`` or ``_FAST_SDPA``) under its signature ``fast``, with the
+    planned Gluon forward it replayed (``route.planned_forward``)."""
     if not q.is_cuda and not _PREPARE_CPU:
         return
-    plan = None
-    if not grad:
-        (scale, causal, shift, left, right, softcap, _, _, _, _, _, dropout_p, _, _, options) = args
-        plan = route.planned_forward(q, k, v, scale, causal, shift, (left, right), softcap, dropout_p,
-                                     Options.decode(options)) or False
-    if len(_FAST_FWD) >= 1024:
-        _FAST_FWD.clear()
-    _FAST_FWD[fast] = (plan, args)
+    (scale, causal, shift, left, right, softcap, _, _, _, _, _, dropout_p, _, _, options) = args
+    plan = route.planned_forward(q, k, v, scale, causal, shift, (left, right), softcap, dropout_p,
+                                 Options.decode(options)) or False
+    if len(table) >= 1024:
+        table.clear()
+    table[fast] = [plan, args, None]
+
+
+def _fast_call(entry, q, k, v, need_lse: bool):
+    """A call of a kept signature (an entry of ``_FAST_FWD`` or ``_FAST_SDPA``) -> (out, lse; lse
+    may be None without ``need_lse``): under autograd the autograd class with the entry's planned
+    launches, else the planned Gluon forward replayed directly, else (no plan, or the replay
+    declined) the op's body."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return attention_kept(q, k, v, entry)
+    plan, args = entry[0], entry[1]
+    done = route.replay_forward(plan, q, k, v, args[0], need_lse) if plan else None
+    return attention_args(q, k, v, args, need_lse=need_lse) if done is None else done
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -393,22 +405,17 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     fast = None
     if (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor and alibi_slopes is None
             and q.dim() == 4 and q.shape[1] > route.DECODE_MAX_Q and not torch.compiler.is_compiling()):
-        # a validated signature seen before (_FAST_FWD): its op arguments and, without autograd, its
-        # planned Gluon forward, replayed directly. (Not for a few query tokens: such calls go to the
-        # decode kernel, and a decoding loop's keys grow every step, so its signatures never repeat.)
+        # a validated signature seen before (_FAST_FWD): its op arguments and its planned Gluon
+        # forward, replayed directly (under autograd inside the autograd class, with the backward
+        # launches the signature kept). (Not for a few query tokens: such calls go to the decode
+        # kernel, and a decoding loop's keys grow every step, so its signatures never repeat.)
         fast = _fast_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, deterministic, options)
         try:
             entry = _FAST_FWD.get(fast)
         except TypeError:  # (unhashable arguments, e.g. a dict of options: the full path)
             entry = fast = None
         if entry is not None:
-            plan, args = entry
-            grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-            done = route.replay_forward(plan, q, k, v, args[0], return_attn_probs) if plan and not grad else None
-            if done is None:
-                done = attention_args(q, k, v, args, need_lse=return_attn_probs)
-                if plan is None and not grad:
-                    _keep_fast(fast, q, k, v, args, False)
+            done = _fast_call(entry, q, k, v, return_attn_probs)
             return (done[0], done[1], None) if return_attn_probs else done[0]
     key = _call_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                     options)
@@ -428,8 +435,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         args = (args[0], args[1], k.shape[1] - q.shape[1], *args[3:])
     out, lse = attention_args(q, k, v, args, need_lse=return_attn_probs)
     if fast is not None and key is not None:
-        _keep_fast(fast, q, k, v, args, torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
-                                                                     or v.requires_grad))
+        _keep_fast(_FAST_FWD, fast, q, k, v, args)
     if return_attn_probs:
         return out, lse, None
     return out
@@ -465,6 +471,20 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     Not supported yet (raise ``NotImplementedError``): ``attn_mask`` other than None,
     ``dropout_p > 0``.
     """
+    fast = None
+    if (attn_mask is None and type(query) is Tensor and type(key) is Tensor and type(value) is Tensor
+            and query.dim() == 4 and query.shape[2] > route.DECODE_MAX_Q and not torch.compiler.is_compiling()):
+        # a signature validated before (_FAST_SDPA), as flash_attn_func's _FAST_FWD
+        fast = (query.shape, query.stride(), key.shape, key.stride(), value.shape, value.stride(), query.dtype,
+                key.dtype, value.dtype, query.device, key.device, value.device, dropout_p, type(dropout_p), is_causal,
+                type(is_causal), scale, type(scale), enable_gqa, type(enable_gqa), options, type(options))
+        try:
+            entry = _FAST_SDPA.get(fast)
+        except TypeError:  # (unhashable arguments, e.g. a dict of options: the full path)
+            entry = fast = None
+        if entry is not None:
+            return _fast_call(entry, query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                              False)[0].transpose(1, 2)
     if attn_mask is not None:
         raise NotImplementedError(
             "tileflash.scaled_dot_product_attention does not support attn_mask yet; pass attn_mask=None "
@@ -490,9 +510,19 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     _check_qkv(q, k, v, names=("query", "key", "value"), layout="(batch, nheads, seqlen, headdim)")
     sc = _default_scale(scale, q.shape[-1])
-    q, k, v = (_unit_last_stride(t) for t in (q, k, v))
-    out, _ = attention(q, k, v, sc, is_causal, 0, need_lse=False, options=resolve(options).encode())
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        fast = None  # (copied: the signature's tensors are not what the op takes)
+        q, k, v = (_unit_last_stride(t) for t in (q, k, v))
+    args = op_args(sc, is_causal, 0, options=resolve(options).encode())
+    out, _ = attention_args(q, k, v, args, need_lse=False)
+    if fast is not None:
+        _keep_fast(_FAST_SDPA, fast, q, k, v, args)
     return out.transpose(1, 2)
+
+
+# scaled_dot_product_attention's signatures validated before (its arguments as given: shapes,
+# strides, dtypes, devices; scalars by value and type) -> an entry as _FAST_FWD's
+_FAST_SDPA: dict = {}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ times ``--calls`` calls issued back to back and synchronises once at the end:
 Cases (flash-attn / issue-tracker shapes): forward and forward+backward at B=1 N=128 H=16/8 D=128
 causal; ``flash_attn_with_kvcache`` at B=1, cache length L=8k, one query token, read-only and with
 one new k/v token appended. Providers: tileflash, torch SDPA with its default backend choice and
-with the flash / cuDNN backends forced, flash-attn 2 and FA4 (``flash_attn.cute``) where they import.
+with the flash / cuDNN backends forced, flash-attn 2 and FA4 (``flash_attn.cute``) where they import;
+``tf_sdpa`` is ``tileflash.scaled_dot_product_attention`` (forward and forward+backward only).
 SDPA's decode step is a slice of the cache (read-only) or ``index_copy_`` of the new token at a
 device-tensor position followed by the slice (append), as a static-cache decoding loop does.
 
@@ -52,6 +53,9 @@ def _providers(device):
     import tileflash
 
     prov = {"tileflash": ("bshd", lambda q, k, v, c: tileflash.flash_attn_func(q, k, v, causal=c))}
+    # tileflash's SDPA drop-in (dense cases only), beside flash_attn_func
+    prov["tf_sdpa"] = ("bhsd", lambda q, k, v, c: tileflash.scaled_dot_product_attention(
+        q, k, v, is_causal=c, enable_gqa=q.shape[1] != k.shape[1]))
     prov["sdpa"] = ("bhsd", _sdpa(None))
     if device == "cuda":
         prov["sdpa_flash"] = ("bhsd", _sdpa("FLASH_ATTENTION"))

@@ -200,15 +200,21 @@ class _EagerAttention(torch.autograd.Function):
     dispatcher's custom-op layers (which cost ~75 us of host time per differentiable call,
     measured on this repository's 2-core CPU machine). torch.compile sees the op instead.
     ``rest``: the op's arguments after q, k, v as one tuple (each argument of ``apply`` costs
-    autograd host time)."""
+    autograd host time). ``kept``: a repeated ``flash_attn_func`` signature's entry of
+    ``interface._FAST_FWD``, ``[planned forward or False, args, kept backward, False or None]``: the
+    forward replays its planned Gluon launch (``route.replay_forward``) and the backward its kept
+    launches (``route.replay_backward``, recorded into the entry by the signature's first backward)
+    where they take the call, and the op's body runs where they decline."""
 
     @staticmethod
-    def forward(ctx, q, k, v, rest):
-        out, lse = _attention_fwd_body(q, k, v, *rest)
+    def forward(ctx, q, k, v, rest, kept=None):
+        done = route.replay_forward(kept[0], q, k, v, rest[0]) if kept is not None and kept[0] else None
+        out, lse = _attention_fwd_body(q, k, v, *rest) if done is None else done
         # Only q, k, v, out and the LSE are kept: P is recomputed. (rest's tensors, ALiBi slopes,
         # cu_seqlens and the dropout seed, take no gradient and are read back from ctx.rest.)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.rest = rest
+        ctx.kept = kept
         # the LSE's gradient is ignored: let autograd pass None rather than build zeros for it (a
         # fill kernel and an allocation per backward)
         ctx.set_materialize_grads(False)
@@ -219,15 +225,27 @@ class _EagerAttention(torch.autograd.Function):
         # _backward's work, calling the body of tileflash::bwd rather than the op (dlse is ignored)
         q, k, v, out, lse = ctx.saved_tensors
         if dout is None:  # only the LSE was differentiated: zero gradients, as the op's backward gives
-            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None, None
         (softmax_scale, causal, causal_shift, window_left, window_right, softcap, alibi_slopes, cu_seqlens_q,
          cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, seed, deterministic, options) = ctx.rest
+        kept = ctx.kept
+        if kept is not None and kept[2]:  # the signature's kept launches
+            done = route.replay_backward(kept[2], dout, q, k, v, out, lse, softmax_scale, deterministic)
+            if done is not None:
+                return (*done, None, None)
+        opts = Options.decode(options)
         dq, dk, dv = route.backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift,
                                     window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
                                     dropout_p=dropout_p, seed=seed, cu_seqlens_q=cu_seqlens_q,
                                     cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                                    options=Options.decode(options), deterministic=deterministic)
-        return dq, dk, dv, None
+                                    options=opts, deterministic=deterministic)
+        if kept is not None and kept[2] is None:  # (a flash_attn_func signature: no ALiBi, seed or cu_seqlens)
+            # the launches the route just replayed or recorded, or False where it keeps none (other
+            # routes: not looked up again)
+            kept[2] = route.planned_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift,
+                                             (window_left, window_right), softcap, dropout_p, opts,
+                                             deterministic) or False
+        return dq, dk, dv, None, None
 
 
 # the feature arguments' defaults, read off the op's body (one place to change them)
@@ -265,6 +283,13 @@ def attention_args(q: Tensor, k: Tensor, v: Tensor, args: tuple, need_lse: bool 
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _EagerAttention.apply(q, k, v, args)
     return _attention_fwd_body(q, k, v, *args, need_lse=need_lse)
+
+
+def attention_kept(q: Tensor, k: Tensor, v: Tensor, kept: list) -> tuple[Tensor, Tensor]:
+    """:func:`attention_args` for an eager call that may need a gradient, of a repeated
+    ``flash_attn_func`` signature whose ``interface._FAST_FWD`` entry is ``kept`` (its arguments
+    ``kept[1]``): the autograd class replays the planned launches the entry holds."""
+    return _EagerAttention.apply(q, k, v, kept[1], kept)
 
 
 def kvcache_forward(

@@ -359,10 +359,8 @@ def backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, causal
         if (config is None and dq is None and dk is None and dv is None and alibi_slopes is None and seed is None
                 and cu_seqlens_q is None and cu_seqlens_k is None):
             # the common call: replay the launches recorded for its layout (_BWD_PLANS)
-            key = (dout.shape, dout.stride(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
-                   out.shape, out.stride(), lse.shape, lse.stride(), q.dtype, q.device, softmax_scale, causal,
-                   causal_shift, window, softcap, dropout_p, options, deterministic, DEBUG.gluon_bwd,
-                   DEBUG.gluon_dq, DEBUG.dq_delta, DEBUG.gluon_fused)
+            key = _bwd_key(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, window, softcap, dropout_p,
+                           options, deterministic)
             plan = _BWD_PLANS.get(key)
             if plan is not None and aligned(q, k, v, dout):
                 gb, launches = plan
@@ -388,6 +386,52 @@ def backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, causal
 # layout and arguments of a common backward call -> (Gluon backward module, the two launches its
 # default route made: dQ computing delta, then dK/dV), replayed by gluon.backward.replay_default
 _BWD_PLANS: dict = {}
+
+
+def _bwd_switches(deterministic: bool) -> tuple:
+    """The process-wide switches a common backward's plan depends on besides its arguments:
+    ``torch.use_deterministic_algorithms`` and the debug switches that pick its kernels."""
+    return (deterministic or torch.are_deterministic_algorithms_enabled(), DEBUG.gluon_bwd, DEBUG.gluon_dq,
+            DEBUG.dq_delta, DEBUG.gluon_fused)
+
+
+def _bwd_key(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, window, softcap, dropout_p, options,
+             deterministic) -> tuple:
+    """A common backward call's layout, arguments and switches: its ``_BWD_PLANS`` key
+    (``deterministic`` as :func:`backward` resolved it)."""
+    return (dout.shape, dout.stride(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+            out.shape, out.stride(), lse.shape, lse.stride(), q.dtype, q.device, softmax_scale, causal,
+            causal_shift, window, softcap, dropout_p, options, deterministic, DEBUG.gluon_bwd,
+            DEBUG.gluon_dq, DEBUG.dq_delta, DEBUG.gluon_fused)
+
+
+def planned_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, causal_shift: int,
+                     window=(-1, -1), softcap: float = 0.0, dropout_p: float = 0.0, options: Options = DEFAULT,
+                     deterministic: bool = False):
+    """The kept launches of this common backward call (``_BWD_PLANS``, where :func:`backward` just
+    recorded them) with what :func:`replay_backward` must find unchanged to replay them on a later
+    call (dO's strides, :func:`_bwd_switches`), else None. ``tileflash.interface.flash_attn_func``
+    keeps it per call signature, beside the planned forward: the backward of a repeated call then
+    skips this key (host time, docs/perf-notes.md, "Host path")."""
+    if not q.is_cuda:
+        return None
+    switches = _bwd_switches(deterministic)
+    plan = _BWD_PLANS.get(_bwd_key(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, window, softcap,
+                                   dropout_p, options, switches[0]))
+    return None if plan is None else (dout.stride(), switches, plan)
+
+
+def replay_backward(kept, dout, q, k, v, out, lse, softmax_scale: float, deterministic: bool = False):
+    """The backward ``kept`` (a :func:`planned_backward` result of a call of this signature: q, k, v,
+    out and the LSE of this layout) on these tensors -> (dq, dk, dv), or None where it cannot be
+    replayed as it is: dO of other strides, a switch of :func:`_bwd_switches` changed, a pointer not
+    16-byte aligned, or a CUDA device other than the current one. The caller then takes
+    :func:`backward`."""
+    stride, switches, (gb, launches) = kept
+    if (dout.stride() != stride or q.device.index != torch._C._cuda_getDevice()
+            or _bwd_switches(deterministic) != switches or not aligned(q, k, v, dout)):
+        return None
+    return gb.replay_default(launches, dout, q, k, v, out, lse, softmax_scale)
 
 
 def _fused_backward(width: int, head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int,
