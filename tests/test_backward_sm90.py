@@ -714,18 +714,22 @@ def test_lse_early_moves_loads_not_bits(case, d, causal):
 @pytest.mark.parametrize("variant", [dict(DQ_OWN_FIRST=True), dict(DQ_BUFS=1), dict(DQ_FIRST="flip"), dict(LSE_EARLY=2),
                                      dict(LSE_EARLY=3), dict(DQ_ALT=True), dict(DQ_ALT=True, BLOCK_M=64),
                                      dict(DQ_ALT=True, DQ_BUFS=1, LSE_EARLY=3), dict(DQ_LATE=True),
-                                     dict(DQ_LATE=True, BLOCK_M=64, LSE_EARLY=3)],
+                                     dict(DQ_LATE=True, BLOCK_M=64, LSE_EARLY=3), dict(DQ_MSPLIT=True, BLOCK_M=128),
+                                     dict(DQ_MSPLIT=True, BLOCK_M=128, LSE_EARLY=3, DQ_FIRST=True)],
                          ids=["own-first", "one-slot", "dq-first-flipped", "lse-early", "lse-smem", "dq-alt",
-                              "dq-alt-64", "dq-alt-one-slot-lse", "dq-late", "dq-late-64-lse"])
+                              "dq-alt-64", "dq-alt-one-slot-lse", "dq-late", "dq-late-64-lse", "dq-msplit",
+                              "dq-msplit-lse-first"])
 @pytest.mark.parametrize("d,causal", [(64, False), (128, True)])
 def test_fused_schedule_variants(variant, d, causal):
     """The fused mode's schedule switches (fused_config_for's DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, and
-    LSE_EARLY, DQ_ALT, DQ_LATE) reorder work, not arithmetic: dK and dV are the same bits as the default
-    config's, and so is dQ except with DQ_OWN_FIRST (consumer 1 then adds its two key halves in the
-    other order) and DQ_ALT (one wgmma of N = D per key half instead of two of D / 2, and 64-row Q
-    blocks change the tiles), which meet the reference rule instead (as does any variant with other
-    Q blocks). NaN-poisoned buffers; GQA,
-    Sq != Sk."""
+    LSE_EARLY, DQ_ALT, DQ_LATE, DQ_MSPLIT) reorder work, not arithmetic: dK and dV are the same bits as the
+    default config's, and so is dQ except with DQ_OWN_FIRST (consumer 1 then adds its two key halves in
+    the other order), DQ_ALT (one wgmma of N = D per key half instead of two of D / 2, and 64-row Q
+    blocks change the tiles) and DQ_MSPLIT (row halves of N = D), which meet the reference rule instead
+    (as does any variant with other Q blocks). NaN-poisoned buffers; GQA,
+    Sq != Sk. (DQ_MSPLIT's 128-row Q blocks fit shared memory at D = 64 only.)"""
+    if "DQ_MSPLIT" in variant and d != 64:
+        pytest.skip("DQ_MSPLIT takes 128-row Q blocks, which fit shared memory at D = 64 only")
     q, k, v = make_qkv(2, 256, 384, 4, 2, d, torch.float16, "cuda", seed=11 + d)
     do = torch.randn_like(q)
     base = gb.fused_config_for(d, causal)
@@ -738,7 +742,8 @@ def test_fused_schedule_variants(variant, d, causal):
     assert res is not None and res[0] is bufs[0]
     if cfg["BLOCK_M"] == base["BLOCK_M"]:  # (other Q blocks: other dK/dV sums)
         assert torch.equal(res[1], ref[1]) and torch.equal(res[2], ref[2])
-    if "DQ_OWN_FIRST" in variant or "DQ_ALT" in variant or cfg["BLOCK_M"] != base["BLOCK_M"]:
+    if ("DQ_OWN_FIRST" in variant or "DQ_ALT" in variant or "DQ_MSPLIT" in variant
+            or cfg["BLOCK_M"] != base["BLOCK_M"]):
         check_cuda_grads(res, q, k, v, do, causal)
     else:
         assert torch.equal(res[0], ref[0])

@@ -96,6 +96,11 @@ def test_gluon_kernels_compile_for_sm90(dtype):
     late = [ln for ln in native if "gluon-bwd-dqlate" in ln]
     assert len(alt) == 12 and all("'DQ_ALT': True" in ln and "'WITH_DQ': True" in ln for ln in alt), alt
     assert len(late) == 8 and all("'DQ_LATE': True" in ln and "'WITH_DQ': True" in ln for ln in late), late
+    # DQ_MSPLIT (the consumers split dQ's rows) at D = 64 with 128-row Q blocks, causal or not, ordered and
+    # unordered
+    msplit = [ln for ln in native if "gluon-bwd-dqmsplit" in ln]
+    assert len(msplit) == 4 and all("'DQ_MSPLIT': True" in ln and "'BLOCK_M': 128" in ln and " D=64 " in ln
+                                    for ln in msplit), msplit
     assert len([ln for ln in ws if "gluon-bwd-unordered" not in ln]) == 4
     assert all("'LSE_EARLY': 3" in ln for ln in ws)  # the producer stages the LSE/delta rows
     # the opt-in consumer loads of the LSE/delta rows: dK/dV and fused unordered, D 64/128 x causal

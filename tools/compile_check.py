@@ -169,6 +169,7 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
                      SPLIT_D=cfg.get("SPLIT_D", False))
         const["DQ_ALT"] = cfg.get("DQ_ALT", False)
         const["DQ_LATE"] = cfg.get("DQ_LATE", False)
+        const["DQ_MSPLIT"] = cfg.get("DQ_MSPLIT", False)
         if not const["WITH_DQ"]:
             const.update(dq_desc=None, SEM=None)  # the launcher passes None for the unused dQ buffers
     else:
@@ -180,7 +181,8 @@ def compile_gluon_bwd(d, causal, cfg, dtype="fp16", deterministic=True):
     kv_rows = bn // 2 if ws and not cfg.get("SPLIT_D", False) else bn
     return _compile_gluon_sm90(GB._attn_bwd_sm90_ws if ws else GB._attn_bwd_sm90, const, dtype, d,
                                dict(q_desc=bm, do_desc=bm, k_desc=kv_rows, v_desc=kv_rows,
-                                    dq_desc=(bm, d if cfg.get("DQ_ALT", False) else d // 2)),
+                                    dq_desc=(bm // 2, d) if cfg.get("DQ_MSPLIT", False) else
+                                    (bm, d if cfg.get("DQ_ALT", False) else d // 2)),
                                dict(LSE="*fp32", DELTA="*fp32", DQ="*fp32", SEM="*i32", DK="*DTYPE", DV="*DTYPE"),
                                fp32_descs=("dq_desc",))
 
@@ -316,6 +318,15 @@ def main():
                     for det in (False, True):
                         cases.append((f"gluon-bwd-dqalt D={d} causal={causal!s:<5} det={det}",
                                       dict(GB.fused_config_for(d, causal, deterministic=det), DQ_ALT=True, BLOCK_M=bm),
+                                      lambda d_, c_, cfg_, dt_, det_=det: compile_gluon_bwd(d_, c_, cfg_, dt_,
+                                                                                            deterministic=det_)))
+                # the consumers splitting dQ's rows (DQ_MSPLIT, 128-row Q blocks; D = 64 only, where those
+                # fit shared memory; not routed to yet), unordered and ordered
+                if d == 64:
+                    for det in (False, True):
+                        cases.append((f"gluon-bwd-dqmsplit D={d} causal={causal!s:<5} det={det}",
+                                      dict(GB.fused_config_for(d, causal, deterministic=det), DQ_MSPLIT=True,
+                                           BLOCK_M=128),
                                       lambda d_, c_, cfg_, dt_, det_=det: compile_gluon_bwd(d_, c_, cfg_, dt_,
                                                                                             deterministic=det_)))
                 # the dQ parts staged a block late (DQ_LATE; not routed to yet), unordered and ordered

@@ -21,6 +21,9 @@
 #   alt          the fused-mode GPU tests (DQ_ALT variants included), then tools/fused_ab.py at D = 64 with DQ_ALT
 #                (the consumers take turns at whole dQ parts) at the route's 64-row and at 128-row Q blocks
 #   late         tools/fused_ab.py at D = 64 with DQ_LATE, then the fused-schedule GPU tests
+#   msplit       the fused-schedule GPU tests (DQ_MSPLIT variants included), then tools/fused_ab.py at D = 64
+#                with DQ_MSPLIT (FA4's row split of dQ, 128-row Q blocks), alone and with DQ_FIRST, and the
+#                128-row column halves with DQ_FIRST, beside the route's config, FA4 and cuDNN
 #   ncusrc       tools/ncu_attn.sh with NCU_SOURCE=1 on the 16k backward cases (ours and FA4's, D 64/128):
 #                where the stall samples sit, per SASS instruction (tools/ncu_source.py)
 #
@@ -124,6 +127,15 @@ for stage in "$@"; do
       timeout ${TESTS_LIMIT:-120} python3 -m pytest -q -rf -n 8 -p no:cacheprovider tests/test_backward_sm90.py \
           -k "fused_schedule or protocol" > "$OUT/late-tests.log" 2>&1
       echo "late tests rc=$? $(tail -n 1 "$OUT/late-tests.log")" ;;
+    msplit)
+      timeout ${TESTS_LIMIT:-150} python3 -m pytest -q -rf -n 8 -p no:cacheprovider tests/test_backward_sm90.py \
+          -k "fused_schedule or protocol" > "$OUT/msplit-tests.log" 2>&1
+      echo "msplit tests rc=$? $(tail -n 1 "$OUT/msplit-tests.log")"
+      timeout ${AB_LIMIT:-300} python3 tools/fused_ab.py --dims 64 --seqlens ${AB_SEQLENS:-8192 16384} \
+          --dtypes float16 --fused-cfg '{"BLOCK_M": 128, "DQ_MSPLIT": true}' \
+          --fused-cfg '{"BLOCK_M": 128, "DQ_MSPLIT": true, "DQ_FIRST": true}' \
+          --fused-cfg '{"BLOCK_M": 128, "DQ_FIRST": true}' > "$OUT/msplit-ab.log" 2>&1
+      echo "msplit ab rc=$?"; tail -n 12 "$OUT/msplit-ab.log" ;;
     ncusrc)
       NCU_SOURCE=1 timeout ${NCU_LIMIT:-400} bash tools/ncu_attn.sh ${NCU_CASES:-nbwd64k16 fa4bwd64k16 nbwd128k16 fa4bwd128k16} \
           > "$OUT/ncusrc.log" 2>&1

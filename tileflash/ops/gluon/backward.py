@@ -448,7 +448,8 @@ def _bwd_ws_consumer(shared, writer_bars, C: gl.constexpr, HALF_N: gl.constexpr,
                      BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, CARRY_DK: gl.constexpr,
                      PINGPONG: gl.constexpr, WITH_DQ: gl.constexpr, DQ_BUFS: gl.constexpr, DQ_FIRST: gl.constexpr,
                      DQ_OWN_FIRST: gl.constexpr, LSE_EARLY: gl.constexpr = 0, D_OUT: gl.constexpr = 0,
-                     ld_smem=None, DQ_ALT: gl.constexpr = False, DQ_LATE: gl.constexpr = False):
+                     ld_smem=None, DQ_ALT: gl.constexpr = False, DQ_LATE: gl.constexpr = False,
+                     DQ_MSPLIT: gl.constexpr = False):
     """Keys [start_n + C·HALF_N, +HALF_N): the dK/dV schedule of _attn_bwd_sm90 (WITH_DQ=False)
     on one warpgroup, releasing each ring slot when its dK matmul retires. ``shared`` holds
     what both consumers get alike (buffers, barriers, pointers, coordinates and strides; see
@@ -490,7 +491,18 @@ def _bwd_ws_consumer(shared, writer_bars, C: gl.constexpr, HALF_N: gl.constexpr,
     proxy fence and the warpgroup barrier run under those matmuls instead of with nothing in flight
     (Nsight Compute, D = 64: the consumers' fences after shared-memory stores hold 17% of their
     stall samples, FA4's 9%). Measured level at D = 64 (H100, 2026-12-05); at D = 128 ptxas
-    serializes the wgmmas with it. Opt-in, not routed."""
+    serializes the wgmmas with it. Opt-in, not routed.
+
+    DQ_MSPLIT (WITH_DQ, 128-row Q blocks; not DQ_ALT, DQ_LATE or DQ_OWN_FIRST): the consumers split
+    dQ's rows instead of its columns (FA4's D = 64 layout): consumer C computes rows
+    [C·BLOCK_M/2, +BLOCK_M/2) of the block's dQ part over all BLOCK_N keys and all HEAD_DIM columns,
+    dS·K with dS read from both dSᵀ halves' column slices (two wgmmas of N = HEAD_DIM, one per key
+    half), and stages that [BLOCK_M/2, HEAD_DIM] part in its slot for the writer. At D = 64 with
+    128-row blocks this replaces sixteen m64n32 wgmmas per consumer and block by eight m64n64 ones
+    (sm_90 SASS, triton 3.6: 536 instructions per 128-row block against 567 for the column halves
+    and 2 x 324 for two 64-row blocks; 16 bytes of spills against 32). The synchronisation is the
+    column halves' (each consumer waits for both dSᵀ halves, stages one part per block). Compiled
+    only: not run on a GPU yet (2026-12-05), opt-in, not routed."""
     (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_full, q_empty, pp_bar, LSE, DELTA, DK, DV,
      off_b, off_hk, start_n, lo, mask_end, per_head, total, kv_group, shift, qk_scale, sm_scale,
      stride_lb, stride_lh, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
@@ -515,7 +527,8 @@ def _bwd_ws_consumer(shared, writer_bars, C: gl.constexpr, HALF_N: gl.constexpr,
     if WITH_DQ:
         gl.static_assert(not CARRY_DK, "WITH_DQ waits for dK within each block (CARRY_DK=False)")
         ds_full, dq_full, dq_empty = writer_bars
-        DQ_D: gl.constexpr = HEAD_DIM if DQ_ALT else HEAD_DIM // 2                   # this consumer's dQ columns
+        DQ_D: gl.constexpr = HEAD_DIM if (DQ_ALT or DQ_MSPLIT) else HEAD_DIM // 2    # this consumer's dQ columns
+        DQ_M: gl.constexpr = BLOCK_M // 2 if DQ_MSPLIT else BLOCK_M                  # ... and rows
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, DQ_D, 16])
         OTHER: gl.constexpr = 1 - C
@@ -605,8 +618,15 @@ def _bwd_ws_consumer(shared, writer_bars, C: gl.constexpr, HALF_N: gl.constexpr,
                 if not DQ_FIRST:
                     dk = warpgroup_mma(b_dst, q_s, dk, is_async=True)                    # [HALF_N, HEAD_DIM]
                 # dQ[:, C·DQ_D : +DQ_D] of this Q block over all BLOCK_N keys: dS·K, one wgmma per key half
-                dq_tok = gl.zeros([BLOCK_M, DQ_D], gl.float32, dq_layout)                 # [BLOCK_M, DQ_D]
-                if DQ_OWN_FIRST:
+                # (DQ_MSPLIT: dQ[C·DQ_M : +DQ_M, :], the rows of this consumer's half of the block)
+                dq_tok = gl.zeros([DQ_M, DQ_D], gl.float32, dq_layout)                    # [DQ_M, DQ_D]
+                if DQ_MSPLIT:
+                    mbarrier.wait(ds_full.index(ds_buf), (it // 2) & 1)                  # both halves are in
+                    dq_tok = warpgroup_mma(ds_smem.index(2 * ds_buf).slice(C * DQ_M, DQ_M, dim=1).permute((1, 0)),
+                                           k_smem.index(0), dq_tok, use_acc=False, is_async=True)
+                    dq_tok = warpgroup_mma(ds_smem.index(2 * ds_buf + 1).slice(C * DQ_M, DQ_M, dim=1).permute((1, 0)),
+                                           k_smem.index(1), dq_tok, is_async=True)
+                elif DQ_OWN_FIRST:
                     dq_tok = warpgroup_mma(ds_smem.index(2 * ds_buf + C).permute((1, 0)),
                                            k_smem.index(C).slice(C * DQ_D, DQ_D, dim=1), dq_tok, use_acc=False,
                                            is_async=True)
@@ -817,7 +837,7 @@ def _bwd_ws_split_consumer(shared, split, C: gl.constexpr, BLOCK_N: gl.constexpr
 def _bwd_ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, off_b, off_hk, kv_group, lo, per_head, total,
                       seqlen_q, nheads, n_m, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                       DQ_BUFS: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_MODE: gl.constexpr,
-                      DQ_ALT: gl.constexpr = False):
+                      DQ_ALT: gl.constexpr = False, DQ_MSPLIT: gl.constexpr = False):
     """The fused mode's dQ writer (one warp). Per Q block the two consumers stage the two column
     halves of dS·K over the whole K block (_bwd_ws_consumer); this warp adds both with TMA bulk
     reductions into the fp32 (B·Sq, H·D) view behind dq_desc and frees the slots once the
@@ -826,9 +846,11 @@ def _bwd_ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, off_b, off_hk, k
     its reductions have completed, so the fp32 sums are the same bits on every run; the consumers
     never wait on the order, only on a free staging slot (FA3's deterministic mode). DQ_MODE 1 (a
     plain TMA store) and 2 (no global write) are wrong on purpose, to time the reductions' cost.
-    DQ_ALT: one consumer stages the whole [BLOCK_M, HEAD_DIM] part of a block, in slot it % DQ_BUFS."""
+    DQ_ALT: one consumer stages the whole [BLOCK_M, HEAD_DIM] part of a block, in slot it % DQ_BUFS.
+    DQ_MSPLIT: the two parts are row halves, [BLOCK_M / 2, HEAD_DIM] each."""
     PARTS: gl.constexpr = 1 if DQ_ALT else 2                                        # staged parts per block
-    DQ_D: gl.constexpr = HEAD_DIM // PARTS
+    DQ_D: gl.constexpr = HEAD_DIM if DQ_MSPLIT else HEAD_DIM // PARTS                 # a part's columns
+    DQ_M: gl.constexpr = BLOCK_M // 2 if DQ_MSPLIT else 0                             # a part's row offset
     for it in range(total):
         base = (it % DQ_BUFS) * PARTS
         phase = (it // DQ_BUFS) & 1
@@ -840,7 +862,10 @@ def _bwd_ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, off_b, off_hk, k
             sem = SEM + (off_b * nheads + h) * n_m + start_m // BLOCK_M                # (b, h, Q block)
             _dq_turn(sem, gl.program_id(1))   # K blocks 0 .. n-1 have added theirs
         for c in gl.static_range(PARTS):
-            coord = [off_b * seqlen_q + start_m, h * HEAD_DIM + c * DQ_D]
+            if DQ_MSPLIT:
+                coord = [off_b * seqlen_q + start_m + c * DQ_M, h * HEAD_DIM]
+            else:
+                coord = [off_b * seqlen_q + start_m, h * HEAD_DIM + c * DQ_D]
             if DQ_MODE == 0:
                 _f90._tma_add(dq_desc, coord, dq_smem.index(base + c))
             elif DQ_MODE == 1:  # timing only (wrong dQ): a plain TMA store, no reduction
@@ -865,13 +890,14 @@ def _attn_bwd_sm90_ws(
     DQ_MODE: gl.constexpr = 0, PER_HEAD: gl.constexpr = False, PDL_TRIGGER: gl.constexpr = False,
     DQ_BUFS: gl.constexpr = 2, DQ_FIRST: gl.constexpr = False, DQ_OWN_FIRST: gl.constexpr = False,
     LSE_EARLY: gl.constexpr = 0, D_OUT: gl.constexpr = 0, SPLIT_D: gl.constexpr = False,
-    DQ_ALT: gl.constexpr = False, DQ_LATE: gl.constexpr = False,
+    DQ_ALT: gl.constexpr = False, DQ_LATE: gl.constexpr = False, DQ_MSPLIT: gl.constexpr = False,
 ):
     """One program per (batch·kv head, K/V block) as _attn_bwd_sm90; k_desc/v_desc blocks are
     the BLOCK_N // 2-key halves (SPLIT_D: the whole BLOCK_N keys, which both consumers share,
     each owning half of dK's and dV's columns: _bwd_ws_split_consumer). WITH_DQ: also dQ, summed into the fp32 buffer behind dq_desc
     by a fourth, 1-warp partition (_bwd_ws_dq_writer; DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST and
-    DQ_MODE, DQ_ALT, DQ_LATE: see _bwd_ws_consumer and the writer); otherwise dq_desc and SEM are unused.
+    DQ_MODE, DQ_ALT, DQ_LATE, DQ_MSPLIT: see _bwd_ws_consumer and the writer); otherwise dq_desc and SEM are
+    unused.
     LSE_EARLY: where the consumers load the LSE/delta rows (_bwd_ws_consumer). PER_HEAD: the launch order of
     _kv_block_coords with a head's K/V blocks together (not with WITH_DQ, whose ordered adds
     take their turn from program_id(1)). PDL_TRIGGER: let the next kernel (the dQ kernel, if
@@ -918,14 +944,18 @@ def _attn_bwd_sm90_ws(
     if WITH_DQ:
         # dSᵀ of both consumers, double-buffered ([2 blocks · 2 key halves, HALF_N, BLOCK_M]); the
         # staged dQ column halves ([DQ_BUFS blocks · 2 halves, BLOCK_M, HEAD_DIM // 2] fp32; DQ_ALT:
-        # whole parts, [DQ_BUFS blocks, BLOCK_M, HEAD_DIM])
+        # whole parts, [DQ_BUFS blocks, BLOCK_M, HEAD_DIM]; DQ_MSPLIT: row halves,
+        # [DQ_BUFS blocks · 2 halves, BLOCK_M // 2, HEAD_DIM])
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF_N, BLOCK_M], dtype)
         ds_smem = gl.allocate_shared_memory(dtype, [4, HALF_N, BLOCK_M], ds_layout)
         DQ_SLOTS: gl.constexpr = DQ_BUFS * (1 if DQ_ALT else 2)
-        DQ_COLS: gl.constexpr = HEAD_DIM // (1 if DQ_ALT else 2)
-        gl.static_assert(dq_desc.block_type.shape[1] == HEAD_DIM // (1 if DQ_ALT else 2),
-                         "dq_desc's blocks are half a head wide (DQ_ALT: whole)")
-        dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_SLOTS, BLOCK_M, DQ_COLS], dq_desc.layout)
+        DQ_COLS: gl.constexpr = HEAD_DIM // (1 if (DQ_ALT or DQ_MSPLIT) else 2)
+        DQ_ROWS: gl.constexpr = BLOCK_M // (2 if DQ_MSPLIT else 1)
+        gl.static_assert(dq_desc.block_type.shape[1] == DQ_COLS and dq_desc.block_type.shape[0] == DQ_ROWS,
+                         "dq_desc's blocks are half a head wide (DQ_ALT: whole; DQ_MSPLIT: whole, half the rows)")
+        gl.static_assert(not (DQ_MSPLIT and (DQ_ALT or DQ_LATE or DQ_OWN_FIRST)),
+                         "DQ_MSPLIT splits dQ's rows: not with DQ_ALT, DQ_LATE or DQ_OWN_FIRST")
+        dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_SLOTS, DQ_ROWS, DQ_COLS], dq_desc.layout)
         ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         dq_full = gl.allocate_shared_memory(gl.int64, [DQ_SLOTS, 1], mbarrier.MBarrierLayout())
         dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_SLOTS, 1], mbarrier.MBarrierLayout())
@@ -958,17 +988,17 @@ def _attn_bwd_sm90_ws(
         gl.warp_specialize([
             (_bwd_ws_consumer, (shared, writer_bars, 0, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK, PINGPONG,
                                 WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY, D_OUT, ld_smem, DQ_ALT,
-                                DQ_LATE)),
+                                DQ_LATE, DQ_MSPLIT)),
             (_bwd_ws_consumer, (shared, writer_bars, 1, HALF_N, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, CARRY_DK, PINGPONG,
                                 WITH_DQ, DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, LSE_EARLY, D_OUT, ld_smem, DQ_ALT,
-                                DQ_LATE)),
+                                DQ_LATE, DQ_MSPLIT)),
             (_bwd_ws_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_full,
                                 q_empty, kv_row, kv_col, total, per_head, lo, off_b, off_hk, kv_group, q_rb, q_rh,
                                 q_ch, HALF_N, BLOCK_M, STAGES, 2, ld_smem, LSE, DELTA, stride_lb, stride_lh,
                                 LSE_EARLY)),
             (_bwd_ws_dq_writer, (dq_desc, dq_smem, writer_bars[1], writer_bars[2], SEM, off_b, off_hk, kv_group,
                                  lo, per_head, total, seqlen_q, nheads_k * kv_group, n_m, HEAD_DIM, BLOCK_M,
-                                 DQ_BUFS, DETERMINISTIC, DQ_MODE, DQ_ALT)),
+                                 DQ_BUFS, DETERMINISTIC, DQ_MODE, DQ_ALT, DQ_MSPLIT)),
         ], [4, 1, 1], [CONSUMER_REGS, 24, 24])
     else:
         gl.warp_specialize([
@@ -1513,9 +1543,11 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
         dq_acc = torch.zeros((batch, seqlen_q, nheads, d), dtype=torch.float32, device=q.device)
         sem = torch.zeros((batch * nheads * (seqlen_q // bm),), dtype=torch.int32, device=q.device)
         dq_view = dq_acc.view(batch * seqlen_q, nheads * d)
-        dq_d = d if cfg.get("DQ_ALT", False) else d // 2  # each consumer's column half of dQ (DQ_ALT: all of it)
-        dq_desc = _f90.TensorDescriptor(dq_view, list(dq_view.shape), [nheads * d, 1], [bm, dq_d],
-                                        gl.NVMMASharedLayout.get_default_for([bm, dq_d], gl.float32))
+        # each consumer's part of a block's dQ: a column half (DQ_ALT: all of it; DQ_MSPLIT: a row half)
+        msplit = cfg.get("DQ_MSPLIT", False)
+        dq_m, dq_d = (bm // 2, d) if msplit else (bm, d if cfg.get("DQ_ALT", False) else d // 2)
+        dq_desc = _f90.TensorDescriptor(dq_view, list(dq_view.shape), [nheads * d, 1], [dq_m, dq_d],
+                                        gl.NVMMASharedLayout.get_default_for([dq_m, dq_d], gl.float32))
     elif with_dq:
         # fp32 dQ, (B·H, Sq, D), summed over K blocks; one counter per (b, h, Q block) orders the sums
         dq_acc = torch.zeros((batch * nheads, seqlen_q, d), dtype=torch.float32, device=q.device)
@@ -1535,7 +1567,7 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
             PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=with_dq, DETERMINISTIC=deterministic,
             DQ_MODE=cfg.get("DQ_MODE", 0), DQ_BUFS=cfg.get("DQ_BUFS", 2), DQ_FIRST=cfg.get("DQ_FIRST", False),
             DQ_OWN_FIRST=cfg.get("DQ_OWN_FIRST", False), LSE_EARLY=cfg.get("LSE_EARLY", 0), D_OUT=_d_out(dk, d),
-            DQ_ALT=cfg.get("DQ_ALT", False), DQ_LATE=cfg.get("DQ_LATE", False),
+            DQ_ALT=cfg.get("DQ_ALT", False), DQ_LATE=cfg.get("DQ_LATE", False), DQ_MSPLIT=cfg.get("DQ_MSPLIT", False),
         )
         if with_dq:  # dq = scale · dq_acc (its first dq.shape[-1] columns), cast to q's dtype in one pass
             torch.mul(dq_acc[..., :dq.shape[-1]], softmax_scale, out=dq)
