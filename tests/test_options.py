@@ -555,6 +555,8 @@ def test_fast_forward_replays_only_its_own_signature(monkeypatch):
     qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # same shape, other strides
     misses = [
         ("strides", (qt, k, v), {}),
+        ("k strides", (q, k.transpose(1, 2).contiguous().transpose(1, 2), v), {}),
+        ("v strides", (q, k, v.transpose(1, 2).contiguous().transpose(1, 2)), {}),
         ("dtype", (q.half(), k.half(), v.half()), {}),
         ("causal", (q, k, v), dict(causal=True)),
         ("scale", (q, k, v), dict(softmax_scale=0.3)),
@@ -621,10 +623,13 @@ def test_fast_backward_replays_only_its_own_signature(monkeypatch):
 
     def planned_backward(dout, q, k, v, out, lse, scale, causal, shift, window, softcap, dropout_p, options,
                          deterministic):
-        planned_bwd.append(causal)
+        planned_bwd.append((causal, window))
         return None if window != (-1, -1) else ("bplan", causal, dout.stride())
 
-    def replay_backward(kept, dout, q, k, v, out, lse, scale, deterministic):
+    def replay_backward(kept, dout, q_, k_, v_, out, lse, scale, deterministic):
+        # the call passes the saved inputs and outputs, the scale and the deterministic flag
+        assert torch.equal(q_, q) and torch.equal(k_, k) and torch.equal(v_, v) and torch.equal(dout, dout_seen[-1])
+        assert out.shape == q.shape and lse.shape == (1, 4, 20) and scale == 0.25 and deterministic is False
         bwd_replays.append(kept)
         if declined:
             return None
@@ -636,11 +641,12 @@ def test_fast_backward_replays_only_its_own_signature(monkeypatch):
     monkeypatch.setattr(route, "replay_backward", replay_backward)
     q, k, v = (torch.randn(1, 20, 4, 16) for _ in range(3))
     dout = torch.randn(1, 20, 4, 16)
+    dout_seen = [dout]
 
-    def step(causal=False):
+    def step(causal=False, window=(-1, -1), grad=dout):
         qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
-        out = tileflash.flash_attn_func(qg, kg, vg, causal=causal)
-        out.backward(dout)
+        out = tileflash.flash_attn_func(qg, kg, vg, causal=causal, window_size=window)
+        out.backward(grad)
         return out.detach(), qg.grad, kg.grad, vg.grad
 
     def route_ok(got, causal=False):
@@ -654,10 +660,11 @@ def test_fast_backward_replays_only_its_own_signature(monkeypatch):
                                  (plain.detach(), *plain_grads)):
             assert_error_rule(name, g, r, (p.double() - r).abs().max().item(), 2, 1e-6)
 
+    plain = (False, (-1, -1))
     route_ok(step())                      # validated, kept; no backward kept yet
     assert not fwd_replays and not planned_bwd and len(interface._FAST_FWD) == 1
     route_ok(step())                      # forward replayed; backward by the route, then kept
-    assert fwd_replays == [(("fplan", False), True)] and planned_bwd == [False] and not bwd_replays
+    assert fwd_replays == [(("fplan", False), True)] and planned_bwd == [plain] and not bwd_replays
     out, dq, dk, dv = step()              # both replayed: autograd hands on the replay's gradients
     assert bwd_replays == [("bplan", False, dout.stride())]
     assert torch.equal(dq, torch.full_like(q, 3.0)) and torch.equal(dk, torch.full_like(k, 4.0))
@@ -665,24 +672,34 @@ def test_fast_backward_replays_only_its_own_signature(monkeypatch):
     # another signature (causal) keeps its own backward, never this one's
     route_ok(step(True), True)
     route_ok(step(True), True)
-    assert planned_bwd == [False, True] and len(bwd_replays) == 1
+    assert planned_bwd == [plain, (True, (-1, -1))] and len(bwd_replays) == 1
     step(True)
     assert bwd_replays[-1] == ("bplan", True, dout.stride())
-    # a replay that declines: the route's gradients
+    # a replay that declines: the route's gradients, and what the route keeps now is recorded again
     declined.append(True)
     route_ok(step())
-    assert len(bwd_replays) == 3 and bwd_replays[-1][1] is False
+    assert len(bwd_replays) == 3 and bwd_replays[-1][1] is False and planned_bwd[-1] == plain
     # only some inputs needing a gradient, and the LSE asked for: the same kept entry, right outputs
     declined.clear()
     kg = k.clone().requires_grad_()
     out, lse, _ = tileflash.flash_attn_func(q, kg, v, return_attn_probs=True)
     out.backward(dout)
     assert len(bwd_replays) == 4 and torch.equal(kg.grad, torch.full_like(k, 4.0)) and lse.shape == (1, 4, 20)
-    # a signature whose route keeps no launches (here: a window) is looked up once, then never again
-    for _ in range(4):
-        qg = q.clone().requires_grad_()
-        tileflash.flash_attn_func(qg, k, v, window_size=(3, 3)).backward(dout)
-    assert planned_bwd == [False, True, False] and len(bwd_replays) == 4
+    # a signature whose route keeps no launches (here: a window): after a dO that the route made
+    # contiguous first (nothing could be kept for it), looked up again; then, not found, never again
+    n = len(planned_bwd)
+    odd = torch.randn(1, 20, 4, 32)[..., ::2]   # dO with a non-unit last stride
+    dout_seen.append(odd)
+    step(window=(3, 3))                   # validated, kept
+    step(window=(3, 3), grad=odd)         # looked up: nothing
+    for _ in range(3):
+        step(window=(3, 3))               # looked up once more: nothing, for a dO it could keep
+    assert planned_bwd[n:] == [(False, (3, 3))] * 2 and len(bwd_replays) == 4
+    # saved-tensor hooks (offloading, checkpointing) may hand the backward other tensors: the kept
+    # launches stay unused under them, and the route computes the gradients
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
+        route_ok(step())
+    assert len(bwd_replays) == 4
 
 
 def test_sdpa_drop_in_replays_only_its_own_signature(monkeypatch):
@@ -727,6 +744,8 @@ def test_sdpa_drop_in_replays_only_its_own_signature(monkeypatch):
     misses = [
         ("dtype", (q.half(), k.half(), v.half()), dict(enable_gqa=True)),
         ("strides", (q.transpose(1, 2).contiguous().transpose(1, 2), k, v), dict(enable_gqa=True)),
+        ("key strides", (q, k.transpose(1, 2).contiguous().transpose(1, 2), v), dict(enable_gqa=True)),
+        ("value strides", (q, k, v.transpose(1, 2).contiguous().transpose(1, 2)), dict(enable_gqa=True)),
         ("is_causal", (q, k, v), dict(enable_gqa=True, is_causal=True)),
         ("scale", (q, k, v), dict(enable_gqa=True, scale=0.3)),
         ("scale as int", (q, k, v), dict(enable_gqa=True, scale=1)),
@@ -782,18 +801,25 @@ def test_replay_backward_declines_what_its_plan_did_not_see(monkeypatch):
 
     q, k, v, out, dout = (torch.randn(1, 32, 2, 16) for _ in range(5))
     lse = torch.randn(1, 2, 32)
-    kept = (dout.stride(), route._bwd_switches(False), (FakeBackward, "launches"))
+    kept = ((dout.stride(), q.stride(), k.stride(), v.stride(), out.stride(), lse.stride()),
+            route._bwd_switches(False), (FakeBackward, "launches"))
     assert route.replay_backward(kept, dout, q, k, v, out, lse, 0.25) == "grads"
     assert ran == [("launches", 0.25)]
-    declines = {
-        "dO strides": lambda: route.replay_backward(kept, dout.transpose(1, 2).contiguous().transpose(1, 2), q, k, v,
-                                                    out, lse, 0.25),
-        "deterministic argument": lambda: route.replay_backward(kept, dout, q, k, v, out, lse, 0.25, True),
-        "misaligned dO": lambda: route.replay_backward(kept, torch.randn(dout.numel() + 1)[1:].view(dout.shape),
-                                                      q, k, v, out, lse, 0.25),
-    }
-    for name, call in declines.items():
-        assert call() is None, name
+
+    def other_strides(t):  # same shape and values, another layout (as a saved-tensor hook may hand it)
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+    def misaligned(t):  # same shape and strides, 4 bytes off a 16-byte boundary
+        return torch.randn(t.numel() + 1)[1:].view(t.shape)
+
+    tensors = dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
+    for name in tensors:
+        for how, change in (("strides", other_strides), ("misaligned", misaligned)):
+            if how == "misaligned" and name in ("out", "lse"):
+                continue  # (the launches check those pointers themselves: Launch's cacheable test)
+            args = dict(tensors, **{name: change(tensors[name])})
+            assert route.replay_backward(kept, *args.values(), 0.25) is None, f"{name} {how}"
+    assert route.replay_backward(kept, dout, q, k, v, out, lse, 0.25, True) is None, "deterministic argument"
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 3, raising=False)
     assert route.replay_backward(kept, dout, q, k, v, out, lse, 0.25) is None, "another current device"
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: None, raising=False)
@@ -857,7 +883,10 @@ def test_fast_backward_replay_on_the_gpu(monkeypatch, causal):
     the error rule. dO of other strides (expanded, from ``out.sum()``) declines the replay and is
     still right."""
     from tileflash import interface
+    from tileflash.options import DEBUG
 
+    for name, default in (("gluon_fused", False), ("gluon_bwd", True), ("gluon_dq", True), ("dq_delta", True)):
+        monkeypatch.setattr(DEBUG, name, default)  # the default route: the split pair, whose launches are kept
     interface._FAST_FWD.clear()
     route._FWD_PLANS.clear()
     route._BWD_PLANS.clear()
@@ -878,7 +907,7 @@ def test_fast_backward_replay_on_the_gpu(monkeypatch, causal):
     second = step()
     assert not replays, "the first backward of a signature runs the route"
     entry = next(iter(interface._FAST_FWD.values()))
-    assert entry[2] is not None, "the route's launches are kept for the signature"
+    assert entry[2], "the route's launches are kept for the signature"
     third = step()
     assert len(replays) == 1, "a repeated signature's backward replays its kept launches"
     for a, b, c in zip(first, second, third):
@@ -899,19 +928,32 @@ def test_fast_backward_replay_on_the_gpu(monkeypatch, causal):
 
 
 @pytest.mark.skipif(not (IS_SM90 and gluon_modules() is not None), reason="needs a Hopper GPU and triton's Gluon")
-def test_sdpa_drop_in_replay_on_the_gpu():
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_sdpa_drop_in_replay_on_the_gpu(monkeypatch, layout):
     """``tileflash.scaled_dot_product_attention`` on its kept signature (``_FAST_SDPA``) on the
-    Gluon kernels: a repeat gives the first call's bits, forward and (under autograd) backward, and
-    both meet the error rule against torch's SDPA in fp64."""
+    Gluon kernels, with (batch, heads, seq, dim) views of (b, s, h, d) memory and with
+    (b, h, s, d)-contiguous tensors: a repeat replays the planned forward, and under autograd the
+    kept backward launches, with the first call's bits; both meet the error rule against torch's
+    SDPA in fp64."""
     from tileflash import interface
+    from tileflash.options import DEBUG
 
+    for name, default in (("gluon_fused", False), ("gluon_bwd", True), ("gluon_dq", True), ("dq_delta", True)):
+        monkeypatch.setattr(DEBUG, name, default)
     interface._FAST_SDPA.clear()
+    route._FWD_PLANS.clear()
+    route._BWD_PLANS.clear()
+    fwd_replays = count_calls(monkeypatch, route, "replay_forward")
+    bwd_replays = count_calls(monkeypatch, route, "replay_backward")
     f = torch.nn.functional.scaled_dot_product_attention
     q, k, v = (t.transpose(1, 2) for t in make_qkv(2, 256, 256, 4, 2, 128, torch.float16, "cuda", seed=29))
+    if layout == "bhsd":
+        q, k, v = (t.contiguous() for t in (q, k, v))
     do = torch.randn_like(q)
     first = tileflash.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    assert len(interface._FAST_SDPA) == 1
+    assert len(interface._FAST_SDPA) == 1 and not fwd_replays
     assert torch.equal(tileflash.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), first)
+    assert len(fwd_replays) == 1, "the repeat replays the planned forward"
     ref = f(*(t.cpu().double() for t in (q, k, v)), is_causal=True, enable_gqa=True)
     plain = f(q, k, v, is_causal=True, enable_gqa=True)
     assert_error_rule("out", first, ref, max_err(plain, ref), 2, rounding_atol(ref, torch.float16))
@@ -920,8 +962,11 @@ def test_sdpa_drop_in_replay_on_the_gpu():
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         tileflash.scaled_dot_product_attention(*leaves, is_causal=True, enable_gqa=True).backward(do)
         grads.append([t.grad for t in leaves])
-    for a, b in zip(grads[0], grads[2]):
-        assert torch.equal(a, b)
+    # (the signature was kept by the forward-only call: the first backward records its launches, the
+    # next two replay them)
+    assert len(bwd_replays) == 2, "the second and third backwards replay the launches the first one kept"
+    for a, b, c in zip(*grads):
+        assert torch.equal(a, b) and torch.equal(a, c)
     leaves64 = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
     ref_g = torch.autograd.grad(f(*leaves64, is_causal=True, enable_gqa=True), leaves64, do.cpu().double())
     leaves16 = [t.detach().clone().requires_grad_() for t in (q, k, v)]

@@ -131,7 +131,7 @@ for stage in "$@"; do
       timeout ${TESTS_LIMIT:-150} python3 -m pytest -q -rf -n 8 -p no:cacheprovider tests/test_backward_sm90.py \
           -k "fused_schedule or protocol" > "$OUT/msplit-tests.log" 2>&1
       echo "msplit tests rc=$? $(tail -n 1 "$OUT/msplit-tests.log")"
-      timeout ${AB_LIMIT:-300} python3 tools/fused_ab.py --dims 64 --seqlens ${AB_SEQLENS:-8192 16384} \
+      timeout ${AB_LIMIT:-360} python3 tools/fused_ab.py --dims 64 --seqlens ${AB_SEQLENS:-2048 8192 16384} \
           --dtypes float16 --fused-cfg '{"BLOCK_M": 128, "DQ_MSPLIT": true}' \
           --fused-cfg '{"BLOCK_M": 128, "DQ_MSPLIT": true, "DQ_FIRST": true}' \
           --fused-cfg '{"BLOCK_M": 128, "DQ_FIRST": true}' > "$OUT/msplit-ab.log" 2>&1

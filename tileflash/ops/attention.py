@@ -195,16 +195,22 @@ def _backward(ctx, dout, dlse):
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+# the innermost saved-tensor hooks in effect (None: none), as torch.utils.checkpoint reads them
+_saved_tensor_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", lambda _: True)
+
+
 class _EagerAttention(torch.autograd.Function):
     """Eager autograd of ``tileflash::fwd``: the op's body, context and backward, without the
     dispatcher's custom-op layers (which cost ~75 us of host time per differentiable call,
     measured on this repository's 2-core CPU machine). torch.compile sees the op instead.
     ``rest``: the op's arguments after q, k, v as one tuple (each argument of ``apply`` costs
-    autograd host time). ``kept``: a repeated ``flash_attn_func`` signature's entry of
-    ``interface._FAST_FWD``, ``[planned forward or False, args, kept backward, False or None]``: the
+    autograd host time). ``kept``: a repeated signature's entry of ``interface._FAST_FWD`` or
+    ``_FAST_SDPA``, ``[planned forward or False, args, kept backward or False or None]``: the
     forward replays its planned Gluon launch (``route.replay_forward``) and the backward its kept
-    launches (``route.replay_backward``, recorded into the entry by the signature's first backward)
-    where they take the call, and the op's body runs where they decline."""
+    launches (``route.replay_backward``, recorded into the entry by a backward through the route)
+    where they take the call, and the op's body runs where they decline. Not the backward's under
+    saved-tensor hooks (activation offloading, checkpointing), which may hand the backward tensors
+    of other layouts."""
 
     @staticmethod
     def forward(ctx, q, k, v, rest, kept=None):
@@ -214,7 +220,7 @@ class _EagerAttention(torch.autograd.Function):
         # cu_seqlens and the dropout seed, take no gradient and are read back from ctx.rest.)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.rest = rest
-        ctx.kept = kept
+        ctx.kept = kept if kept is not None and _saved_tensor_hooks(False) is None else None
         # the LSE's gradient is ignored: let autograd pass None rather than build zeros for it (a
         # fill kernel and an allocation per backward)
         ctx.set_materialize_grads(False)
@@ -239,12 +245,13 @@ class _EagerAttention(torch.autograd.Function):
                                     dropout_p=dropout_p, seed=seed, cu_seqlens_q=cu_seqlens_q,
                                     cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                                     options=opts, deterministic=deterministic)
-        if kept is not None and kept[2] is None:  # (a flash_attn_func signature: no ALiBi, seed or cu_seqlens)
-            # the launches the route just replayed or recorded, or False where it keeps none (other
-            # routes: not looked up again)
+        if kept is not None and kept[2] is not False:  # (a kept signature: no ALiBi, seed or cu_seqlens)
+            # the launches the route just replayed or recorded (none yet, or a kept replay declined:
+            # other dO strides, a switch changed), or False where its route keeps none (not looked up
+            # again), or None for a dO it made contiguous first (a later, contiguous one may be kept)
             kept[2] = route.planned_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift,
                                              (window_left, window_right), softcap, dropout_p, opts,
-                                             deterministic) or False
+                                             deterministic) or (False if dout.stride(-1) == 1 else None)
         return dq, dk, dv, None, None
 
 

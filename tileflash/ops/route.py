@@ -410,26 +410,30 @@ def planned_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool
                      deterministic: bool = False):
     """The kept launches of this common backward call (``_BWD_PLANS``, where :func:`backward` just
     recorded them) with what :func:`replay_backward` must find unchanged to replay them on a later
-    call (dO's strides, :func:`_bwd_switches`), else None. ``tileflash.interface.flash_attn_func``
-    keeps it per call signature, beside the planned forward: the backward of a repeated call then
-    skips this key (host time, docs/perf-notes.md, "Host path")."""
+    call (the strides of dO, q, k, v, out and the LSE; :func:`_bwd_switches`), else None.
+    ``tileflash.interface.flash_attn_func`` keeps it per call signature, beside the planned
+    forward: the backward of a repeated call then skips this key (host time, docs/perf-notes.md,
+    "Host path")."""
     if not q.is_cuda:
         return None
     switches = _bwd_switches(deterministic)
     plan = _BWD_PLANS.get(_bwd_key(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, window, softcap,
                                    dropout_p, options, switches[0]))
-    return None if plan is None else (dout.stride(), switches, plan)
+    if plan is None:
+        return None
+    return (dout.stride(), q.stride(), k.stride(), v.stride(), out.stride(), lse.stride()), switches, plan
 
 
 def replay_backward(kept, dout, q, k, v, out, lse, softmax_scale: float, deterministic: bool = False):
-    """The backward ``kept`` (a :func:`planned_backward` result of a call of this signature: q, k, v,
-    out and the LSE of this layout) on these tensors -> (dq, dk, dv), or None where it cannot be
-    replayed as it is: dO of other strides, a switch of :func:`_bwd_switches` changed, a pointer not
-    16-byte aligned, or a CUDA device other than the current one. The caller then takes
-    :func:`backward`."""
-    stride, switches, (gb, launches) = kept
-    if (dout.stride() != stride or q.device.index != torch._C._cuda_getDevice()
-            or _bwd_switches(deterministic) != switches or not aligned(q, k, v, dout)):
+    """The backward ``kept`` (a :func:`planned_backward` result of a call of this signature: tensors
+    of its shapes and dtypes) on these tensors -> (dq, dk, dv), or None where it cannot be replayed
+    as it is: any of dO, q, k, v, out, LSE with other strides (saved-tensor hooks may hand the
+    backward copies), a switch of :func:`_bwd_switches` changed, a pointer not 16-byte aligned, or
+    a CUDA device other than the current one. The caller then takes :func:`backward`."""
+    strides, switches, (gb, launches) = kept
+    if ((dout.stride(), q.stride(), k.stride(), v.stride(), out.stride(), lse.stride()) != strides
+            or q.device.index != torch._C._cuda_getDevice() or _bwd_switches(deterministic) != switches
+            or not aligned(q, k, v, dout)):
         return None
     return gb.replay_default(launches, dout, q, k, v, out, lse, softmax_scale)
 
