@@ -749,6 +749,22 @@ def test_fused_schedule_variants(variant, d, causal):
         assert torch.equal(res[0], ref[0])
 
 
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_fused_dq_row_split(causal, deterministic):
+    """DQ_MSPLIT (the consumers split the rows of a 128-row Q block's dQ part, FA4's D = 64 layout;
+    opt-in) at D = 64, causal or not, with unordered and ordered dQ sums: NaN-poisoned buffers, GQA,
+    Sq != Sk, several Q blocks per program; the reference rule for every gradient. (The schedule
+    variants test compares it bit for bit with the default where the tiles match.)"""
+    q, k, v = make_qkv(2, 384, 512, 4, 2, 64, torch.float16, "cuda", seed=31 + causal)
+    do = torch.randn_like(q)
+    cfg = dict(gb.fused_config_for(64, causal, deterministic=deterministic), DQ_MSPLIT=True, BLOCK_M=128)
+    res, bufs = _direct(q, k, v, do, causal, cfg, deterministic=deterministic)
+    assert res is not None and res[0] is bufs[0], "the fused kernel ran (not the Triton fallback)"
+    check_cuda_grads(res, q, k, v, do, causal)
+
+
 def test_fused_writer_protocol_model():
     """tests/fused_writer_model.py replays the fused mode's barrier protocol (producer, two
     consumers sharing dSᵀ, the writer warp with its staging slots and the ordered adds; several

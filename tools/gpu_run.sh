@@ -129,13 +129,13 @@ for stage in "$@"; do
       echo "late tests rc=$? $(tail -n 1 "$OUT/late-tests.log")" ;;
     msplit)
       timeout ${TESTS_LIMIT:-150} python3 -m pytest -q -rf -n 8 -p no:cacheprovider tests/test_backward_sm90.py \
-          -k "fused_schedule or protocol" > "$OUT/msplit-tests.log" 2>&1
+          -k "fused_schedule or protocol or row_split" > "$OUT/msplit-tests.log" 2>&1
       echo "msplit tests rc=$? $(tail -n 1 "$OUT/msplit-tests.log")"
       timeout ${AB_LIMIT:-360} python3 tools/fused_ab.py --dims 64 --seqlens ${AB_SEQLENS:-2048 8192 16384} \
           --dtypes float16 --fused-cfg '{"BLOCK_M": 128, "DQ_MSPLIT": true}' \
           --fused-cfg '{"BLOCK_M": 128, "DQ_MSPLIT": true, "DQ_FIRST": true}' \
           --fused-cfg '{"BLOCK_M": 128, "DQ_FIRST": true}' > "$OUT/msplit-ab.log" 2>&1
-      echo "msplit ab rc=$?"; tail -n 12 "$OUT/msplit-ab.log" ;;
+      echo "msplit ab rc=$?"; grep -E "N=|rc=|Error|error" "$OUT/msplit-ab.log" | tail -n 40 ;;
     ncusrc)
       NCU_SOURCE=1 timeout ${NCU_LIMIT:-400} bash tools/ncu_attn.sh ${NCU_CASES:-nbwd64k16 fa4bwd64k16 nbwd128k16 fa4bwd128k16} \
           > "$OUT/ncusrc.log" 2>&1

@@ -435,8 +435,9 @@ def _bwd_ws_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do
 
 @gluon.jit
 def _stage_dq(dq_part, dq_smem, dq_full, dq_empty, slot, it, DQ_BUFS: gl.constexpr):
-    """A consumer's dQ part of block it (a column half, or with DQ_ALT the whole part) into staging
-    slot ``slot`` for the writer partition, once the writer's reduction of block it - DQ_BUFS read it."""
+    """A consumer's dQ part of block it (a column half; with DQ_ALT the whole part, with DQ_MSPLIT a
+    row half) into staging slot ``slot`` for the writer partition, once the writer's reduction of
+    block it - DQ_BUFS read it."""
     mbarrier.wait(dq_empty.index(slot), ((it // DQ_BUFS) & 1) ^ 1, pred=it >= DQ_BUFS)
     dq_smem.index(slot).store(dq_part)
     fence_async_shared()
@@ -499,8 +500,9 @@ def _bwd_ws_consumer(shared, writer_bars, C: gl.constexpr, HALF_N: gl.constexpr,
     dS·K with dS read from both dSᵀ halves' column slices (two wgmmas of N = HEAD_DIM, one per key
     half), and stages that [BLOCK_M/2, HEAD_DIM] part in its slot for the writer. At D = 64 with
     128-row blocks this replaces sixteen m64n32 wgmmas per consumer and block by eight m64n64 ones
-    (sm_90 SASS, triton 3.6: 536 instructions per 128-row block against 567 for the column halves
-    and 2 x 324 for two 64-row blocks; 16 bytes of spills against 32). The synchronisation is the
+    (sm_90 SASS, triton 3.6, unordered with LSE_EARLY=3: 536 instructions per 128-row block against
+    567 for the column halves and 2 x 324 for two 64-row blocks; 16 bytes of spills against 32;
+    ordered, LSE_EARLY=0: 116 / 140 bytes of spill stores / loads against 128 / 144). The synchronisation is the
     column halves' (each consumer waits for both dSᵀ halves, stages one part per block). Compiled
     only: not run on a GPU yet (2026-12-05), opt-in, not routed."""
     (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, q_full, q_empty, pp_bar, LSE, DELTA, DK, DV,
@@ -642,7 +644,7 @@ def _bwd_ws_consumer(shared, writer_bars, C: gl.constexpr, HALF_N: gl.constexpr,
                                            k_smem.index(1).slice(C * DQ_D, DQ_D, dim=1), dq_tok, is_async=True)
                 if DQ_FIRST:  # dK runs on while dQ is staged
                     dk = warpgroup_mma(b_dst, q_s, dk, is_async=True)                    # [HALF_N, HEAD_DIM]
-                    dq_part, dv = warpgroup_mma_wait(num_outstanding=1, deps=(dq_tok, dv))   # [BLOCK_M, DQ_D]
+                    dq_part, dv = warpgroup_mma_wait(num_outstanding=1, deps=(dq_tok, dv))   # [DQ_M, DQ_D]
                 else:
                     dq_part, dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, dv, dk))
                     mbarrier.arrive(q_empty.index(stage), count=1)                        # Q/dO slot done
@@ -955,6 +957,8 @@ def _attn_bwd_sm90_ws(
                          "dq_desc's blocks are half a head wide (DQ_ALT: whole; DQ_MSPLIT: whole, half the rows)")
         gl.static_assert(not (DQ_MSPLIT and (DQ_ALT or DQ_LATE or DQ_OWN_FIRST)),
                          "DQ_MSPLIT splits dQ's rows: not with DQ_ALT, DQ_LATE or DQ_OWN_FIRST")
+        gl.static_assert(not DQ_MSPLIT or BLOCK_M % 128 == 0,
+                         "DQ_MSPLIT: each consumer's half of the Q block's rows is a 64-row wgmma (BLOCK_M 128)")
         dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_SLOTS, DQ_ROWS, DQ_COLS], dq_desc.layout)
         ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         dq_full = gl.allocate_shared_memory(gl.int64, [DQ_SLOTS, 1], mbarrier.MBarrierLayout())
