@@ -420,6 +420,14 @@ def test_lse_scratch_grows_keeps_old_buffers_and_caps():
         assert utils.lse_scratch(5, dev) is big
         assert utils.lse_scratch(utils.LSE_SCRATCH_MAX + 1, dev) is None
         assert utils._LSE_SCRATCH[dev] is big
+        # a planned forward's buffers (route.replay_forward): the scratch for an LSE nobody takes,
+        # its own LSE when asked for it or where the scratch declines
+        q = torch.empty(1, 20, 4, 16)
+        out, lse, own = route._planned_buffers(q, (1, 4, 20), 80, False)
+        assert out.shape == q.shape and lse is big and not own
+        for need, numel in ((True, 80), (False, utils.LSE_SCRATCH_MAX + 1)):
+            out, lse, own = route._planned_buffers(q, (1, 4, 20), numel, need)
+            assert own and lse.shape == (1, 4, 20) and lse.dtype == torch.float32 and lse is not big
 
 
 @pytest.mark.skipif(not (IS_SM90 and gluon_modules() is not None), reason="needs a Hopper GPU and triton's Gluon")

@@ -293,9 +293,9 @@ def attention_args(q: Tensor, k: Tensor, v: Tensor, args: tuple, need_lse: bool 
 
 
 def attention_kept(q: Tensor, k: Tensor, v: Tensor, kept: list) -> tuple[Tensor, Tensor]:
-    """:func:`attention_args` for an eager call that may need a gradient, of a repeated
-    ``flash_attn_func`` signature whose ``interface._FAST_FWD`` entry is ``kept`` (its arguments
-    ``kept[1]``): the autograd class replays the planned launches the entry holds."""
+    """:func:`attention_args` for an eager call that may need a gradient, of a repeated signature
+    whose ``interface._FAST_FWD`` (or ``_FAST_SDPA``) entry is ``kept`` (its arguments ``kept[1]``):
+    the autograd class replays the planned launches the entry holds."""
     return _EagerAttention.apply(q, k, v, kept[1], kept)
 
 

@@ -181,13 +181,20 @@ def replay_forward(plan, q, k, v, softmax_scale: float, need_lse: bool = True):
     if (runner is None or (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15
             or q.device.index != runner[0] or torch._C._cuda_getDevice() != runner[0]):
         return None
-    out = torch.empty(*q.shape, dtype=q.dtype, device=q.device)
-    lse = None if need_lse else lse_scratch(lse_numel, q.device)
-    keep = lse is None
-    if keep:
-        lse = torch.empty(*lse_shape, dtype=torch.float32, device=q.device)
+    out, lse, keep = _planned_buffers(q, lse_shape, lse_numel, need_lse)
     gf.replay(gplan, q, k, v, out, lse, softmax_scale)
     return out, (lse if keep else None)
+
+
+def _planned_buffers(q, lse_shape, lse_numel, need_lse):
+    """A planned forward's (out, lse, whether the LSE is its own): without ``need_lse`` the LSE
+    goes to the write-only scratch buffer (``utils.lse_scratch``) where it has one."""
+    # (sizes unpacked: torch parses ints faster than a torch.Size, host time per call)
+    out = torch.empty(*q.shape, dtype=q.dtype, device=q.device)
+    lse = None if need_lse else lse_scratch(lse_numel, q.device)
+    if lse is None:
+        return out, torch.empty(*lse_shape, dtype=torch.float32, device=q.device), True
+    return out, lse, False
 
 
 def _replay_forward(plan, key, q, k, v, softmax_scale, causal, need_lse=True):
@@ -196,11 +203,7 @@ def _replay_forward(plan, key, q, k, v, softmax_scale, causal, need_lse=True):
     ``need_lse=False``: the LSE goes to the write-only scratch buffer and None is returned for it."""
     gf, gplan, lse_shape, lse_numel = plan
     with _device(q):
-        out = torch.empty(*q.shape, dtype=q.dtype, device=q.device)
-        lse = None if need_lse else lse_scratch(lse_numel, q.device)
-        keep = lse is None
-        if keep:
-            lse = torch.empty(*lse_shape, dtype=torch.float32, device=q.device)
+        out, lse, keep = _planned_buffers(q, lse_shape, lse_numel, need_lse)
         if gf.forward(q, k, v, out, lse, softmax_scale, causal, plan=gplan) is not None:
             return out, (lse if keep else None)
     _FWD_PLANS.pop(key, None)
