@@ -1063,10 +1063,12 @@ def test_decode_loop_reuses_its_checks_and_plans(lengths):
     assert torch.equal(kc, exp_k) and torch.equal(vc, exp_v), "a refused call wrote into the cache"
 
 
+@pytest.mark.parametrize("lengths", ["tensor", "int"])
 @pytest.mark.parametrize("paged", [False, True])
 @pytest.mark.parametrize("append", [False, True])
-def test_decode_steps_replay_their_kept_launches(paged, append):
-    """With a length tensor, a repeated decoding step replays its kept append and decode launches
+def test_decode_steps_replay_their_kept_launches(paged, append, lengths):
+    """With a length tensor or an int length (one length bucket here), a repeated decoding step
+    replays its kept append and decode launches
     (``interface._KV_FAST`` -> ``route.replay_kvcache``) without the other layers: every replayed
     step matches the reference and the cache holds exactly the appended tokens; the LSE comes back
     when asked for; a changed debug switch (pdl) or another signature takes the full path."""
@@ -1086,8 +1088,8 @@ def test_decode_steps_replay_their_kept_launches(paged, append):
         for i in range(5):
             q = torch.randn(B, 1, H, D, generator=g).to(dev, dt)
             k, v = (torch.randn(B, 1, 2, D, generator=g).to(dev, dt) for _ in range(2))
-            pos = [5 + i, 17 + i, 30 + i]
-            sl = torch.tensor(pos, dtype=torch.int32, device=dev)
+            pos = [5 + i, 17 + i, 30 + i] if lengths == "tensor" else [20 + i] * B
+            sl = torch.tensor(pos, dtype=torch.int32, device=dev) if lengths == "tensor" else pos[0]
             kw = dict(cache_seqlens=sl, causal=True, block_table=table, return_softmax_lse=i % 2 == 1)
             res = tileflash.flash_attn_with_kvcache(q, kc, vc, *((k, v) if append else ()), **kw)
             out, lse = res if i % 2 == 1 else (res, None)
@@ -1116,6 +1118,68 @@ def test_decode_steps_replay_their_kept_launches(paged, append):
             tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=sl, causal=True, block_table=table)
         tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=sl, causal=False, block_table=table)
         assert len(replays) == n, "a changed debug switch or signature must not replay"
+
+
+def test_kvcache_int_length_replays_within_its_bucket(monkeypatch):
+    """An int ``cache_seqlens`` keeps its launches too (``interface._KV_FAST``, with stand-ins for
+    the route's kept launches on CPU tensors): the next step whose length falls in the same length
+    bucket replays them with no length tensor, every entry's key count and the append position;
+    a length in another bucket, a cache overflow and a negative length take the full path (which
+    plans the new bucket, or raises before any write)."""
+    from tileflash import interface
+    from tileflash.ops import route
+    from tileflash.ops.triton.decode import LENGTH_BUCKET
+
+    monkeypatch.setattr(interface, "_PREPARE_CPU", True)
+    monkeypatch.setattr(interface, "_KV_FAST", {})
+    monkeypatch.setattr(interface, "_KV_PREPARED", {})
+    monkeypatch.delenv("TILEFLASH_CHECK_INPUTS", raising=False)
+    planned_for, replays = [], []
+
+    def planned(q, k_cache, v_cache, k, v, seqlens, scale, causal, window, softcap, cbi, table, splits, leftpad, add,
+                options, max_seqlen_k=-1):
+        planned_for.append((seqlens, max_seqlen_k))
+        return ("plan", max_seqlen_k)
+
+    def replay(kept, q, k_cache, v_cache, k, v, seqlens, cbi, table, leftpad, fixed, need_lse, append_at=0):
+        replays.append((kept, seqlens, fixed, append_at))
+        return torch.full_like(q, 7.0), None
+
+    monkeypatch.setattr(route, "planned_kvcache", planned)
+    monkeypatch.setattr(route, "replay_kvcache", replay)
+    cap, new = 2 * LENGTH_BUCKET - 8, 2  # (a cache that ends inside the second bucket)
+    g = torch.Generator().manual_seed(47)
+    kc, vc = (torch.randn(B, cap, 2, D, generator=g) for _ in range(2))
+    q = torch.randn(B, 1, H, D, generator=g)
+    k, v = (torch.randn(B, new, 2, D, generator=g) for _ in range(2))
+
+    def step(length):
+        return tileflash.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=length, causal=True)
+
+    out = step(5)  # the full path: appends at 5, attends over 7 keys, keeps the launches
+    assert not replays and planned_for == [(None, 5 + new)]
+    assert torch.equal(kc[:, 5:5 + new], k) and torch.equal(vc[:, 5:5 + new], v)
+    for b in range(B):
+        _assert_matches(out[b:b + 1], q[b:b + 1], kc[b:b + 1, :5 + new], vc[b:b + 1, :5 + new], 1e-5, causal=True)
+    written = kc.clone()
+    out = step(9)  # same bucket: the kept launches, told the key count and where to append
+    assert replays == [(("plan", 5 + new), None, 9 + new, 9)] and torch.equal(out, torch.full_like(q, 7.0))
+    assert torch.equal(kc, written), "a replayed step runs nothing but the kept launches"
+    n = len(replays)
+    with pytest.raises(ValueError, match="cache_seqlens must be >= 0"):
+        step(-1)  # (-1 + 2 keys is in the kept bucket: the sign check must come first)
+    assert len(replays) == n and torch.equal(kc, written), "a refused step wrote into the cache"
+    out = step(LENGTH_BUCKET + 1)  # another bucket: the full path, which keeps a plan for it
+    assert len(replays) == n and planned_for[-1] == (None, LENGTH_BUCKET + 1 + new)
+    for b in range(B):
+        m = LENGTH_BUCKET + 1 + new
+        _assert_matches(out[b:b + 1], q[b:b + 1], kc[b:b + 1, :m], vc[b:b + 1, :m], 1e-5, causal=True)
+    step(LENGTH_BUCKET + 3)
+    assert len(replays) == n + 1 and replays[-1][2:] == (LENGTH_BUCKET + 3 + new, LENGTH_BUCKET + 3)
+    written = kc.clone()
+    with pytest.raises(ValueError, match="cache overflow"):
+        step(cap - 1)  # (cap + 1 keys is in the kept bucket: the room check must come first)
+    assert len(replays) == n + 1 and torch.equal(kc, written), "a refused step wrote into the cache"
 
 
 def test_split_partials_are_per_stream_and_capped(monkeypatch):
@@ -1455,10 +1519,10 @@ def test_kvcache_fast_signature_replays_only_its_own(monkeypatch):
     replays, declined = [], []
 
     def planned(q, k_cache, v_cache, k, v, seqlens, scale, causal, window, softcap, cbi, table, splits, leftpad, add,
-                options):
+                options, max_seqlen_k=-1):
         return ("plan", k is not None, causal)
 
-    def replay(kept, q, k_cache, v_cache, k, v, seqlens, cbi, table, leftpad, add, need_lse):
+    def replay(kept, q, k_cache, v_cache, k, v, seqlens, cbi, table, leftpad, add, need_lse, append_at=0):
         replays.append((kept, add, need_lse))
         if declined:
             return None

@@ -14,7 +14,7 @@ from tileflash.ops.attention import (PackedAttention, attention, attention_args,
                                      kvcache_forward, kvcache_fwd, op_args)
 from tileflash.ops import route
 from tileflash.ops.route import use_triton
-from tileflash.ops.triton.decode import check_grid, row_block_count
+from tileflash.ops.triton.decode import check_grid, length_bucket, row_block_count
 from tileflash.ops.utils import apply_rotary
 from tileflash.options import DEBUG, Options, resolve
 
@@ -774,12 +774,21 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                        cache_leftpad, block_table, softmax_scale, causal, window_size, softcap, alibi_slopes,
                        num_splits, options)
     prepared = _KV_PREPARED.get(key) if key is not None else None
-    if prepared is not None and type(cache_seqlens) is Tensor:
+    if prepared is not None:
         # a step of a signature whose launches are kept (_KV_FAST): append and attend directly
         fast = _KV_FAST.get(key)
         if fast is not None and fast[2] == DEBUG.pdl:
-            done = route.replay_kvcache(fast[0], q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx,
-                                        block_table, cache_leftpad, fast[1], return_softmax_lse)
+            if type(cache_seqlens) is Tensor:
+                done = route.replay_kvcache(fast[0], q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx,
+                                            block_table, cache_leftpad, fast[1], return_softmax_lse)
+            else:  # an int length (the key holds its type, not its value): the kept plan serves one
+                # length bucket; a length outside it, or one the cache has no room for, takes the full
+                # path (which plans it, or raises)
+                n = cache_seqlens + prepared[3]
+                done = None
+                if 0 <= cache_seqlens and n <= prepared[2] and length_bucket(n) == fast[3]:
+                    done = route.replay_kvcache(fast[0], q, k_cache, v_cache, k, v, None, cache_batch_idx,
+                                                block_table, cache_leftpad, n, return_softmax_lse, cache_seqlens)
             if done is not None:
                 return done if return_softmax_lse else done[0]
     if prepared is None:
@@ -844,15 +853,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         out, lse = kvcache_fwd(*args)
     else:  # (an LSE nobody returns need not be allocated: kvcache_forward's need_lse)
         out, lse = kvcache_forward(*args, need_lse=return_softmax_lse)
-        if key is not None and not uniform and q is args[0]:  # (a length tensor; q as given)
+        # (a length tensor or an int length, which the key holds by type; q as given)
+        if key is not None and (not uniform or type(cache_seqlens) is int) and q is args[0]:
             planned = route.planned_kvcache(q, k_cache, v_cache, k, v, seqlens, scale, causal,
                                             (feats["window_left"], feats["window_right"]), feats["softcap"],
                                             cache_batch_idx, block_table, num_splits, cache_leftpad, args[-1],
-                                            Options.decode(feats["options"]))
+                                            Options.decode(feats["options"]), args[13])
             if planned is not None:
                 if len(_KV_FAST) >= 1024:
                     _KV_FAST.clear()
-                _KV_FAST[key] = (planned, args[-1], DEBUG.pdl)
+                _KV_FAST[key] = (planned, args[-1], DEBUG.pdl, length_bucket(args[13]) if uniform else None)
     return (out, lse) if return_softmax_lse else out
 
 
@@ -863,9 +873,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 # index tensors, outside torch.compile and without TILEFLASH_CHECK_INPUTS=1 (whose value checks run
 # at every call).
 _KV_PREPARED: dict = {}
-# A _KV_PREPARED signature with a length tensor whose step ran kept launches -> (what
-# route.planned_kvcache returned, seqlen_add, the debug switch pdl then): later steps replay them
-# (route.replay_kvcache) without the interface's and the route's other layers (host time).
+# A _KV_PREPARED signature with a length tensor or an int length whose step ran kept launches ->
+# (what route.planned_kvcache returned, seqlen_add, the debug switch pdl then, and for an int length
+# the length bucket its decode plan serves, else None): later steps replay them (route.replay_kvcache)
+# without the interface's and the route's other layers (host time).
 _KV_FAST: dict = {}
 
 

@@ -563,14 +563,17 @@ def kvcache_append(k_cache, v_cache, k, v, seqlens, seqlen_fixed: int, cache_bat
 
 
 def planned_kvcache(q, k_cache, v_cache, k, v, seqlens_k, softmax_scale, causal, window, softcap, cache_batch_idx,
-                    block_table, num_splits, cache_leftpad, seqlen_add, options: Options = DEFAULT):
-    """What a CUDA ``flash_attn_with_kvcache`` call with a length tensor ran, where both launches
-    are kept and have launched before: (the append's launch, None without k/v; the decode plan),
-    else None. ``tileflash.interface`` keeps it per call signature for :func:`replay_kvcache`."""
+                    block_table, num_splits, cache_leftpad, seqlen_add, options: Options = DEFAULT,
+                    max_seqlen_k: int = -1):
+    """What a CUDA ``flash_attn_with_kvcache`` call with a length tensor (or with an int length:
+    seqlens_k None and max_seqlen_k its key count, appended tokens included) ran, where both
+    launches are kept and have launched before: (the append's launch, None without k/v; the decode
+    plan), else None. ``tileflash.interface`` keeps it per call signature for
+    :func:`replay_kvcache`."""
     if not q.is_cuda or options.backend == "gluon":
         return None
     plan = tr_dec.planned_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, softcap,
-                                 cache_batch_idx, block_table, num_splits, cache_leftpad, seqlen_add)
+                                 cache_batch_idx, block_table, num_splits, cache_leftpad, seqlen_add, max_seqlen_k)
     if plan is None or plan.launch.runner is None:
         return None
     append = None
@@ -582,17 +585,19 @@ def planned_kvcache(q, k_cache, v_cache, k, v, seqlens_k, softmax_scale, causal,
 
 
 def replay_kvcache(planned, q, k_cache, v_cache, k, v, seqlens_k, cache_batch_idx, block_table, cache_leftpad,
-                   seqlen_add: int, need_lse: bool):
+                   seqlen_fixed: int, need_lse: bool, append_at: int = 0):
     """A decoding step through a :func:`planned_kvcache` result on tensors of its layout: the
-    append (if any), then the decode launch -> (out, lse or None with ``need_lse=False``). None,
-    before any write, where q is not on the current CUDA device (the caller takes the full path,
-    which switches devices)."""
+    append (if any), then the decode launch -> (out, lse or None with ``need_lse=False``).
+    seqlen_fixed: with a length tensor, the tokens appended to each entry (seqlen_add); without
+    one, every entry's key count after the append, and append_at its length before (where the
+    append writes). None, before any write, where q is not on the current CUDA device (the caller
+    takes the full path, which switches devices)."""
     if q.device.index != torch._C._cuda_getDevice():
         return None
     append, plan = planned
     if append is not None:
-        tr_dec.replay_append(append, k_cache, v_cache, k, v, seqlens_k, 0, cache_batch_idx, block_table)
-    return plan(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, None, cache_leftpad, seqlen_add,
+        tr_dec.replay_append(append, k_cache, v_cache, k, v, seqlens_k, append_at, cache_batch_idx, block_table)
+    return plan(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, None, cache_leftpad, seqlen_fixed,
                 need_lse)
 
 

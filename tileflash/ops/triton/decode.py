@@ -690,15 +690,18 @@ def _decode_key(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, s
 
 
 def planned_decode(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, softcap, cache_batch_idx,
-                   block_table, num_splits, cache_leftpad, seqlen_add):
-    """The kept :class:`_DecodePlan` of a ``decode_forward`` call with a length tensor and no
-    ALiBi (arguments as there), or None: what ``flash_attn_with_kvcache`` keeps per call
-    signature to call directly (``_DecodePlan.__call__``) on later steps."""
-    if seqlens_k is None or (block_table is not None and block_table.shape[1] == 0):
+                   block_table, num_splits, cache_leftpad, seqlen_add, max_seqlen_k=-1):
+    """The kept :class:`_DecodePlan` of a ``decode_forward`` call with no ALiBi (arguments as there:
+    a length tensor, or none and every entry's key count, at least 1, as max_seqlen_k), or None:
+    what ``flash_attn_with_kvcache`` keeps per call signature to call directly
+    (``_DecodePlan.__call__``) on later steps. Without a length tensor the plan serves the lengths
+    of max_seqlen_k's ``length_bucket`` only."""
+    if (seqlens_k is None and max_seqlen_k < 1) or (block_table is not None and block_table.shape[1] == 0):
         return None
+    grows = block_table is None and max_seqlen_k >= 0  # (as decode_forward keys it)
     return _DECODE_PLANS.get(_decode_key(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, softcap,
-                                         cache_batch_idx, block_table, num_splits, -1, cache_leftpad, seqlen_add,
-                                         False))
+                                         cache_batch_idx, block_table, num_splits, max_seqlen_k, cache_leftpad,
+                                         seqlen_add, grows))
 
 
 _DECODE_PLANS: dict = {}  # decode_forward's key -> _DecodePlan
