@@ -65,16 +65,35 @@ def eager_attention(q, k, v, causal):
     return torch.matmul(p, vh).transpose(1, 2)
 
 
-def _sdpa(backend_name):
+def _sdpa(name):
     def fn(q, k, v, causal):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        with sdpa_kernel(getattr(SDPBackend, backend_name)):
-            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                 is_causal=causal, enable_gqa=q.shape[2] != k.shape[2])
-        return out.transpose(1, 2)
+        with sdpa_backend(name):
+            return sdpa_call(q, k, v, causal)
 
     return fn
+
+
+def sdpa_call(q, k, v, causal):
+    """SDPA on flash-attn-layout tensors with whatever backend is enabled (no context of its own):
+    inside ``sdpa_backend(name)``, the per-call cost of an SDPA provider without the cost of
+    entering its backend context every call (what a model that sets the backend once pays)."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         is_causal=causal, enable_gqa=q.shape[2] != k.shape[2])
+    return out.transpose(1, 2)
+
+
+_SDPA_BACKENDS = {"sdpa_math": "MATH", "sdpa_efficient": "EFFICIENT_ATTENTION", "sdpa_flash": "FLASH_ATTENTION",
+                  "sdpa_cudnn": "CUDNN_ATTENTION"}
+
+
+def sdpa_backend(name):
+    """The context that pins an ``sdpa_*`` provider's backend (``torch.nn.attention.sdpa_kernel``);
+    a null context for any other provider name."""
+    if name not in _SDPA_BACKENDS:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(getattr(SDPBackend, _SDPA_BACKENDS[name]))
 
 
 _FLEX = {}
@@ -164,10 +183,10 @@ PROVIDERS = {
         Provider("tileflash_det", _tileflash_deterministic, _always),
         Provider("tileflash_triton", _tileflash_triton, _cuda_only),
         Provider("eager", eager_attention, _always),
-        Provider("sdpa_math", _sdpa("MATH"), _always),
-        Provider("sdpa_efficient", _sdpa("EFFICIENT_ATTENTION"), _cuda_only),
-        Provider("sdpa_flash", _sdpa("FLASH_ATTENTION"), _always),
-        Provider("sdpa_cudnn", _sdpa("CUDNN_ATTENTION"), _cuda_only),
+        Provider("sdpa_math", _sdpa("sdpa_math"), _always),
+        Provider("sdpa_efficient", _sdpa("sdpa_efficient"), _cuda_only),
+        Provider("sdpa_flash", _sdpa("sdpa_flash"), _always),
+        Provider("sdpa_cudnn", _sdpa("sdpa_cudnn"), _cuda_only),
         Provider("flex", _flex, _flex_ok),
         Provider("flash_attn", _flash_attn, _flash_attn_ok),
         Provider("fa4", _fa4, _fa4_ok),
