@@ -1,9 +1,21 @@
 #!/bin/bash
-# 2026-12-05 late session, device call A: the O-offsets forward's GPU checks, then the host targets.
+# 2026-12-05 late session, device call A: the O-offsets forward's GPU checks, the int-length decode
+# replays, then the host targets. Carry .abfiles (forward.py before and after 8438d0b) for the A/B.
 set -u
-export TILEFLASH_GIT=${TILEFLASH_GIT:-unknown}
-TESTS_LIMIT=240 TESTS_ARGS="tests/test_forward_sm90.py tests/test_options.py tests/test_kvcache.py" bash tools/gpu_run.sh tests host
+export TILEFLASH_GIT=${TILEFLASH_GIT:-unknown} PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+TESTS_LIMIT=240 TESTS_ARGS="tests/test_forward_sm90.py tests/test_options.py tests/test_kvcache.py" \
+  bash tools/gpu_run.sh tests host
 cp "$OUT/host.log" "$OUT/host1.log"
-timeout 120 python3 tools/sdpa_layout.py > "$OUT/sdpa_layout.log" 2>&1; echo "sdpa_layout rc=$?"; cat "$OUT/sdpa_layout.log" | tail -n 6
-timeout 120 python3 -m tileflash bench --decode --batch 1 --seqlens 8192 --out "$OUT/decode" > "$OUT/decode.log" 2>&1; echo "decode rc=$?"; tail -n 8 "$OUT/decode.log"
+timeout 100 python3 -m tileflash bench --decode --batch 1 --seqlens 8192 --out "$OUT/decode" > "$OUT/decode.log" 2>&1
+echo "decode rc=$?"; tail -n 8 "$OUT/decode.log"
+timeout 100 python3 tools/sdpa_layout.py > "$OUT/sdpa_layout.log" 2>&1; echo "sdpa_layout rc=$?"; tail -n 6 "$OUT/sdpa_layout.log"
+if [ -f .abfiles/forward_old.py ]; then   # forward A/B: after (8438d0b) and before, one process each
+  for arm in new old; do
+    cp .abfiles/forward_$arm.py tileflash/ops/gluon/forward.py
+    timeout 90 python3 -m tileflash bench --modes fwd --providers tileflash --seqlens 8192 --head-dim 64 128 \
+      --no-plots --out "$OUT/fab-$arm" > "$OUT/fab-$arm.log" 2>&1; echo "fwd A/B $arm rc=$?"
+    grep -E "^tileflash" "$OUT/fab-$arm.log" | head -n 8
+  done
+  cp .abfiles/forward_new.py tileflash/ops/gluon/forward.py
+fi
 bash tools/gpu_run.sh host
