@@ -183,7 +183,6 @@ def _load_block(desc, bar, smem, row, col, pred):
 def _attn_fwd_sm90(
     q_desc, k_desc, v_desc, o_desc, LSE,
     q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,      # 2-D view offsets: row b·rb + h·rh, column h·ch
-    o_rb, o_rh, o_ch,                           # O's (q's memory order may differ from out's)
     stride_lb, stride_lh,
     nheads, kv_group, seqlen_q, seqlen_k, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -328,7 +327,7 @@ def _attn_fwd_sm90(
     o = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)                             # [BLOCK_M, HEAD_DIM]
     q_smem.store(o.to(dtype))
     fence_async_shared()
-    _tma_store(o_desc, [off_b * o_rb + off_h * o_rh + start_m, off_h * o_ch], q_smem)
+    _tma_store(o_desc, [q_row, q_col], q_smem)
     lse = (m_i + gl.log2(l_i)) * 0.6931471805599453                                        # [BLOCK_M]
     gl.store(LSE + off_b * stride_lb + off_h * stride_lh + offs_m, lse)
     tma.store_wait(pendings=0)
@@ -419,7 +418,7 @@ def _ws_consumer(shared, C: gl.constexpr, HALF_M: gl.constexpr, HEAD_DIM: gl.con
     robin never breaks)."""
     if PERSISTENT:
         (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
-         geometry, o_geo, stride_lb, stride_lh, qk_scale) = shared
+         geometry, stride_lb, stride_lh, qk_scale) = shared
         seqlen_q = geometry[2]
         BLOCK_M: gl.constexpr = HALF_M * NUM_C
         g = 0
@@ -429,8 +428,7 @@ def _ws_consumer(shared, C: gl.constexpr, HALF_M: gl.constexpr, HEAD_DIM: gl.con
             off_b, off_h, start_m, q_row, q_col, kv_row, kv_col, shift, n_full, n_blocks = _persistent_tile(
                 k, geometry, BLOCK_M, BLOCK_N, CAUSAL)
             _ws_consume_tile(q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, pp_bar,
-                             o_desc, LSE, off_b * o_geo[0] + off_h * o_geo[1] + start_m, off_h * o_geo[2],
-                             off_b * stride_lb + off_h * stride_lh, start_m, n_blocks,
+                             o_desc, LSE, q_row, q_col, off_b * stride_lb + off_h * stride_lh, start_m, n_blocks,
                              n_full, shift, qk_scale, seqlen_q, g, turn, it & 1,
                              C, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C, True)
             g += n_blocks
@@ -439,14 +437,14 @@ def _ws_consumer(shared, C: gl.constexpr, HALF_M: gl.constexpr, HEAD_DIM: gl.con
         tma.store_wait(pendings=0)  # the last tile's O leaves shared memory before the program ends
     else:
         (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
-         o_row, o_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q) = shared
+         q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q) = shared
         _ws_consume_tile(q_smem, q_smem, k_smem, v_smem, q_bar, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc,
-                         LSE, o_row, o_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q, 0, 0,
+                         LSE, q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q, 0, 0,
                          0, C, HALF_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C, False)
 
 @gluon.jit
 def _ws_consume_tile(q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, pp_bar, o_desc,
-                     LSE, o_row, o_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q,
+                     LSE, q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q,
                      g0, t0, q_phase,
                      C: gl.constexpr, HALF_M: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                      STAGES: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, NUM_C: gl.constexpr,
@@ -539,7 +537,7 @@ def _ws_consume_tile(q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_f
             tma.store_wait(pendings=0)  # the previous tile's O has left o_c
         o_c.store(o.to(dtype))
         fence_async_shared()
-        _tma_store(o_desc, [o_row + C * HALF_M, o_col], o_c)
+        _tma_store(o_desc, [q_row + C * HALF_M, q_col], o_c)
         lse = (m_i + gl.log2(l_i)) * 0.6931471805599453                                    # [HALF_M]
         gl.store(LSE + lse_base + offs_m, lse)
         if not PERSISTENT:
@@ -548,7 +546,7 @@ def _ws_consume_tile(q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_f
 @gluon.jit
 def _attn_fwd_sm90_ws(
     q_desc, k_desc, v_desc, o_desc, LSE,
-    q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, o_rb, o_rh, o_ch,
+    q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
     stride_lb, stride_lh,
     nheads, kv_group, seqlen_q, seqlen_k, batch_heads, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -589,14 +587,13 @@ def _attn_fwd_sm90_ws(
         o_smem = gl.allocate_shared_memory(dtype, [NUM_C, SUB_M, HEAD_DIM], o_desc.layout)
         where = (nheads, kv_group, seqlen_q, seqlen_k, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, batch_heads)
         shared = (q_smem, o_smem, k_smem, v_smem, q_bar, q_empty, k_full, v_full, k_empty, v_empty, pp_bar, o_desc,
-                  LSE, where, (o_rb, o_rh, o_ch), stride_lb, stride_lh, qk_scale)
+                  LSE, where, stride_lb, stride_lh, qk_scale)
     else:
         q_empty = q_bar  # unused: one tile per program
         where = (q_row, q_col, kv_row, kv_col, n_blocks)
         # runtime values only: a tuple does not keep constexprs constant
         shared = (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, pp_bar, o_desc, LSE,
-                  off_b * o_rb + off_h * o_rh + start_m, off_h * o_ch, lse_base, start_m, n_blocks, n_full, shift,
-                  qk_scale, seqlen_q)
+                  q_row, q_col, lse_base, start_m, n_blocks, n_full, shift, qk_scale, seqlen_q)
     if NUM_C == 2:
         gl.warp_specialize([
             (_ws_consumer, (shared, 0, SUB_M, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, PINGPONG, NUM_C, PERSISTENT)),
@@ -767,14 +764,14 @@ class _Plan(Launch):
         ws = cfg.get("WS", False)
         q_rows = q_block_rows(cfg)
         q_desc, (q_rb, q_rh, q_ch) = _desc(q, seqlen_q, nheads, q_rows)
-        o_desc, (o_rb, o_rh, o_ch) = _desc(out, seqlen_q, nheads, q_rows)
+        o_desc, _ = _desc(out, seqlen_q, nheads, q_rows)
         k_desc, (kv_rb, kv_rh, kv_ch) = _desc(k, seqlen_k, nheads_k, bn)
         v_desc, _ = _desc(v, seqlen_k, nheads_k, bn)
         self.cfg, self.key = cfg, _key(d, causal, q.dtype, cfg)
         # 3 consumers: the last block may run past Sq
         grid = (triton.cdiv(seqlen_q, bm), batch * nheads, 1)
         # the kernels' runtime arguments after (q_desc, k_desc, v_desc, o_desc, LSE), up to the scale
-        ints = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, o_rb, o_rh, o_ch, lse.stride(0), lse.stride(1),
+        ints = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, lse.stride(0), lse.stride(1),
                 nheads, nheads // nheads_k, seqlen_q, seqlen_k)
         if ws:
             ints += (batch * nheads,)
@@ -872,8 +869,8 @@ def _layout_config(q, k, v, out, lse, causal):
     views = [_view_params(t, t.shape[1], t.shape[2]) for t in (q, k, v, out)]
     if any(vw is None for vw in views):
         return None
-    # one set of offsets serves K and V; O has its own (q may be a (B, H, S, D) view, out (B, S, H, D))
-    if views[1][2:] != views[2][2:]:
+    # one set of offsets serves Q and O, one K and V
+    if views[0][2:] != views[3][2:] or views[1][2:] != views[2][2:]:
         return None
     return cfg
 
