@@ -2,6 +2,9 @@
 # 2026-12-05 late session, device call A: the O-offsets forward's GPU checks, the int-length decode
 # replays, then the host targets. Carry .abfiles (forward.py before and after 8438d0b) for the A/B.
 set -u
+# the O-offsets forward is not applied on main until it has run on a GPU: apply it here first
+[ -f tools/patches/gluon-forward-own-o-offsets.patch ] && { patch -p1 --forward < tools/patches/gluon-forward-own-o-offsets.patch > /dev/null && echo "patch applied" || echo "PATCH FAILED"; }
+cp tileflash/ops/gluon/forward.py .abfiles/forward_new.py 2>/dev/null
 export TILEFLASH_GIT=${TILEFLASH_GIT:-unknown} PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 TESTS_LIMIT=200 TESTS_ARGS="tests/test_forward_sm90.py tests/test_options.py tests/test_kvcache.py" \
   bash tools/gpu_run.sh tests host
