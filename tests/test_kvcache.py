@@ -1120,20 +1120,28 @@ def test_decode_steps_replay_their_kept_launches(paged, append, lengths):
         assert len(replays) == n, "a changed debug switch or signature must not replay"
 
 
+def _kv_fast_standins(monkeypatch, planned, replay):
+    """CPU tensors through flash_attn_with_kvcache's kept-launch tables (``_PREPARE_CPU``), empty,
+    with stand-ins for the route's ``planned_kvcache`` / ``replay_kvcache`` and the value checks off."""
+    from tileflash import interface
+    from tileflash.ops import route
+
+    monkeypatch.setattr(interface, "_PREPARE_CPU", True)
+    monkeypatch.setattr(interface, "_KV_FAST", {})
+    monkeypatch.setattr(interface, "_KV_PREPARED", {})
+    monkeypatch.delenv("TILEFLASH_CHECK_INPUTS", raising=False)
+    monkeypatch.setattr(route, "planned_kvcache", planned)
+    monkeypatch.setattr(route, "replay_kvcache", replay)
+
+
 def test_kvcache_int_length_replays_within_its_bucket(monkeypatch):
     """An int ``cache_seqlens`` keeps its launches too (``interface._KV_FAST``, with stand-ins for
     the route's kept launches on CPU tensors): the next step whose length falls in the same length
     bucket replays them with no length tensor, every entry's key count and the append position;
     a length in another bucket, a cache overflow and a negative length take the full path (which
     plans the new bucket, or raises before any write)."""
-    from tileflash import interface
-    from tileflash.ops import route
     from tileflash.ops.triton.decode import LENGTH_BUCKET
 
-    monkeypatch.setattr(interface, "_PREPARE_CPU", True)
-    monkeypatch.setattr(interface, "_KV_FAST", {})
-    monkeypatch.setattr(interface, "_KV_PREPARED", {})
-    monkeypatch.delenv("TILEFLASH_CHECK_INPUTS", raising=False)
     planned_for, replays = [], []
 
     def planned(q, k_cache, v_cache, k, v, seqlens, scale, causal, window, softcap, cbi, table, splits, leftpad, add,
@@ -1145,8 +1153,7 @@ def test_kvcache_int_length_replays_within_its_bucket(monkeypatch):
         replays.append((kept, seqlens, fixed, append_at))
         return torch.full_like(q, 7.0), None
 
-    monkeypatch.setattr(route, "planned_kvcache", planned)
-    monkeypatch.setattr(route, "replay_kvcache", replay)
+    _kv_fast_standins(monkeypatch, planned, replay)
     cap, new = 2 * LENGTH_BUCKET - 8, 2  # (a cache that ends inside the second bucket)
     g = torch.Generator().manual_seed(47)
     kc, vc = (torch.randn(B, cap, 2, D, generator=g) for _ in range(2))
@@ -1510,12 +1517,7 @@ def test_kvcache_fast_signature_replays_only_its_own(monkeypatch):
     TILEFLASH_CHECK_INPUTS=1 take the full path, whose results match the reference; so does a
     replay that declines (None)."""
     from tileflash import interface
-    from tileflash.ops import route
 
-    monkeypatch.setattr(interface, "_PREPARE_CPU", True)
-    monkeypatch.setattr(interface, "_KV_FAST", {})
-    monkeypatch.setattr(interface, "_KV_PREPARED", {})
-    monkeypatch.delenv("TILEFLASH_CHECK_INPUTS", raising=False)
     replays, declined = [], []
 
     def planned(q, k_cache, v_cache, k, v, seqlens, scale, causal, window, softcap, cbi, table, splits, leftpad, add,
@@ -1528,8 +1530,7 @@ def test_kvcache_fast_signature_replays_only_its_own(monkeypatch):
             return None
         return torch.full_like(q, 7.0), (torch.zeros(1) if need_lse else None)
 
-    monkeypatch.setattr(route, "planned_kvcache", planned)
-    monkeypatch.setattr(route, "replay_kvcache", replay)
+    _kv_fast_standins(monkeypatch, planned, replay)
     dev = "cpu"
     kc, vc, _, g = _setup(dev, 2, False, 16, seed=43)
     dt = kc.dtype

@@ -17,6 +17,7 @@ import collections
 import torch
 
 from tileflash.bench.providers import PROVIDERS
+from tileflash.ops import route
 
 import fused_ab  # tools/ is on sys.path when run as a script
 
@@ -63,8 +64,6 @@ def main():
             g = torch.Generator(device="cuda").manual_seed(n + d)
             q, k, v, dout = (torch.randn(b, n, h, d, device="cuda", dtype=dt, generator=g) for _ in range(4))
             scale = d ** -0.5
-            from tileflash.ops import route
-
             out, lse = route.forward(q, k, v, scale, False)
             flops = 4 * b * h * n * n * d * 2.5
             arms = {

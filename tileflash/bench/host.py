@@ -31,20 +31,16 @@ import time
 import torch
 import torch.nn.functional as F
 
+from tileflash.bench.providers import sdpa_backend
+
 CASES = ("fwd", "fwd+bwd", "decode", "decode+append")
 
 
-def _sdpa_ctx(backend):
-    if backend is None:
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel(getattr(SDPBackend, backend))
-
-
-def _sdpa(backend):
+def _sdpa(name):
+    """SDPA on (b, h, s, d) tensors, its backend pinned per call for the ``sdpa_*`` provider names
+    (``providers.sdpa_backend``; plain ``sdpa`` dispatches freely)."""
     def fwd(q, k, v, causal):
-        with _sdpa_ctx(backend):
+        with sdpa_backend(name):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
     return fwd
 
@@ -56,10 +52,10 @@ def _providers(device):
     # tileflash's SDPA drop-in (dense cases only), beside flash_attn_func
     prov["tf_sdpa"] = ("bhsd", lambda q, k, v, c: tileflash.scaled_dot_product_attention(
         q, k, v, is_causal=c, enable_gqa=q.shape[1] != k.shape[1]))
-    prov["sdpa"] = ("bhsd", _sdpa(None))
+    prov["sdpa"] = ("bhsd", _sdpa("sdpa"))
     if device == "cuda":
-        prov["sdpa_flash"] = ("bhsd", _sdpa("FLASH_ATTENTION"))
-        prov["sdpa_cudnn"] = ("bhsd", _sdpa("CUDNN_ATTENTION"))
+        prov["sdpa_flash"] = ("bhsd", _sdpa("sdpa_flash"))
+        prov["sdpa_cudnn"] = ("bhsd", _sdpa("sdpa_cudnn"))
         with contextlib.suppress(Exception):
             from flash_attn import flash_attn_func as fa2
 
@@ -115,8 +111,7 @@ def _decode_case(name, append, device, dtype, cache_len):
         return lambda: tileflash.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True)
     if not name.startswith("sdpa"):
         return None
-    sdpa = _sdpa(None if name == "sdpa" else {"sdpa_flash": "FLASH_ATTENTION",
-                                              "sdpa_cudnn": "CUDNN_ATTENTION"}[name])
+    sdpa = _sdpa(name)
     kc, vc = k_cache.transpose(1, 2), v_cache.transpose(1, 2)    # (b, hk, L, d) views
     qt, kt, vt = q.transpose(1, 2), kn.transpose(1, 2), vn.transpose(1, 2)
     pos = torch.tensor([used], device=device)
