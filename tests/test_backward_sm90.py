@@ -88,21 +88,42 @@ def test_ws_fused_mode_refuses_pingpong():
 
 
 @needs_gluon
-def test_ws_fused_mode_refuses_the_per_head_order():
-    """The fused mode's ordered dQ adds take their turn from the 2-D grid's program_id(1), which
-    is 0 in the 1-D PER_HEAD grid (the adds would silently lose their order): PER_HEAD with
-    WITH_DQ is refused before any launch, and the fused config keeps the 2-D grid while the
-    dK/dV-only default uses the new one. The PDL overlap is opt-in: off in every default config."""
-    q = torch.empty(1, 128, 2, 64, dtype=torch.float16)
-    lse = torch.empty(1, 2, 128)
+def test_ws_fused_mode_launches_in_either_order(monkeypatch):
+    """The fused mode (WITH_DQ) launches in the config's order: the 2-D grid (heads fastest) by
+    default, which fused_config_for keeps until the per-head order is measured there, and with
+    PER_HEAD the dK/dV-only default's 1-D grid (a head's K blocks together), PER_HEAD passed to the
+    kernel so that its dQ writer takes the ordered adds' turn from start_n // BLOCK_N, not from
+    program_id(1), which is 0 in the 1-D grid (that the order holds on a GPU:
+    test_fused_schedule_variants' "per-head" case, bit for bit). The PDL overlap is opt-in: off in
+    every default config."""
     for d, causal in ((64, False), (128, True)):
         assert gb.config_for(d, causal, 4096)["PER_HEAD"] and not gb.fused_config_for(d, causal)["PER_HEAD"]
+        assert not gb.fused_config_for(d, causal, deterministic=False)["PER_HEAD"]
         # the PDL overlap is opt-in (run 4 of session 18: within the spread; ordering not established)
         assert not gb.config_for(d, causal, 4096)["PDL_TRIGGER"] and not gb.dq_config_for(d, causal)["PDL"]
         assert not gb.fused_config_for(d, causal)["PDL_TRIGGER"]
-    cfg = dict(gb.fused_config_for(64, False), PER_HEAD=True)
-    with pytest.raises(ValueError, match="needs PER_HEAD=False"):
-        gb._launch(q, q, q, q, lse, lse, q, q, q, 0.125, False, cfg, True)
+    calls = []
+
+    class Recorder:  # stands in for the kernel: kernel[grid](*args, **constexprs)
+        def __getitem__(self, grid):
+            return lambda *args, **kw: calls.append((grid, kw))
+
+    monkeypatch.setattr(gb, "_attn_bwd_sm90_ws", Recorder())
+    do, q, k, v, _, lse = _cpu_bwd()                       # B 2, Sq 256, Sk 384, H 4, Hk 2, D 64
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    for det in (True, False):
+        for per_head in (False, True):
+            cfg = dict(gb.fused_config_for(64, False, deterministic=det), PER_HEAD=per_head)
+            gb._launch(do, q, k, v, lse, lse, dq, dk, dv, 0.125, False, cfg, det)
+            grid, kw = calls.pop()
+            assert kw["PER_HEAD"] is per_head and kw["WITH_DQ"] and kw["DETERMINISTIC"] is det
+            assert grid == ((2 * 2 * (384 // cfg["BLOCK_N"]),) if per_head else (2 * 2, 384 // cfg["BLOCK_N"]))
+    # the 8-warp kernel has the 2-D grid only and takes no PER_HEAD
+    monkeypatch.setattr(gb, "_attn_bwd_sm90", Recorder())
+    cfg = dict(gb.config_for(64, False, 4096), WS=False, WITH_DQ=True, PER_HEAD=True)
+    gb._launch(do, q, k, v, lse, lse, dq, dk, dv, 0.125, False, cfg, True)
+    grid, kw = calls.pop()
+    assert grid == (2 * 2, 384 // cfg["BLOCK_N"]) and "PER_HEAD" not in kw
 
 
 def _route_cuda_backward(do, q, k, v, out, lse, scale, causal, options=DEFAULT):
@@ -715,14 +736,15 @@ def test_lse_early_moves_loads_not_bits(case, d, causal):
                                      dict(LSE_EARLY=3), dict(DQ_ALT=True), dict(DQ_ALT=True, BLOCK_M=64),
                                      dict(DQ_ALT=True, DQ_BUFS=1, LSE_EARLY=3), dict(DQ_LATE=True),
                                      dict(DQ_LATE=True, BLOCK_M=64, LSE_EARLY=3), dict(DQ_MSPLIT=True, BLOCK_M=128),
-                                     dict(DQ_MSPLIT=True, BLOCK_M=128, LSE_EARLY=3, DQ_FIRST=True)],
+                                     dict(DQ_MSPLIT=True, BLOCK_M=128, LSE_EARLY=3, DQ_FIRST=True), dict(PER_HEAD=True)],
                          ids=["own-first", "one-slot", "dq-first-flipped", "lse-early", "lse-smem", "dq-alt",
                               "dq-alt-64", "dq-alt-one-slot-lse", "dq-late", "dq-late-64-lse", "dq-msplit",
-                              "dq-msplit-lse-first"])
+                              "dq-msplit-lse-first", "per-head"])
 @pytest.mark.parametrize("d,causal", [(64, False), (128, True)])
 def test_fused_schedule_variants(variant, d, causal):
     """The fused mode's schedule switches (fused_config_for's DQ_BUFS, DQ_FIRST, DQ_OWN_FIRST, and
-    LSE_EARLY, DQ_ALT, DQ_LATE, DQ_MSPLIT) reorder work, not arithmetic: dK and dV are the same bits as the
+    LSE_EARLY, DQ_ALT, DQ_LATE, DQ_MSPLIT, and the launch order PER_HEAD, whose ordered dQ adds
+    must keep their turn in the 1-D grid) reorder work, not arithmetic: dK and dV are the same bits as the
     default config's, and so is dQ except with DQ_OWN_FIRST (consumer 1 then adds its two key halves in
     the other order), DQ_ALT (one wgmma of N = D per key half instead of two of D / 2, and 64-row Q
     blocks change the tiles) and DQ_MSPLIT (row halves of N = D), which meet the reference rule instead
@@ -761,6 +783,21 @@ def test_fused_dq_row_split(causal, deterministic):
     do = torch.randn_like(q)
     cfg = dict(gb.fused_config_for(64, causal, deterministic=deterministic), DQ_MSPLIT=True, BLOCK_M=128)
     res, bufs = _direct(q, k, v, do, causal, cfg, deterministic=deterministic)
+    assert res is not None and res[0] is bufs[0], "the fused kernel ran (not the Triton fallback)"
+    check_cuda_grads(res, q, k, v, do, causal)
+
+
+@needs_sm90
+@pytest.mark.parametrize("d,causal", [(64, False), (64, True), (128, False), (128, True)])
+def test_fused_per_head_order_unordered(d, causal):
+    """The fused kernel in the per-head launch order (PER_HEAD) with unordered dQ sums (what
+    deterministic=False would run in that order): NaN-poisoned buffers, GQA, Sq != Sk, several
+    heads and K blocks per batch; the reference rule for every gradient. (Ordered sums in that
+    order are compared bit for bit with the 2-D grid's in test_fused_schedule_variants.)"""
+    q, k, v = make_qkv(2, 384, 512, 4, 2, d, torch.float16, "cuda", seed=41 + d + causal)
+    do = torch.randn_like(q)
+    cfg = dict(gb.fused_config_for(d, causal, deterministic=False), PER_HEAD=True)
+    res, bufs = _direct(q, k, v, do, causal, cfg, deterministic=False)
     assert res is not None and res[0] is bufs[0], "the fused kernel ran (not the Triton fallback)"
     check_cuda_grads(res, q, k, v, do, causal)
 

@@ -329,6 +329,13 @@ def main():
                                            BLOCK_M=128),
                                       lambda d_, c_, cfg_, dt_, det_=det: compile_gluon_bwd(d_, c_, cfg_, dt_,
                                                                                             deterministic=det_)))
+                # the fused kernel in the per-head launch order (PER_HEAD: a head's K blocks together;
+                # not routed to yet), unordered and ordered
+                for det in (False, True):
+                    cases.append((f"gluon-bwd-perhead D={d} causal={causal!s:<5} det={det}",
+                                  dict(GB.fused_config_for(d, causal, deterministic=det), PER_HEAD=True),
+                                  lambda d_, c_, cfg_, dt_, det_=det: compile_gluon_bwd(d_, c_, cfg_, dt_,
+                                                                                        deterministic=det_)))
                 # the dQ parts staged a block late (DQ_LATE; not routed to yet), unordered and ordered
                 for det in (False, True):
                     cases.append((f"gluon-bwd-dqlate D={d} causal={causal!s:<5} det={det}",

@@ -54,8 +54,9 @@ non-causal, 2026-12-03) the dK/dV kernel took 2114 µs against the Triton dK/dV 
 kernel 1468 against the Triton dQ kernel's 1950.
 
 Launch order. The default dK/dV grid runs a head's K/V blocks together
-(``PER_HEAD``), so that they share the head's Q and dO in L2; the fused mode keeps the 2-D grid
-with heads fastest, since its ordered dQ sums take their turn from ``program_id(1)``. An opt-in
+(``PER_HEAD``), so that they share the head's Q and dO in L2; the fused mode's config keeps the
+2-D grid with heads fastest (``PER_HEAD`` there is opt-in, not measured yet: its ordered dQ sums
+take their turn from the K block's index in either grid). An opt-in
 overlap (off by default: its A/B was within noise, and its ordering is not established): the
 dK/dV kernel lets dependents launch from its start (``PDL_TRIGGER``) and the dQ kernel is
 launched with programmatic dependent launch (``PDL`` in its config), without a
@@ -186,8 +187,7 @@ def _kv_block_coords(nheads_k, seqlen_q, seqlen_k, kv_rb, kv_rh, kv_ch, BLOCK_N:
     block n + 1 (the order the ordered dQ adds of the fused mode wait in).
     PER_HEAD: a 1-D grid of batch·kv heads · K/V blocks, K/V blocks fastest, so the programs of
     one head run together and share its Q/dO in L2 (block 0, the longest when causal, first).
-    The fused mode cannot use it: its ordered dQ adds take their turn from program_id(1),
-    which is 0 in the 1-D grid (the adds would lose their order)."""
+    (The fused mode's dQ writer takes its ordered adds' turn from start_n // BLOCK_N there.)"""
     if PER_HEAD:
         n_blocks = seqlen_k // BLOCK_N
         pid_bhk = gl.program_id(0) // n_blocks
@@ -839,7 +839,8 @@ def _bwd_ws_split_consumer(shared, split, C: gl.constexpr, BLOCK_N: gl.constexpr
 def _bwd_ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, off_b, off_hk, kv_group, lo, per_head, total,
                       seqlen_q, nheads, n_m, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                       DQ_BUFS: gl.constexpr, DETERMINISTIC: gl.constexpr, DQ_MODE: gl.constexpr,
-                      DQ_ALT: gl.constexpr = False, DQ_MSPLIT: gl.constexpr = False):
+                      DQ_ALT: gl.constexpr = False, DQ_MSPLIT: gl.constexpr = False, start_n=0,
+                      BLOCK_N: gl.constexpr = 128, PER_HEAD: gl.constexpr = False):
     """The fused mode's dQ writer (one warp). Per Q block the two consumers stage the two column
     halves of dS·K over the whole K block (_bwd_ws_consumer); this warp adds both with TMA bulk
     reductions into the fp32 (B·Sq, H·D) view behind dq_desc and frees the slots once the
@@ -849,7 +850,9 @@ def _bwd_ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, off_b, off_hk, k
     never wait on the order, only on a free staging slot (FA3's deterministic mode). DQ_MODE 1 (a
     plain TMA store) and 2 (no global write) are wrong on purpose, to time the reductions' cost.
     DQ_ALT: one consumer stages the whole [BLOCK_M, HEAD_DIM] part of a block, in slot it % DQ_BUFS.
-    DQ_MSPLIT: the two parts are row halves, [BLOCK_M / 2, HEAD_DIM] each."""
+    DQ_MSPLIT: the two parts are row halves, [BLOCK_M / 2, HEAD_DIM] each. The turn of the ordered
+    adds is the K block's index: program_id(1) in the 2-D grid, start_n // BLOCK_N in the 1-D
+    PER_HEAD grid (which launches a head's K blocks in order, block 0 first)."""
     PARTS: gl.constexpr = 1 if DQ_ALT else 2                                        # staged parts per block
     DQ_D: gl.constexpr = HEAD_DIM if DQ_MSPLIT else HEAD_DIM // PARTS                 # a part's columns
     DQ_M: gl.constexpr = BLOCK_M // 2 if DQ_MSPLIT else 0                             # a part's row offset
@@ -862,7 +865,8 @@ def _bwd_ws_dq_writer(dq_desc, dq_smem, dq_full, dq_empty, SEM, off_b, off_hk, k
             mbarrier.wait(dq_full.index(base + c), phase)
         if DETERMINISTIC:
             sem = SEM + (off_b * nheads + h) * n_m + start_m // BLOCK_M                # (b, h, Q block)
-            _dq_turn(sem, gl.program_id(1))   # K blocks 0 .. n-1 have added theirs
+            # K blocks 0 .. n - 1 (this one's index in either grid) have added theirs
+            _dq_turn(sem, start_n // BLOCK_N if PER_HEAD else gl.program_id(1))
         for c in gl.static_range(PARTS):
             if DQ_MSPLIT:
                 coord = [off_b * seqlen_q + start_m + c * DQ_M, h * HEAD_DIM]
@@ -901,13 +905,12 @@ def _attn_bwd_sm90_ws(
     DQ_MODE, DQ_ALT, DQ_LATE, DQ_MSPLIT: see _bwd_ws_consumer and the writer); otherwise dq_desc and SEM are
     unused.
     LSE_EARLY: where the consumers load the LSE/delta rows (_bwd_ws_consumer). PER_HEAD: the launch order of
-    _kv_block_coords with a head's K/V blocks together (not with WITH_DQ, whose ordered adds
-    take their turn from program_id(1)). PDL_TRIGGER: let the next kernel (the dQ kernel, if
+    _kv_block_coords with a head's K/V blocks together (with WITH_DQ, the writer's ordered adds
+    take their turn from the K block's index, start_n // BLOCK_N). PDL_TRIGGER: let the next kernel (the dQ kernel, if
     launched with PDL) be scheduled from the start (_let_dependents_launch)."""
     if PDL_TRIGGER:
         _let_dependents_launch()
     HALF_N: gl.constexpr = BLOCK_N // 2
-    gl.static_assert(not (PER_HEAD and WITH_DQ), "the fused mode's ordered dQ adds need the 2-D grid")
     off_b, off_hk, start_n, shift, kv_row, kv_col = _kv_block_coords(nheads_k, seqlen_q, seqlen_k, kv_rb, kv_rh,
                                                                      kv_ch, BLOCK_N, PER_HEAD)
     n_m, lo, mask_end, per_head, total = _q_range(start_n, shift, seqlen_q, kv_group, BLOCK_M, BLOCK_N, CAUSAL)
@@ -1002,7 +1005,7 @@ def _attn_bwd_sm90_ws(
                                 LSE_EARLY)),
             (_bwd_ws_dq_writer, (dq_desc, dq_smem, writer_bars[1], writer_bars[2], SEM, off_b, off_hk, kv_group,
                                  lo, per_head, total, seqlen_q, nheads_k * kv_group, n_m, HEAD_DIM, BLOCK_M,
-                                 DQ_BUFS, DETERMINISTIC, DQ_MODE, DQ_ALT, DQ_MSPLIT)),
+                                 DQ_BUFS, DETERMINISTIC, DQ_MODE, DQ_ALT, DQ_MSPLIT, start_n, BLOCK_N, PER_HEAD)),
         ], [4, 1, 1], [CONSUMER_REGS, 24, 24])
     else:
         gl.warp_specialize([
@@ -1286,7 +1289,7 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
       share its Q and dO in L2, instead of block n of every head before block n + 1. Means of two
       alternated rounds: 1.3–16% faster in all 20 cells of the grid (D = 64 causal 4k 1.32 against
       1.53 ms; D = 128 non-causal 1k 0.593 against 0.640 ms), the same bits. The fused mode
-      keeps the old order (:func:`backward` refuses it with PER_HEAD); the 8-warp kernel
+      keeps the old order (``PER_HEAD`` is opt-in there, not yet measured); the 8-warp kernel
       (``WS=False``) has only the old one and ignores the flag.
     * ``PDL_TRIGGER`` (off; with ``PDL`` in the dQ kernel's config, an opt-in overlap): the kernel
       lets the next one launch from its start, so that a dQ kernel launched with programmatic
@@ -1532,9 +1535,6 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
         return
     if with_dq and ws and cfg.get("PINGPONG", False):
         raise ValueError("the warp-specialized Gluon backward's fused mode (WITH_DQ) runs without PINGPONG")
-    if with_dq and ws and cfg.get("PER_HEAD", False):
-        raise ValueError("the warp-specialized Gluon backward's fused mode (WITH_DQ) needs PER_HEAD=False: its ordered "
-                         "dQ adds take their turn from the 2-D grid's program_id(1), which is 0 in the 1-D grid")
     q_desc, (q_rb, q_rh, q_ch) = _f90._desc(q, seqlen_q, nheads, bm)
     do_desc, _ = _f90._desc(dout, seqlen_q, nheads, bm)
     # the WS kernel loads K/V as the two 64-key halves of BLOCK_N
@@ -1558,7 +1558,8 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
         sem = torch.zeros((batch * nheads * (seqlen_q // bm),), dtype=torch.int32, device=q.device)
     else:
         dq_acc = sem = None  # unused (WITH_DQ is a constexpr): no allocation, no memset
-    grid = (batch * nheads_k, seqlen_k // bn)
+    per_head = ws and cfg.get("PER_HEAD", False)   # (the 8-warp kernel has the 2-D grid only)
+    grid = (batch * nheads_k * (seqlen_k // bn),) if per_head else (batch * nheads_k, seqlen_k // bn)
     if ws:
         _attn_bwd_sm90_ws[grid](
             q_desc, k_desc, v_desc, do_desc, lse, delta, dk, dv, dq_desc if with_dq else None, sem,
@@ -1572,6 +1573,7 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
             DQ_MODE=cfg.get("DQ_MODE", 0), DQ_BUFS=cfg.get("DQ_BUFS", 2), DQ_FIRST=cfg.get("DQ_FIRST", False),
             DQ_OWN_FIRST=cfg.get("DQ_OWN_FIRST", False), LSE_EARLY=cfg.get("LSE_EARLY", 0), D_OUT=_d_out(dk, d),
             DQ_ALT=cfg.get("DQ_ALT", False), DQ_LATE=cfg.get("DQ_LATE", False), DQ_MSPLIT=cfg.get("DQ_MSPLIT", False),
+            PER_HEAD=per_head,
         )
         if with_dq:  # dq = scale · dq_acc (its first dq.shape[-1] columns), cast to q's dtype in one pass
             torch.mul(dq_acc[..., :dq.shape[-1]], softmax_scale, out=dq)
