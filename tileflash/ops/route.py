@@ -446,11 +446,12 @@ def _fused_backward(width: int, head_dim: int, causal: bool, seqlen_q: int, seql
     """Whether a Gluon-eligible backward runs the fused kernel (dQ summed in the K/V loop) rather
     than the split dQ + dK/dV kernels. Always with the debug switch ``gluon_fused=1`` (ordered sums
     when ``deterministic``). Otherwise only unordered (``deterministic=False``) and only where it
-    measured faster than the split pair, with the LSE/delta rows staged in shared memory
-    (``LSE_EARLY=3``; H200, B*N = 16k, 2026-12-05, 9c63a38, ``tools/fused_ab.py``, both in one
-    process): D = 128 at 8k tokens and more, causal or not, 1.07-1.15x (fp16 and bf16; 4k:
-    1.01-1.07x, fp16 only; 1k-2k: 0.74-0.81x), and D = 64 at 16k, 1.03-1.10x (4k: 0.93-0.94x).
-    docs/perf-notes.md, "Hopper backward"."""
+    measured faster than the split pair: with the LSE/delta rows staged in shared memory
+    (``LSE_EARLY=3``) and a head's K blocks launched together (``PER_HEAD``), at 2k tokens and
+    more, D = 64 and 128, causal or not (H200, fp16, B*N = 16k, 2026-12-06, ``tools/fused_ab.py``,
+    both in one process, 3 rotated rounds: 1.03-1.11x the split pair at 2k, 1.05-1.11x at 4k,
+    1.08-1.16x at 16k; not measured below 2k, where the split pair's cached launches also cost
+    less host time). docs/perf-notes.md, "Hopper backward"."""
     if DEBUG.gluon_fused:
         return width <= 128
     # (head dims padded to 64 or 128 are not taken: measured and GPU-tested at D = 64 and 128 only. The
@@ -458,8 +459,7 @@ def _fused_backward(width: int, head_dim: int, causal: bool, seqlen_q: int, seql
     # and group. The fused kernel also holds an fp32 dQ buffer: 2x dq's own size more peak memory.)
     if deterministic or head_dim != width:
         return False
-    shortest = min(seqlen_q, seqlen_k)
-    return (width == 128 and shortest >= 8192) or (width == 64 and shortest >= 16384)
+    return width in (64, 128) and min(seqlen_q, seqlen_k) >= 2048
 
 
 def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw, config, dq, dk, dv, options,

@@ -1351,9 +1351,16 @@ def fused_config_for(head_dim: int, causal: bool, deterministic: bool = True) ->
     split pair: 377 / 395), N = 16k 406 / 426 against 334 / 348 (split 393 / 401); a 3-slot Q/dO
     ring on top was level at 16k (416 / 427) and mixed at 8k (320 / 411). Through the public API
     the gain is smaller (docs/perf-notes.md, "64-row Q blocks"): that A/B timed its arms in one
-    fixed order, which was later found to bias an arm by up to ~10%."""
+    fixed order, which was later found to bias an arm by up to ~10%. Unordered, a head's K blocks
+    are launched together (``PER_HEAD``, FA4's order), so that they share its Q, dO and fp32 dQ in
+    L2: H200, fp16, B·N = 16k, 2026-12-06, 3 rotated rounds in one process, TFLOP/s-equivalent
+    against the 2-D grid (heads fastest), N = 2k / 4k / 16k: D = 64 non-causal 380 / 408 / 435
+    against 318 / 337 / 411, causal 307 / 363 / 421 against 268 / 317 / 407; D = 128 non-causal
+    460 / 498 / 534 against 325 / 465 / 534, causal 375 / 431 / 520 against 281 / 422 / 516. The
+    ordered sums (not routed by default) keep the 2-D grid: per head they measured 151-498, not
+    compared with their 2-D grid in that run."""
     cfg = dict(config_for(head_dim, causal, 4096), STAGES=2, CARRY_DK=False, WITH_DQ=True, DQ_BUFS=2,
-               LSE_EARLY=0 if deterministic else 3, DQ_FIRST=head_dim > 64, PER_HEAD=False,
+               LSE_EARLY=0 if deterministic else 3, DQ_FIRST=head_dim > 64, PER_HEAD=not deterministic,
                PDL_TRIGGER=False)  # ordered adds: the 2-D grid
     if not deterministic and head_dim == 64 and not causal:
         cfg["BLOCK_M"] = 64  # (causal D = 64 has 64-row Q blocks already)
