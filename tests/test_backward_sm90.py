@@ -942,8 +942,9 @@ def test_lse_early_rule():
     """config_for's LSE_EARLY: the producer warp stages each Q block's LSE/delta rows in shared memory
     (3) for every warp-specialized dK/dV kernel but the split-D one (D = 256), whose consumers load
     their own; the fused mode's ordered sums keep the loads after the Q/dO wait (0), its unordered
-    sums (deterministic=False) take 3 as well, and 64-row Q blocks at D = 64 non-causal (measured
-    2026-12-05: gluon.backward's docstrings; the other cases keep the ordered kernel's tiles)."""
+    sums (deterministic=False) take 3 as well, 64-row Q blocks at D = 64 non-causal (measured
+    2026-12-05: gluon.backward's docstrings; the other cases keep the ordered kernel's tiles) and the
+    per-head launch order (PER_HEAD, measured 2026-12-06), which the ordered sums do not take."""
     for d in (64, 128):
         for c in (False, True):
             for n in (1024, 4096, 16384):
@@ -952,8 +953,8 @@ def test_lse_early_rule():
             assert ordered["LSE_EARLY"] == 0
             nd = gb.fused_config_for(d, c, deterministic=False)
             rows = 64 if d == 64 else ordered["BLOCK_M"]
-            assert nd["LSE_EARLY"] == 3 and dict(nd, LSE_EARLY=0, BLOCK_M=ordered["BLOCK_M"]) == ordered
-            assert nd["BLOCK_M"] == rows
+            assert nd["LSE_EARLY"] == 3 and dict(nd, LSE_EARLY=0, BLOCK_M=ordered["BLOCK_M"], PER_HEAD=False) == ordered
+            assert nd["BLOCK_M"] == rows and nd["PER_HEAD"] and not ordered["PER_HEAD"]
     assert gb.fused_config_for(64, False)["BLOCK_M"] == 128  # (what the 64-row change is measured against)
     assert all(gb.config_for(256, c, 4096)["LSE_EARLY"] == 0 for c in (False, True))
 

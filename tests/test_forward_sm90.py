@@ -89,7 +89,7 @@ def test_gluon_kernels_compile_for_sm90(dtype):
     padded = [ln for ln in lines if ln.startswith("ok") and "'D_OUT': 96" in ln]
     assert len([ln for ln in native if "gluon-bwd D=64" in ln or "gluon-bwd D=128" in ln]) == 16
     ws = [ln for ln in native if "gluon-bwd" in ln and "'WS': True" in ln and "'SPLIT_D'" not in ln
-          and "lse-global" not in ln and "gluon-bwd-dq" not in ln]
+          and "lse-global" not in ln and "gluon-bwd-dq" not in ln and "gluon-bwd-perhead" not in ln]
     # the opt-in dQ schedules (not routed): DQ_ALT at D = 64 with 64- and 128-row Q blocks and at D = 128
     # with 64, DQ_LATE at D 64/128, each causal or not, ordered and unordered
     alt = [ln for ln in native if "gluon-bwd-dqalt" in ln]
@@ -101,6 +101,9 @@ def test_gluon_kernels_compile_for_sm90(dtype):
     msplit = [ln for ln in native if "gluon-bwd-dqmsplit" in ln]
     assert len(msplit) == 4 and all("'DQ_MSPLIT': True" in ln and "'BLOCK_M': 128" in ln and " D=64 " in ln
                                     for ln in msplit), msplit
+    # the fused kernel's ordered sums in the per-head launch order (opt-in), D 64/128 x causal
+    perhead = [ln for ln in native if "gluon-bwd-perhead" in ln]
+    assert len(perhead) == 4 and all("'PER_HEAD': True" in ln and "'LSE_EARLY': 0" in ln for ln in perhead), perhead
     assert len([ln for ln in ws if "gluon-bwd-unordered" not in ln]) == 4
     assert all("'LSE_EARLY': 3" in ln for ln in ws)  # the producer stages the LSE/delta rows
     # the opt-in consumer loads of the LSE/delta rows: dK/dV and fused unordered, D 64/128 x causal
@@ -109,7 +112,8 @@ def test_gluon_kernels_compile_for_sm90(dtype):
     assert len([ln for ln in early if "'WITH_DQ': True" in ln]) == 4
     # the fused config that deterministic=False routes to (D 64/128, causal and not), unordered sums
     unordered = [ln for ln in native if "gluon-bwd-unordered D=" in ln]
-    assert len(unordered) == 4 and all("'WITH_DQ': True" in ln and "'LSE_EARLY': 3" in ln for ln in unordered)
+    assert len(unordered) == 4 and all("'WITH_DQ': True" in ln and "'LSE_EARLY': 3" in ln and "'PER_HEAD': True" in ln
+                                       for ln in unordered)
     # D = 256: the warp-specialized dK/dV kernel with dK's and dV's columns split between the consumers
     split = [ln for ln in native if "gluon-bwd D=256" in ln]
     assert len(split) == 2 and all("'SPLIT_D': True" in ln for ln in split), split
