@@ -54,9 +54,10 @@ non-causal, 2026-12-03) the dK/dV kernel took 2114 µs against the Triton dK/dV 
 kernel 1468 against the Triton dQ kernel's 1950.
 
 Launch order. The default dK/dV grid runs a head's K/V blocks together
-(``PER_HEAD``), so that they share the head's Q and dO in L2; the fused mode's config keeps the
-2-D grid with heads fastest (``PER_HEAD`` there is opt-in, not measured yet: its ordered dQ sums
-take their turn from the K block's index in either grid). An opt-in
+(``PER_HEAD``), so that they share the head's Q and dO in L2, and so does the fused mode with
+unordered dQ sums (FA4's order; its fp32 dQ stays in L2 too); the fused mode's ordered sums keep
+the 2-D grid with heads fastest (they take their turn from the K block's index in either grid,
+so ``PER_HEAD`` is allowed there, opt-in). An opt-in
 overlap (off by default: its A/B was within noise, and its ordering is not established): the
 dK/dV kernel lets dependents launch from its start (``PDL_TRIGGER``) and the dQ kernel is
 launched with programmatic dependent launch (``PDL`` in its config), without a
@@ -1289,7 +1290,7 @@ def config_for(head_dim: int, causal: bool, seqlen_q: int) -> dict:
       share its Q and dO in L2, instead of block n of every head before block n + 1. Means of two
       alternated rounds: 1.3–16% faster in all 20 cells of the grid (D = 64 causal 4k 1.32 against
       1.53 ms; D = 128 non-causal 1k 0.593 against 0.640 ms), the same bits. The fused mode
-      keeps the old order (``PER_HEAD`` is opt-in there, not yet measured); the 8-warp kernel
+      takes it for unordered sums only (:func:`fused_config_for`); the 8-warp kernel
       (``WS=False``) has only the old one and ignores the flag.
     * ``PDL_TRIGGER`` (off; with ``PDL`` in the dQ kernel's config, an opt-in overlap): the kernel
       lets the next one launch from its start, so that a dQ kernel launched with programmatic
