@@ -791,7 +791,8 @@ def test_fused_dq_row_split(causal, deterministic):
 @pytest.mark.parametrize("d,causal", [(64, False), (64, True), (128, False), (128, True)])
 def test_fused_per_head_order_unordered(d, causal):
     """The fused kernel in the per-head launch order (PER_HEAD) with unordered dQ sums (what
-    deterministic=False would run in that order): NaN-poisoned buffers, GQA, Sq != Sk, several
+    deterministic=False runs from 2k tokens; PER_HEAD is set here too, so that the test keeps that
+    order if the config changes): NaN-poisoned buffers, GQA, Sq != Sk, several
     heads and K blocks per batch; the reference rule for every gradient. (Ordered sums in that
     order are compared bit for bit with the 2-D grid's in test_fused_schedule_variants.)"""
     q, k, v = make_qkv(2, 384, 512, 4, 2, d, torch.float16, "cuda", seed=41 + d + causal)

@@ -25,7 +25,8 @@
 #                with DQ_MSPLIT (FA4's row split of dQ, 128-row Q blocks), alone and with DQ_FIRST, and the
 #                128-row column halves with DQ_FIRST, beside the route's config, FA4 and cuDNN
 #   perhead      the fused-mode GPU tests (the per-head launch order's included), then tools/fused_ab.py with
-#                PER_HEAD (a head's K blocks launched together) beside the route's 2-D grid, FA4 and cuDNN
+#                the route's unordered config (PER_HEAD since e00c8c0: a head's K blocks launched together)
+#                beside the same kernel in the old 2-D grid (PER_HEAD false), FA4 and cuDNN
 #   ncusrc       tools/ncu_attn.sh with NCU_SOURCE=1 on the 16k backward cases (ours and FA4's, D 64/128):
 #                where the stall samples sit, per SASS instruction (tools/ncu_source.py)
 #
@@ -138,12 +139,12 @@ for stage in "$@"; do
           --fused-cfg '{"BLOCK_M": 128, "DQ_MSPLIT": true, "DQ_FIRST": true}' \
           --fused-cfg '{"BLOCK_M": 128, "DQ_FIRST": true}' > "$OUT/msplit-ab.log" 2>&1
       echo "msplit ab rc=$?"; grep -E "N=|rc=|Error|error" "$OUT/msplit-ab.log" | tail -n 40 ;;
-    perhead)   # the fused kernel in the per-head launch order (PER_HEAD; opt-in): its GPU tests, then the A/B
+    perhead)   # the fused kernel in the per-head launch order (the unordered default): its GPU tests, then the A/B
       timeout ${TESTS_LIMIT:-150} python3 -m pytest -q -rf -n 8 -p no:cacheprovider tests/test_backward_sm90.py \
           -k "fused_schedule or either_order or per_head_order or protocol" > "$OUT/perhead-tests.log" 2>&1
       echo "perhead tests rc=$? $(tail -n 1 "$OUT/perhead-tests.log")"
       timeout ${AB_LIMIT:-400} python3 tools/fused_ab.py --dims ${AB_DIMS:-64 128} --seqlens ${AB_SEQLENS:-2048 16384} \
-          --dtypes float16 --fused-cfg '{"PER_HEAD": true}' > "$OUT/perhead-ab.log" 2>&1
+          --dtypes float16 --fused-cfg '{"PER_HEAD": false}' > "$OUT/perhead-ab.log" 2>&1
       echo "perhead ab rc=$?"; grep -E "N=|rc=|Error|error" "$OUT/perhead-ab.log" | tail -n 40 ;;
     ncusrc)
       NCU_SOURCE=1 timeout ${NCU_LIMIT:-400} bash tools/ncu_attn.sh ${NCU_CASES:-nbwd64k16 fa4bwd64k16 nbwd128k16 fa4bwd128k16} \
