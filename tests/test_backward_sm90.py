@@ -14,10 +14,12 @@ import torch
 import triton
 
 import tileflash
+from tileflash.ops import launch as launch_mod
 from tileflash.ops import route
 from tileflash.ops.triton import backward as bwd_mod
 from tileflash.ops.triton import forward as fwd_mod
 from tileflash.options import DEBUG, DEFAULT, Debug, Options
+from tileflash.ops.utils import LOG2E
 from tileflash.reference import attention_ref
 
 from helpers import HAS_CUDA, IS_SM90, _flags, backend_device, count_calls, gluon_modules, make_qkv, rounding_atol
@@ -106,23 +108,35 @@ def test_ws_fused_mode_launches_in_either_order(monkeypatch):
 
     class Recorder:  # stands in for the kernel: kernel[grid](*args, **constexprs)
         def __getitem__(self, grid):
-            return lambda *args, **kw: calls.append((grid, kw))
+            return lambda *args, **kw: calls.append((grid, kw, args))
 
     monkeypatch.setattr(gb, "_attn_bwd_sm90_ws", Recorder())
+    monkeypatch.setattr(gb, "_LAUNCHES", {})  # (launches cached here hold the recorder)
     do, q, k, v, _, lse = _cpu_bwd()                       # B 2, Sq 256, Sk 384, H 4, Hk 2, D 64
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     for det in (True, False):
         for per_head in (False, True):
             cfg = dict(gb.fused_config_for(64, False, deterministic=det), PER_HEAD=per_head)
             gb._launch(do, q, k, v, lse, lse, dq, dk, dv, 0.125, False, cfg, det)
-            grid, kw = calls.pop()
+            grid, kw, args = calls.pop()
             assert kw["PER_HEAD"] is per_head and kw["WITH_DQ"] and kw["DETERMINISTIC"] is det
-            assert grid == ((2 * 2 * (384 // cfg["BLOCK_N"]),) if per_head else (2 * 2, 384 // cfg["BLOCK_N"]))
+            n_blocks = 384 // cfg["BLOCK_N"]
+            assert grid == ((2 * 2 * n_blocks, 1, 1) if per_head else (2 * 2, n_blocks, 1))
+            # the cached launch's arguments in the kernel's order: Q, K, V, dO descriptors, LSE, DELTA,
+            # DK, DV, then the fp32 dQ sums' descriptor ((B·Sq, H·D) in column-half tiles), zeroed
+            # int32 counters (B·H·Sq/BLOCK_M), the integers and the two scales
+            assert [a.base.dtype for a in args[:4]] == [q.dtype] * 4 and args[6] is dk and args[7] is dv
+            dq_desc, sem = args[8], args[9]
+            assert dq_desc.base.dtype == torch.float32 and list(dq_desc.shape) == [2 * 256, 4 * 64]
+            assert list(dq_desc.block_shape) == [cfg["BLOCK_M"], 32] and not dq_desc.base.any()
+            assert sem.dtype == torch.int32 and sem.numel() == 2 * 4 * (256 // cfg["BLOCK_M"]) and not sem.any()
+            assert [type(x) for x in args[-2:]] == [float, float] and args[-2:] == (0.125 * LOG2E, 0.125)
+    assert len([key for key in gb._LAUNCHES if key[0] == "fused"]) == 4, "one cached launch per config"
     # the 8-warp kernel has the 2-D grid only and takes no PER_HEAD
     monkeypatch.setattr(gb, "_attn_bwd_sm90", Recorder())
     cfg = dict(gb.config_for(64, False, 4096), WS=False, WITH_DQ=True, PER_HEAD=True)
     gb._launch(do, q, k, v, lse, lse, dq, dk, dv, 0.125, False, cfg, True)
-    grid, kw = calls.pop()
+    grid, kw, _ = calls.pop()
     assert grid == (2 * 2, 384 // cfg["BLOCK_N"]) and "PER_HEAD" not in kw
 
 
@@ -358,7 +372,7 @@ def test_bwd_launches_match_the_kernel_signatures(d, causal):
     dk, dv = (torch.empty(2, 384, 2, d, dtype=torch.float16) for _ in range(2))
     cfg = gb.config_for(d, causal, q.shape[1])
     views = dict(q_rb=256, q_rh=0, q_ch=d, kv_rb=2 * 384, kv_rh=384, kv_ch=0)
-    dkdv = gb._dkdv_launch(do, q, k, v, lse, dk, dv, causal, cfg, True)
+    dkdv = gb._ws_launch(do, q, k, v, lse, dk, dv, causal, cfg, True)
     dqcfg = gb.dq_config_for(d, causal)
     launches = {"dkdv": (dkdv, ["LSE", "DELTA", "DK", "DV", "dq_desc", "SEM"],
                          dict(stride_dkb=dk.stride(0), stride_dkn=dk.stride(1), stride_dkh=dk.stride(2),
@@ -404,7 +418,7 @@ def test_bwd_launches_match_the_kernel_signatures(d, causal):
     assert launches["dq"][0].grid == (256 // dqcfg["BLOCK_M"], 2 * 4, 1)  # 64-row Q blocks at D = 256
     # the other launch order: the same arguments, a 1-D grid (or the 2-D one), PER_HEAD in the tail
     other = dict(cfg, PER_HEAD=not cfg.get("PER_HEAD", False))
-    flip = gb._dkdv_launch(do, q, k, v, lse, dk, dv, causal, other, True)
+    flip = gb._ws_launch(do, q, k, v, lse, dk, dv, causal, other, True)
     assert flip.ints == dkdv.ints
     dkdv_consts = [p.name for p in dkdv.kernel.params if p.is_constexpr]
     assert dict(zip(dkdv_consts, flip.tail))["PER_HEAD"] == other["PER_HEAD"]
@@ -618,6 +632,40 @@ def test_repeated_backward_calls_take_the_cached_launchers(monkeypatch, gluon_bw
         for grads in results[1:]:
             assert all(torch.equal(g, g0) for g, g0 in zip(grads, results[0]))
     assert len(gluon_bwd_calls) == 9 and not delta_calls
+
+
+@needs_sm90
+@pytest.mark.parametrize("d,causal", [(64, True), (128, False)])
+def test_repeated_fused_backward_replays_its_cached_launch(monkeypatch, d, causal):
+    """From 2k tokens ``deterministic=False`` runs the fused kernel, whose launch is cached per
+    layout (``ops.launch.Launch`` with the dQ descriptor at its own slot) and recorded in
+    ``route._BWD_PLANS``: the second and third calls replay it through triton's C launcher (no JIT,
+    no builder) on fresh copies of the inputs while the earlier copies stay alive, so a launch that
+    kept an earlier call's addresses (descriptors, the zeroed dQ sums and counters) would read or
+    write the wrong memory; every call meets the reference rule (GQA, NaN-free)."""
+    monkeypatch.setattr(DEBUG, "gluon_bwd", True)
+    monkeypatch.setattr(DEBUG, "gluon_fused", False)
+    monkeypatch.setattr(route, "_BWD_PLANS", {})
+    monkeypatch.setattr(gb, "_LAUNCHES", {})  # (not a launch an earlier test cached for this layout)
+    builds = count_calls(monkeypatch, gb, "_ws_launch")
+    q0, k0, v0 = make_qkv(1, 2048, 2048, 4, 2, d, torch.float16, "cuda", seed=77 + d)
+    do0 = torch.randn_like(q0)
+    scale = d ** -0.5
+    out0, lse0 = route.forward(q0, k0, v0, scale, causal)
+    launched, keep = [], []
+    for i in range(3):
+        q, k, v, do, out, lse = (t.clone() for t in (q0, k0, v0, do0, out0, lse0))
+        if i == 1:  # count the C launcher's launches from here on
+            ((_, launches),) = route._BWD_PLANS.values()
+            assert launches[0] == "fused", launches
+            runner = launches[1].runner[1]
+            assert isinstance(runner, launch_mod.DescRunner), type(runner)
+            raw = runner.raw
+            runner.raw = lambda *a: (launched.append(i), raw(*a))
+        grads = route.backward(do, q, k, v, out, lse, scale, causal)
+        check_cuda_grads(grads, q0, k0, v0, do0, causal)
+        keep.append((q, k, v, do, out, lse, grads))
+    assert len(launched) == 2 and len(builds) == 1, (launched, builds)
 
 
 @needs_sm90

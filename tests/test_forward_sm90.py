@@ -369,6 +369,75 @@ def test_launch_passes_scales_as_floats_and_keeps_the_launcher_per_device(monkey
     assert calls[-1][0] == "runner"
 
 
+def test_launch_places_descriptors_at_their_slots(monkeypatch):
+    """A kernel whose descriptors are not all first (the fused backward's dQ descriptor is its
+    ninth parameter): ``Launch(slots=...)`` and ``DescRunner`` put each descriptor, or its expanded
+    map, shape and strides, at its own position among the other arguments, on every path (the
+    JIT's first launch, the cached C launcher, triton's runner under a launch hook), and a
+    launcher whose descriptor positions are other than the slots is declined. Stand-ins for
+    triton 3.6's launcher, as in the test below; no GPU needed."""
+    from triton.backends.nvidia import driver as nv
+
+    assert launch_mod.interleave((0, 1, 4), "ABC", ("p", "q", "r", "s")) == ("A", "B", "p", "q", "C", "r", "s")
+    assert launch_mod.interleave((1,), [(7, 8)], ("p", "q"), True) == ("p", 7, 8, "q")
+    assert launch_mod.interleave(None, [(7, 8), (9,)], ("p",), True) == (7, 8, 9, "p")
+    with pytest.raises(ValueError, match="must ascend"):
+        launch_mod.Launch(object(), (1,), (type("T", (), {})(), type("T", (), {})()), 1, (), 0, {}, slots=(2, 1))
+
+    monkeypatch.setattr(nv, "make_tensordesc_arg", lambda desc, meta: [("map", desc.base.data_ptr(), meta), 64],
+                        raising=False)
+    monkeypatch.setattr(nv, "_BASE_ARGS_FORMAT", "iiiKKppOOOOOO", raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    raw, slow, jit = [], [], []
+
+    def compiled(indices):
+        launcher = type("Launcher", (), dict(global_scratch_size=0, profile_scratch_size=0, num_ctas=1,
+                                             launch_cooperative_grid=False, launch_pdl=False))()
+
+        def wrapper(launcher, tensordesc_indices, tensordesc_meta):
+            def inner(*args):
+                return launcher, tensordesc_indices, tensordesc_meta
+            return inner
+        launcher.launch = wrapper(lambda *a: raw.append(a), set(indices), ["m0", "m1"])
+        comp = type("Compiled", (), dict(run=launcher, function=99, packed_metadata="pm"))()
+        comp.__class__.__getitem__ = lambda self, grid: (lambda *a: slow.append(a))
+        return comp
+
+    assert launch_mod.DescRunner.make(compiled((0, 3)), None, (1, 1, 1), 2, (0, 2)) is None  # other positions
+    assert launch_mod.DescRunner.make(compiled((0, 3)), None, (1, 1, 1), 2) is None          # not the first two
+
+    class Kernel:  # the JIT: kernel[grid](*args, **constexprs) compiles and returns the compiled kernel
+        params = ()
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: jit.append(args) or compiled((0, 3))
+
+    desc = type("Desc", (), {})
+    templates = [desc(), desc()]
+    t0, t1 = torch.empty(8), torch.empty(8)
+    launch = launch_mod.Launch(Kernel(), (2,), templates, 2, (5,), 1, {}, slots=(0, 3))
+    launch((t0, t1), ("p", "q"), (0.5,), True)                  # the JIT: descriptors at 0 and 3
+    (args,) = jit
+    assert [a.base for a in args[:1]] == [t0] and args[1:3] == ("p", "q") and args[3].base is t1
+    assert args[4:] == (5, 0.5)
+    assert isinstance(launch.runner[1], launch_mod.DescRunner)
+    launch((t1, t0), ("p", "q"), (0.25,), True)                 # the C launcher: maps at their places
+    assert raw[-1][13:] == (("map", t1.data_ptr(), "m0"), 64, "p", "q", ("map", t0.data_ptr(), "m1"), 64, 5, 0.25)
+    launch.runner[1](*jit[0])                                   # triton's argument order, as given
+    assert raw[-1][13:] == (("map", t0.data_ptr(), "m0"), 64, "p", "q", ("map", t1.data_ptr(), "m1"), 64, 5, 0.5)
+    hook = lambda *a: None  # noqa: E731
+    triton.knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        launch((t0, t1), ("p", "q"), (0.25,), True)             # a hook: triton's runner, descriptors placed
+    finally:
+        triton.knobs.runtime.launch_enter_hook.remove(hook)
+    assert slow[-1][0].base is t0 and slow[-1][1:3] == ("p", "q") and slow[-1][3].base is t1
+    assert slow[-1][4:] == (5, 0.25) and len(jit) == 1
+    assert all(t.base is None for t in templates), "the templates must stay unbound"
+
+
 def test_desc_runner_encodes_once_per_slot_and_address_and_passes_triton_args(monkeypatch):
     """``launch.DescRunner`` against a stand-in for triton 3.6's launcher (the structure it reads: the
     wrapper closing over ``launcher``, ``tensordesc_indices`` and ``tensordesc_meta``; the GPU

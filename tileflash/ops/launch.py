@@ -60,14 +60,23 @@ class Launch:
     is not seen by that layout.
 
     ``templates`` are validated ``TensorDescriptor`` objects with ``base=None`` (a launch holds no
-    tensor); :meth:`descriptors` copies them onto the call's tensors."""
+    tensor); :meth:`descriptors` copies them onto the call's tensors. ``slots``: the descriptors'
+    positions among the runtime parameters, ascending, for a kernel whose descriptors are not all
+    first (the fused backward's dQ descriptor follows four pointers); the other runtime parameters
+    keep their order around them. Default: the first ``len(templates)``."""
 
-    __slots__ = ("kernel", "grid", "templates", "ints", "constexprs", "tail", "runner")
+    __slots__ = ("kernel", "grid", "templates", "ints", "constexprs", "tail", "runner", "slots")
 
-    def __init__(self, kernel, grid, templates, n_ptrs: int, ints: tuple, n_scales: int, constexprs: dict):
+    def __init__(self, kernel, grid, templates, n_ptrs: int, ints: tuple, n_scales: int, constexprs: dict,
+                 slots: tuple | None = None):
         for t in templates:
             t.base = None
         self.kernel, self.templates, self.ints, self.constexprs = kernel, tuple(templates), ints, constexprs
+        slots = tuple(range(len(templates))) if slots is None else tuple(slots)
+        if len(slots) != len(templates) or list(slots) != sorted(set(slots)) or (slots and slots[0] < 0):
+            raise ValueError(f"Launch: descriptor slots {slots} for {len(templates)} descriptors must ascend")
+        # None where the descriptors come first (the common case: no interleaving per call)
+        self.slots = None if slots == tuple(range(len(templates))) else slots
         self.grid = tuple(grid) + (1,) * (3 - len(grid))  # CompiledKernel[grid] indexes all three
         # the constexpr parameters in the kernel's order (defaults included): the compiled kernel's
         # launcher takes every parameter positionally and skips the constexprs
@@ -99,16 +108,38 @@ class Launch:
             if runner[1].__class__ is DescRunner:  # no descriptor objects unless it needs them
                 runner[1].call_tensors(self.templates, tensors, (*rest, *self.tail))
             else:
-                runner[1](*self.descriptors(*tensors), *rest, *self.tail)
+                runner[1](*interleave(self.slots, self.descriptors(*tensors), rest), *self.tail)
             return
-        args = (*self.descriptors(*tensors), *rest)
+        args = interleave(self.slots, self.descriptors(*tensors), rest)
         kernel = self.kernel[self.grid](*args, **self.constexprs)
         if hasattr(kernel, "result"):  # triton's asynchronous compile mode hands back a future
             kernel = kernel.result()
         if cacheable and hasattr(kernel, "__getitem__"):
             runner = kernel[self.grid]  # (this also loads the kernel's handles, which DescRunner reads)
             self.runner = (torch.cuda.current_device(),
-                           DescRunner.make(kernel, runner, self.grid, len(self.templates)) or runner)
+                           DescRunner.make(kernel, runner, self.grid, len(self.templates), self.slots) or runner)
+
+
+def interleave(slots, items, rest, flat: bool = False) -> tuple:
+    """``rest`` with ``items[i]`` at position ``slots[i]`` of the result (positions counted with one
+    entry per item; ``slots`` ascending), or ``(*items, *rest)`` where ``slots`` is None (the items
+    first). ``flat``: each item is a sequence whose entries are spliced in at its position (a
+    descriptor expanded into triton's map, shape and strides)."""
+    if slots is None:
+        if flat:
+            return (*[x for item in items for x in item], *rest)
+        return (*items, *rest)
+    out, r = [], 0
+    for j, (s, item) in enumerate(zip(slots, items)):
+        n = s - j - r  # the other arguments before this item that are not placed yet
+        out += rest[r:r + n]
+        r += n
+        if flat:
+            out += item
+        else:
+            out.append(item)
+    out += rest[r:]
+    return tuple(out)
 
 
 class DescRunner:
@@ -134,14 +165,15 @@ class DescRunner:
 
     MAX_PER_SLOT = 64
     __slots__ = ("fallback", "raw", "metas", "encode", "maps", "grid", "function", "packed", "coop", "pdl",
-                 "n_desc", "device")
+                 "n_desc", "device", "slots")
 
     @classmethod
-    def make(cls, compiled, fallback, grid, n_desc):
+    def make(cls, compiled, fallback, grid, n_desc, slots=None):
         """The runner of `compiled` (a loaded ``CompiledKernel``) for a 3-D `grid` whose first
         `n_desc` arguments are tensor descriptors (0: none; the runner then only skips the Python
         layers of triton's runner), or None; `fallback` is triton's runner (``compiled[grid]``),
-        used whenever a launch hook is set."""
+        used whenever a launch hook is set. ``slots``: the descriptors' argument positions where
+        they are not the first `n_desc` (:class:`Launch`'s ``slots``; None: the first)."""
         try:
             from triton.backends.nvidia import driver as nv_driver
 
@@ -158,7 +190,7 @@ class DescRunner:
                     return None
                 cells = dict(zip(names, (c.cell_contents for c in inner.__closure__)))
                 metas, indices, raw = cells["tensordesc_meta"], cells["tensordesc_indices"], cells["launcher"]
-                if (sorted(indices) != list(range(n_desc)) or len(metas) != n_desc or any(m is None for m in metas)
+                if (sorted(indices) != list(range(n_desc) if slots is None else slots) or len(metas) != n_desc or any(m is None for m in metas)
                         or len(inspect.signature(nv_driver.make_tensordesc_arg).parameters) != 2):
                     return None
             # triton 3.6's C launcher: grid x/y/z, stream, function, cooperative, pdl, two scratch
@@ -173,18 +205,23 @@ class DescRunner:
             self.grid, self.function, self.packed = grid, compiled.function, compiled.packed_metadata
             self.coop, self.pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
             self.n_desc, self.device = n_desc, torch.cuda.current_device()
+            self.slots = None if slots is None or tuple(slots) == tuple(range(n_desc)) else tuple(slots)
             return self
         except Exception:  # noqa: BLE001 -- another triton: keep its own runner
             return None
 
     def __call__(self, *args):
-        """Launch with triton's arguments: the descriptors, then everything after them."""
-        n = self.n_desc
-        return self._launch(tuple(d.base for d in args[:n]), args.__getitem__, args[n:])
+        """Launch with triton's arguments (the descriptors at their slots among the others)."""
+        n, slots = self.n_desc, self.slots
+        if slots is None:
+            return self._launch(tuple(d.base for d in args[:n]), args.__getitem__, args[n:])
+        descs = tuple(args[s] for s in slots)
+        rest = tuple(a for i, a in enumerate(args) if i not in slots)
+        return self._launch(tuple(d.base for d in descs), descs.__getitem__, rest)
 
     def call_tensors(self, templates, tensors, rest):
         """Launch with the descriptors' tensors instead of descriptors (each with the layout of its
-        template in `templates`) and `rest`, the arguments after the descriptors: a descriptor
+        template in `templates`) and `rest`, the other arguments in order: a descriptor
         object is made only to encode an address not seen before, or for triton's runner."""
         return self._launch(tensors, lambda i: rebase(templates[i], tensors[i]), rest)
 
@@ -193,8 +230,8 @@ class DescRunner:
         knobs = triton.knobs.runtime  # hooks: None or a HookChain (triton 3.6), empty unless a profiler set one
         enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook
         if getattr(enter, "calls", enter) or getattr(leave, "calls", leave) or not DEBUG.desc_cache:
-            return self.fallback(*(descriptor(i) for i in range(self.n_desc)), *rest)
-        expanded = []
+            return self.fallback(*interleave(self.slots, [descriptor(i) for i in range(self.n_desc)], rest))
+        expanded, slots = [], self.slots
         for i, (t, maps, meta) in enumerate(zip(tensors, self.maps, self.metas)):
             addr = t.data_ptr()
             m = maps.get(addr)
@@ -202,7 +239,12 @@ class DescRunner:
                 if len(maps) >= self.MAX_PER_SLOT:
                     maps.clear()
                 m = maps[addr] = tuple(self.encode(descriptor(i), meta))
-            expanded += m
+            if slots is None:
+                expanded += m
+            else:
+                expanded.append(m)
+        if slots is not None:  # (descriptors among the other arguments: placed, each expanded)
+            expanded, rest = interleave(slots, expanded, rest, True), ()
         g = self.grid
         self.raw(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(self.device), self.function, self.coop,
                  self.pdl, None, None, self.packed, None, None, None, *expanded, *rest)

@@ -386,8 +386,8 @@ def backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, causal
                               options, deterministic, key)
 
 
-# layout and arguments of a common backward call -> (Gluon backward module, the two launches its
-# default route made: dQ computing delta, then dK/dV), replayed by gluon.backward.replay_default
+# layout and arguments of a common backward call -> (Gluon backward module, the launches its default
+# route made: dQ computing delta, then dK/dV; or the fused kernel's), replayed by gluon.backward.replay_default
 _BWD_PLANS: dict = {}
 
 
@@ -439,6 +439,15 @@ def replay_backward(kept, dout, q, k, v, out, lse, softmax_scale: float, determi
             or not aligned(q, k, v, dout)):
         return None
     return gb.replay_default(launches, dout, q, k, v, out, lse, softmax_scale)
+
+
+def _keep_bwd_plan(key, gb, launches):
+    """Record a common backward's launches (``gb.default_launches`` or ``gb.fused_launches``; None:
+    nothing to keep) under its ``_BWD_PLANS`` key."""
+    if launches is not None:
+        if len(_BWD_PLANS) >= _PLANS_MAX:
+            _BWD_PLANS.clear()
+        _BWD_PLANS[key] = (gb, launches)
 
 
 def _fused_backward(width: int, head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int,
@@ -499,9 +508,14 @@ def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift,
         g_in = (dout, q, k, v) if width == head_dim else tuple(tr_fwd.pad_head_dim(t, width) for t in (dout, q, k, v))
         if _fused_backward(width, head_dim, causal, seqlen_q, seqlen_k, deterministic) and dq.stride(-1) == 1:
             delta = tr_bwd.compute_delta(out, dout, lse, varlen, nheads, head_dim)
-            if gb.backward(*g_in, lse, delta, dq, dk, dv, softmax_scale, causal,
-                           gb.fused_config_for(width, causal, deterministic), deterministic=deterministic) is not None:
-                return dq, dk, dv  # fused: one Gluon kernel wrote dQ, dK and dV
+            fcfg = gb.fused_config_for(width, causal, deterministic)
+            if gb.backward(*g_in, lse, delta, dq, dk, dv, softmax_scale, causal, fcfg,
+                           deterministic=deterministic) is not None:
+                # fused: one Gluon kernel wrote dQ, dK and dV (kept for a replay as below)
+                if plan_key is not None and width == head_dim and lse is lse_in and dout is dout_in:
+                    _keep_bwd_plan(plan_key, gb, gb.fused_launches(dout, q, k, v, lse, delta, dk, dv, causal, fcfg,
+                                                                   deterministic))
+                return dq, dk, dv
         # dQ by the Gluon dQ kernel (None: it did not compile, the Triton dQ kernel runs). By default
         # it runs first and computes delta itself, which the dK/dV kernel then reads: no delta kernel.
         dq_gluon = DEBUG.gluon_dq and gb.dq_supported(g_in[1], g_in[2], dq, causal)
@@ -525,11 +539,7 @@ def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift,
         if gluon_done and dq_done:
             # (recorded only where the launches ran on the caller's own dO and LSE, as a replay passes them)
             if plan_key is not None and dq_first and width == head_dim and lse is lse_in and dout is dout_in:
-                launches = gb.default_launches(dout, q, k, v, lse, delta, dq, dk, dv, causal, out)
-                if launches is not None:
-                    if len(_BWD_PLANS) >= _PLANS_MAX:
-                        _BWD_PLANS.clear()
-                    _BWD_PLANS[plan_key] = (gb, launches)
+                _keep_bwd_plan(plan_key, gb, gb.default_launches(dout, q, k, v, lse, delta, dq, dk, dv, causal, out))
             return dq, dk, dv
     if options.backend == "gluon" and not (gluon_done and (dq_done or not DEBUG.gluon_dq)):
         _gluon_refused("backward", "its scope is dense fp16/bf16 on sm90, head dim 64-256, no window/softcap/ALiBi/"

@@ -108,6 +108,7 @@ import torch
 
 from tileflash.ops.gluon import forward as _f90
 from tileflash.ops.launch import Launch, aligned, launch_or_fall_back
+from tileflash.ops.triton.backward import compute_delta as _compute_delta
 from tileflash.options import DEBUG
 from tileflash.ops.utils import GRID_YZ_MAX, LOG2E
 
@@ -1494,9 +1495,30 @@ def _d_out(grad, d: int) -> int:
 
 
 def _run_dkdv(launch, dout, q, k, v, lse, delta, dk, dv, softmax_scale):
-    """One launch of the cached dK/dV kernel (:func:`_dkdv_launch`'s argument layout)."""
+    """One launch of the cached dK/dV kernel (:func:`_ws_launch`'s argument layout)."""
     launch((q, k, v, dout), (lse, delta, dk, dv, None, None), (softmax_scale * LOG2E, softmax_scale),
            aligned(lse, delta, dk, dv))
+
+
+def _fused_buffers(q, bm: int):
+    """The fused mode's zeroed fp32 dQ accumulator, (B, Sq, H, D) in q's order, and its int32
+    counters (one per (b, h, Q block), ordering the sums), in one allocation and one memset:
+    (dq_acc, sem)."""
+    batch, seqlen_q, nheads, d = q.shape
+    n_acc = batch * seqlen_q * nheads * d
+    buf = torch.zeros(n_acc + batch * nheads * (seqlen_q // bm), dtype=torch.int32, device=q.device)
+    # (the counters start n_acc · 4 bytes in: 16-byte aligned, as d is a multiple of 64)
+    return buf[:n_acc].view(torch.float32).view(batch, seqlen_q, nheads, d), buf[n_acc:]
+
+
+def _run_fused(launch, dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, bufs):
+    """One launch of the cached fused kernel (:func:`_ws_launch` with ``dq_acc``) on the buffers
+    of :func:`_fused_buffers`, then dq = scale · dQ's fp32 sums (its first dq.shape[-1] columns),
+    cast to dq's dtype in one pass."""
+    dq_acc, sem = bufs
+    launch((q, k, v, dout, dq_acc), (lse, delta, dk, dv, sem), (softmax_scale * LOG2E, softmax_scale),
+           aligned(lse, delta, dk, dv))
+    torch.mul(dq_acc if dq.shape[-1] == dq_acc.shape[-1] else dq_acc[..., :dq.shape[-1]], softmax_scale, out=dq)
 
 
 def _run_dq(launch, dout, q, k, v, lse, delta, dq, o, softmax_scale):
@@ -1505,10 +1527,14 @@ def _run_dq(launch, dout, q, k, v, lse, delta, dq, o, softmax_scale):
     launch((q, k, v, dout), (lse, delta, dq, o), (softmax_scale * LOG2E, softmax_scale), aligned(lse, delta, dq, o))
 
 
-def _dkdv_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic):
-    """The warp-specialized dK/dV kernel's launch (``WS=True``, ``WITH_DQ=False``) for this layout:
-    descriptors Q, K, V, dO; pointers LSE, DELTA, DK, DV and the unused dq_desc and SEM; then the
-    integer arguments and the two scales."""
+def _ws_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic, dq_acc=None):
+    """The warp-specialized kernel's launch (``WS=True``) for this layout: descriptors Q, K, V, dO;
+    pointers LSE, DELTA, DK, DV; then dq_desc and SEM; then the integer arguments and the two
+    scales. Without ``dq_acc``, the dK/dV kernel (``WITH_DQ=False``: dq_desc and SEM unused, passed
+    as None pointers). With it (the fused mode's fp32 accumulator, :func:`_fused_buffers`), dQ
+    too: dq_desc is a fifth descriptor, over dq_acc's (B·Sq, H·D) view in [BLOCK_M, D / 2] tiles
+    (one column half per consumer; ``DQ_ALT``: whole rows; ``DQ_MSPLIT``: half the rows), summed
+    into by TMA reductions, and SEM the counters that order the sums."""
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
@@ -1521,14 +1547,27 @@ def _dkdv_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic):
     ints = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, lse.stride(0), lse.stride(1),
             dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
             nheads_k, nheads // nheads_k, seqlen_q, seqlen_k)
+    with_dq = dq_acc is not None
     constexprs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
                       CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True),
-                      PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=False, DETERMINISTIC=deterministic,
+                      PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=with_dq, DETERMINISTIC=deterministic,
                       DQ_MODE=cfg.get("DQ_MODE", 0), PER_HEAD=cfg.get("PER_HEAD", False),
                       PDL_TRIGGER=cfg.get("PDL_TRIGGER", False), LSE_EARLY=cfg.get("LSE_EARLY", 0),
                       D_OUT=_d_out(dk, d), SPLIT_D=split)
     grid = (batch * nheads_k * (seqlen_k // bn),) if cfg.get("PER_HEAD", False) else (batch * nheads_k, seqlen_k // bn)
-    return Launch(_attn_bwd_sm90_ws, grid, (q_desc, k_desc, v_desc, do_desc), 6, ints, 2, constexprs)
+    if not with_dq:
+        return Launch(_attn_bwd_sm90_ws, grid, (q_desc, k_desc, v_desc, do_desc), 6, ints, 2, constexprs)
+    dq_view = dq_acc.view(batch * seqlen_q, nheads * d)
+    msplit = cfg.get("DQ_MSPLIT", False)
+    dq_m, dq_d = (bm // 2, d) if msplit else (bm, d if cfg.get("DQ_ALT", False) else d // 2)
+    dq_desc = _f90.TensorDescriptor(dq_view, list(dq_view.shape), [nheads * d, 1], [dq_m, dq_d],
+                                    gl.NVMMASharedLayout.get_default_for([dq_m, dq_d], gl.float32))
+    constexprs.update(DQ_BUFS=cfg.get("DQ_BUFS", 2), DQ_FIRST=cfg.get("DQ_FIRST", False),
+                      DQ_OWN_FIRST=cfg.get("DQ_OWN_FIRST", False), DQ_ALT=cfg.get("DQ_ALT", False),
+                      DQ_LATE=cfg.get("DQ_LATE", False), DQ_MSPLIT=msplit)
+    # (dq_desc is the kernel's ninth parameter: after the four descriptors and four pointers)
+    return Launch(_attn_bwd_sm90_ws, grid, (q_desc, k_desc, v_desc, do_desc, dq_desc), 5, ints, 2, constexprs,
+                  slots=(0, 1, 2, 3, 8))
 
 
 def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, deterministic):
@@ -1536,56 +1575,34 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     with_dq, ws = cfg.get("WITH_DQ", False), cfg.get("WS", False)
+    modes = (bool(causal), bool(deterministic))
     if ws and not with_dq:  # the default: a launch cached per layout (host time; docs/perf-notes.md, "Host path")
-        launch = _cached_launch("dkdv", lambda: _dkdv_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic),
-                                (dout, q, k, v, lse, dk, dv, delta), (bool(causal), bool(deterministic)), cfg)
+        launch = _cached_launch("dkdv", lambda: _ws_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic),
+                                (dout, q, k, v, lse, dk, dv, delta), modes, cfg)
         _run_dkdv(launch, dout, q, k, v, lse, delta, dk, dv, softmax_scale)
         return
     if with_dq and ws and cfg.get("PINGPONG", False):
         raise ValueError("the warp-specialized Gluon backward's fused mode (WITH_DQ) runs without PINGPONG")
+    if with_dq and ws:
+        # the fused mode: a launch cached per layout too, on fresh zeroed fp32 sums and counters
+        bufs = _fused_buffers(q, bm)
+        launch = _cached_launch("fused", lambda: _ws_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic,
+                                                            dq_acc=bufs[0]),
+                                (dout, q, k, v, lse, dk, dv, delta), modes, cfg)
+        _run_fused(launch, dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, bufs)
+        return
+    # the 8-warp kernel (``WS=False``; not routed by default): launched through triton's JIT
     q_desc, (q_rb, q_rh, q_ch) = _f90._desc(q, seqlen_q, nheads, bm)
     do_desc, _ = _f90._desc(dout, seqlen_q, nheads, bm)
-    # the WS kernel loads K/V as the two 64-key halves of BLOCK_N
-    k_desc, (kv_rb, kv_rh, kv_ch) = _f90._desc(k, seqlen_k, nheads_k, bn // 2 if ws else bn)
-    v_desc, _ = _f90._desc(v, seqlen_k, nheads_k, bn // 2 if ws else bn)
-    if with_dq and ws:
-        # fp32 dQ in q's (B, Sq, H, D) order, summed over K blocks by TMA reductions of
-        # [bm, d / 2] tiles (one column half per consumer) of its (B·Sq, H·D) view; one counter
-        # per (b, h, Q block) orders the sums
-        dq_acc = torch.zeros((batch, seqlen_q, nheads, d), dtype=torch.float32, device=q.device)
-        sem = torch.zeros((batch * nheads * (seqlen_q // bm),), dtype=torch.int32, device=q.device)
-        dq_view = dq_acc.view(batch * seqlen_q, nheads * d)
-        # each consumer's part of a block's dQ: a column half (DQ_ALT: all of it; DQ_MSPLIT: a row half)
-        msplit = cfg.get("DQ_MSPLIT", False)
-        dq_m, dq_d = (bm // 2, d) if msplit else (bm, d if cfg.get("DQ_ALT", False) else d // 2)
-        dq_desc = _f90.TensorDescriptor(dq_view, list(dq_view.shape), [nheads * d, 1], [dq_m, dq_d],
-                                        gl.NVMMASharedLayout.get_default_for([dq_m, dq_d], gl.float32))
-    elif with_dq:
+    k_desc, (kv_rb, kv_rh, kv_ch) = _f90._desc(k, seqlen_k, nheads_k, bn)
+    v_desc, _ = _f90._desc(v, seqlen_k, nheads_k, bn)
+    if with_dq:
         # fp32 dQ, (B·H, Sq, D), summed over K blocks; one counter per (b, h, Q block) orders the sums
         dq_acc = torch.zeros((batch * nheads, seqlen_q, d), dtype=torch.float32, device=q.device)
         sem = torch.zeros((batch * nheads * (seqlen_q // bm),), dtype=torch.int32, device=q.device)
     else:
         dq_acc = sem = None  # unused (WITH_DQ is a constexpr): no allocation, no memset
-    per_head = ws and cfg.get("PER_HEAD", False)   # (the 8-warp kernel has the 2-D grid only)
-    grid = (batch * nheads_k * (seqlen_k // bn),) if per_head else (batch * nheads_k, seqlen_k // bn)
-    if ws:
-        _attn_bwd_sm90_ws[grid](
-            q_desc, k_desc, v_desc, do_desc, lse, delta, dk, dv, dq_desc if with_dq else None, sem,
-            q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
-            lse.stride(0), lse.stride(1),
-            dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-            nheads_k, nheads // nheads_k, seqlen_q, seqlen_k, softmax_scale * LOG2E, softmax_scale,
-            HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=cfg["STAGES"], CAUSAL=causal,
-            CONSUMER_REGS=cfg.get("CONSUMER_REGS", 240), num_warps=4, CARRY_DK=cfg.get("CARRY_DK", True),
-            PINGPONG=cfg.get("PINGPONG", False), WITH_DQ=with_dq, DETERMINISTIC=deterministic,
-            DQ_MODE=cfg.get("DQ_MODE", 0), DQ_BUFS=cfg.get("DQ_BUFS", 2), DQ_FIRST=cfg.get("DQ_FIRST", False),
-            DQ_OWN_FIRST=cfg.get("DQ_OWN_FIRST", False), LSE_EARLY=cfg.get("LSE_EARLY", 0), D_OUT=_d_out(dk, d),
-            DQ_ALT=cfg.get("DQ_ALT", False), DQ_LATE=cfg.get("DQ_LATE", False), DQ_MSPLIT=cfg.get("DQ_MSPLIT", False),
-            PER_HEAD=per_head,
-        )
-        if with_dq:  # dq = scale · dq_acc (its first dq.shape[-1] columns), cast to q's dtype in one pass
-            torch.mul(dq_acc[..., :dq.shape[-1]], softmax_scale, out=dq)
-        return
+    grid = (batch * nheads_k, seqlen_k // bn)   # (the 8-warp kernel has the 2-D grid only)
     _attn_bwd_sm90[grid](
         q_desc, k_desc, v_desc, do_desc, lse, delta, dq_acc, sem, dk, dv,
         q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch,
@@ -1734,19 +1751,42 @@ def default_launches(dout, q, k, v, lse, delta, dq, dk, dv, causal: bool, out):
         return None
     dq_launch = _cached_launch("dq", lambda: _dq_launch(dout, q, k, v, lse, dq, causal, dcfg, out),
                                (dout, q, k, v, lse, dq, delta, out), (bool(causal), True), dcfg)
-    dkdv_launch = _cached_launch("dkdv", lambda: _dkdv_launch(dout, q, k, v, lse, dk, dv, causal, cfg, True),
+    dkdv_launch = _cached_launch("dkdv", lambda: _ws_launch(dout, q, k, v, lse, dk, dv, causal, cfg, True),
                                  (dout, q, k, v, lse, dk, dv, delta), (bool(causal), True), cfg)
     return dq_launch, dkdv_launch
 
 
+def fused_launches(dout, q, k, v, lse, delta, dk, dv, causal: bool, cfg: dict, deterministic: bool):
+    """The cached launch of the fused backward of this layout and config (``cfg``:
+    :func:`fused_config_for`'s, with ``WS``), as :func:`backward` made it, for
+    :func:`replay_default`: ``("fused", launch, BLOCK_M)``, or None where it is not the
+    warp-specialized fused mode or its configuration failed to compile."""
+    if not (cfg.get("WS", False) and cfg.get("WITH_DQ", False)) or cfg.get("PINGPONG", False):
+        return None
+    if _f90._key(q.shape[-1], causal, q.dtype, cfg) in _BROKEN:
+        return None
+    bm = cfg["BLOCK_M"]
+    launch = _cached_launch("fused", lambda: _ws_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic,
+                                                        dq_acc=_fused_buffers(q, bm)[0]),
+                            (dout, q, k, v, lse, dk, dv, delta), (bool(causal), bool(deterministic)), cfg)
+    return "fused", launch, bm
+
+
 def replay_default(launches, dout, q, k, v, out, lse, softmax_scale):
-    """The default backward of a layout whose launches :func:`default_launches` returned, on new
-    tensors of that layout: allocations, the dQ kernel (computing delta), the dK/dV kernel."""
-    dq_launch, dkdv_launch = launches
+    """The default backward of a layout whose launches :func:`default_launches` (the split pair) or
+    :func:`fused_launches` (the fused kernel) returned, on new tensors of that layout: allocations,
+    then the dQ kernel (computing delta) and the dK/dV kernel, or the delta kernel and the fused
+    kernel."""
     # (sizes unpacked: torch parses ints faster than a torch.Size, host time per call)
     dq = torch.empty(*q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(*k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(*v.shape, dtype=v.dtype, device=v.device)
+    if launches[0] == "fused":
+        _, launch, bm = launches
+        delta = _compute_delta(out, dout, lse, False, q.shape[2], q.shape[3])
+        _run_fused(launch, dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, _fused_buffers(q, bm))
+        return dq, dk, dv
+    dq_launch, dkdv_launch = launches
     delta = torch.empty(*lse.shape, dtype=torch.float32, device=q.device)
     _run_dq(dq_launch, dout, q, k, v, lse, delta, dq, out, softmax_scale)
     _run_dkdv(dkdv_launch, dout, q, k, v, lse, delta, dk, dv, softmax_scale)
