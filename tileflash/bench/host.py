@@ -9,7 +9,9 @@ times ``--calls`` calls issued back to back and synchronises once at the end:
 
 Cases (flash-attn / issue-tracker shapes): forward and forward+backward at B=1 N=128 H=16/8 D=128
 causal; ``flash_attn_with_kvcache`` at B=1, cache length L=8k, one query token, read-only and with
-one new k/v token appended. Providers: tileflash, torch SDPA with its default backend choice and
+one new k/v token appended. On a GPU also ``fwd+bwd@2k``: forward+backward at N=2048 (the same
+heads), where ``deterministic=False`` runs the fused backward kernel (a short-sequence training
+step, whose kernels take about as long as the host path; not timed on CPU, where it is compute). Providers: tileflash, torch SDPA with its default backend choice and
 with the flash / cuDNN backends forced, flash-attn 2 and FA4 (``flash_attn.cute``) where they import;
 ``tf_sdpa`` is ``tileflash.scaled_dot_product_attention`` (forward and forward+backward only).
 SDPA's decode step is a slice of the cache (read-only) or ``index_copy_`` of the new token at a
@@ -33,7 +35,8 @@ import torch.nn.functional as F
 
 from tileflash.bench.providers import sdpa_backend
 
-CASES = ("fwd", "fwd+bwd", "decode", "decode+append")
+CASES = ("fwd", "fwd+bwd", "fwd+bwd@2k", "decode", "decode+append")
+CPU_CASES = tuple(c for c in CASES if "@" not in c)  # (@2k on the tiled CPU path is compute, not host time)
 
 
 def _sdpa(name):
@@ -79,9 +82,9 @@ def _round(fn, calls, sync):
 
 
 def _dense_case(mode, layout, fn, device, dtype):
-    b, n, h, hk, d = 1, 128, 16, 8, 128
+    b, n, h, hk, d = 1, 2048 if mode.endswith("@2k") else 128, 16, 8, 128
     shape = (lambda heads: (b, n, heads, d)) if layout == "bshd" else (lambda heads: (b, heads, n, d))
-    grad = mode == "fwd+bwd"
+    grad = mode.startswith("fwd+bwd")
     q, k, v = (torch.randn(shape(x), device=device, dtype=dtype, requires_grad=grad) for x in (h, hk, hk))
     if not grad:
         return lambda: fn(q, k, v, True)
@@ -200,12 +203,13 @@ def run(args) -> int:
     profile = [] if args.profile else None
     ctx = tiled_cpu_path() if device == "cpu" else contextlib.nullcontext()
     with ctx:
-        rows = measure(device, dtype, calls, cache_len, profile=profile)
+        rows = measure(device, dtype, calls, cache_len, cases=CASES if device == "cuda" else CPU_CASES,
+                       profile=profile)
     env = environment(device)
     print(format_rows(rows))
     print(f"us/call: {calls} calls back to back, then one sync (median of 5 rounds, the providers taking turns); "
           f"issue us: until the last call "
-          f"returned. B=1 N=128 H=16/8 D=128 causal; decode B=1 L={cache_len} H=16/8 D=128, {dtype}. "
+          f"returned. B=1 N=128 (@2k: 2048) H=16/8 D=128 causal; decode B=1 L={cache_len} H=16/8 D=128, {dtype}. "
           f"{env['device_name']}, torch {env['torch']}, triton {env['triton']}, {env['date']}, git {env['git']}")
     if profile is not None:
         with open(args.profile, "w") as f:
