@@ -459,8 +459,8 @@ def _fused_backward(width: int, head_dim: int, causal: bool, seqlen_q: int, seql
     (``LSE_EARLY=3``) and a head's K blocks launched together (``PER_HEAD``), at 2k tokens and
     more, D = 64 and 128, causal or not (H200, fp16, B*N = 16k, 2026-12-06, ``tools/fused_ab.py``,
     both in one process, 3 rotated rounds: 1.03-1.11x the split pair at 2k, 1.05-1.11x at 4k,
-    1.08-1.16x at 16k; not measured below 2k, where the split pair's cached launches also cost
-    less host time). docs/perf-notes.md, "Hopper backward"."""
+    1.08-1.16x at 16k; not measured below 2k). Both designs launch through cached launches and are
+    replayed per layout (``_BWD_PLANS``). docs/perf-notes.md, "Hopper backward"."""
     if DEBUG.gluon_fused:
         return width <= 128
     # (head dims padded to 64 or 128 are not taken: measured and GPU-tested at D = 64 and 128 only. The
