@@ -395,12 +395,25 @@ def test_bwd_launches_match_the_kernel_signatures(d, causal):
                       dict(BLOCK_M=dqcfg["BLOCK_M"], BLOCK_N=dqcfg["BLOCK_N"], STAGES=dqcfg["STAGES"],
                            CONSUMER_REGS=240, SPLIT_D=d == 256, FUSE_DELTA=fuse))
     assert fuse == (d != 256)  # SPLIT_D keeps the delta kernel
+    fused = None
+    if d != 256:  # the fused kernel (deterministic=False's route from 2k): dq_desc is its ninth parameter
+        fcfg = gb.fused_config_for(d, causal, deterministic=False)
+        fused = gb._ws_launch(do, q, k, v, lse, dk, dv, causal, fcfg, False,
+                              dq_acc=torch.empty(q.shape, dtype=torch.float32))
+        launches["fused"] = (fused, ["LSE", "DELTA", "DK", "DV", "dq_desc", "SEM"], launches["dkdv"][2],
+                             dict(BLOCK_M=fcfg["BLOCK_M"], BLOCK_N=fcfg["BLOCK_N"], STAGES=fcfg["STAGES"],
+                                  CARRY_DK=False, WITH_DQ=True, DETERMINISTIC=False, PER_HEAD=True, LSE_EARLY=3,
+                                  DQ_BUFS=fcfg["DQ_BUFS"], DQ_FIRST=d > 64, DQ_ALT=False, DQ_LATE=False,
+                                  DQ_MSPLIT=False, SPLIT_D=False, PINGPONG=False, D_OUT=0))
     for name, (launch, ptrs, ints_want, tail_want) in launches.items():
         params = launch.kernel.params
         names = [p.name for p in params]
         n_runtime = 4 + len(ptrs) + len(launch.ints) + 2
         assert names[:4] == ["q_desc", "k_desc", "v_desc", "do_desc"], name
         assert names[4:4 + len(ptrs)] == ptrs, name
+        # the descriptors' slots: the first four (the fused launch: and dq_desc's; the dK/dV kernel's is a None)
+        want = ["q_desc", "k_desc", "v_desc", "do_desc"] + (["dq_desc"] if name == "fused" else [])
+        assert [names[i] for i in (launch.slots or range(len(launch.templates)))] == want, name
         assert [p.is_constexpr for p in params] == [False] * n_runtime + [True] * len(launch.tail), name
         assert names[n_runtime - 2:n_runtime] == ["qk_scale", "sm_scale"], name
         ints = dict(zip(names[4 + len(ptrs):n_runtime - 2], launch.ints))
@@ -411,6 +424,11 @@ def test_bwd_launches_match_the_kernel_signatures(d, causal):
         assert {n: tail[n] for n in tail_want} == tail_want and tail["HEAD_DIM"] == d and tail["CAUSAL"] == causal
         assert all(t.base is None for t in launch.templates), name  # a cached launch holds no tensor
         assert len(launch.grid) == 3, name
+    if fused is not None:  # dQ's fp32 sums, (B·Sq, H·D), in column halves of the Q block
+        dq_t = fused.templates[4]
+        assert list(dq_t.shape) == [2 * 256, 4 * d] and list(dq_t.strides) == [4 * d, 1]
+        assert list(dq_t.block_shape) == [fcfg["BLOCK_M"], d // 2] and len(fused.templates) == 5
+        assert fused.grid == (2 * 2 * (384 // fcfg["BLOCK_N"]), 1, 1)
     if cfg.get("PER_HEAD", False):  # 1-D: batch·kv heads · K/V blocks
         assert dkdv.grid == (2 * 2 * (384 // cfg["BLOCK_N"]), 1, 1)
     else:
@@ -635,16 +653,18 @@ def test_repeated_backward_calls_take_the_cached_launchers(monkeypatch, gluon_bw
 
 
 @needs_sm90
-@pytest.mark.parametrize("d,causal", [(64, True), (128, False)])
-def test_repeated_fused_backward_replays_its_cached_launch(monkeypatch, d, causal):
-    """From 2k tokens ``deterministic=False`` runs the fused kernel, whose launch is cached per
-    layout (``ops.launch.Launch`` with the dQ descriptor at its own slot) and recorded in
+@pytest.mark.parametrize("d,causal,deterministic", [(64, True, False), (128, False, False), (128, True, True)])
+def test_repeated_fused_backward_replays_its_cached_launch(monkeypatch, d, causal, deterministic):
+    """From 2k tokens ``deterministic=False`` runs the fused kernel (``deterministic=True`` with the
+    debug switch ``gluon_fused=1``: its ordered sums, which read the zeroed counters), whose launch is
+    cached per layout (``ops.launch.Launch`` with the dQ descriptor at its own slot) and recorded in
     ``route._BWD_PLANS``: the second and third calls replay it through triton's C launcher (no JIT,
-    no builder) on fresh copies of the inputs while the earlier copies stay alive, so a launch that
-    kept an earlier call's addresses (descriptors, the zeroed dQ sums and counters) would read or
-    write the wrong memory; every call meets the reference rule (GQA, NaN-free)."""
+    no builder) on fresh copies of the inputs while the earlier copies, and a block the size of the
+    dQ sums and counters, stay alive, so the replays get new addresses (encoded anew: two more maps
+    in the dQ slot) and a launch that kept an earlier call's addresses would read or write the wrong
+    memory. Every call meets the reference rule (GQA, NaN-free); ordered sums give the same bits."""
     monkeypatch.setattr(DEBUG, "gluon_bwd", True)
-    monkeypatch.setattr(DEBUG, "gluon_fused", False)
+    monkeypatch.setattr(DEBUG, "gluon_fused", deterministic)
     monkeypatch.setattr(route, "_BWD_PLANS", {})
     monkeypatch.setattr(gb, "_LAUNCHES", {})  # (not a launch an earlier test cached for this layout)
     builds = count_calls(monkeypatch, gb, "_ws_launch")
@@ -652,7 +672,7 @@ def test_repeated_fused_backward_replays_its_cached_launch(monkeypatch, d, causa
     do0 = torch.randn_like(q0)
     scale = d ** -0.5
     out0, lse0 = route.forward(q0, k0, v0, scale, causal)
-    launched, keep = [], []
+    launched, keep, results, runner = [], [], [], None
     for i in range(3):
         q, k, v, do, out, lse = (t.clone() for t in (q0, k0, v0, do0, out0, lse0))
         if i == 1:  # count the C launcher's launches from here on
@@ -662,10 +682,18 @@ def test_repeated_fused_backward_replays_its_cached_launch(monkeypatch, d, causa
             assert isinstance(runner, launch_mod.DescRunner), type(runner)
             raw = runner.raw
             runner.raw = lambda *a: (launched.append(i), raw(*a))
-        grads = route.backward(do, q, k, v, out, lse, scale, causal)
+        grads = route.backward(do, q, k, v, out, lse, scale, causal, deterministic=deterministic)
         check_cuda_grads(grads, q0, k0, v0, do0, causal)
-        keep.append((q, k, v, do, out, lse, grads))
+        results.append(grads)
+        # the freed block of the dQ sums and counters is taken by one of the same size, so the next
+        # call's get another address
+        bm = gb.fused_config_for(d, causal, deterministic)["BLOCK_M"]
+        keep.append((q, k, v, do, out, lse, gb._fused_buffers(q, bm)))
     assert len(launched) == 2 and len(builds) == 1, (launched, builds)
+    assert len(runner.maps[4]) == 2, "each replay's dQ sums at a new address, encoded for it"
+    if deterministic:
+        for grads in results[1:]:
+            assert all(torch.equal(g, g0) for g, g0 in zip(grads, results[0]))
 
 
 @needs_sm90

@@ -107,6 +107,8 @@ class Launch:
         if runner is not None and cacheable and torch._C._cuda_getDevice() == runner[0]:
             if runner[1].__class__ is DescRunner:  # no descriptor objects unless it needs them
                 runner[1].call_tensors(self.templates, tensors, (*rest, *self.tail))
+            elif self.slots is None:
+                runner[1](*self.descriptors(*tensors), *rest, *self.tail)
             else:
                 runner[1](*interleave(self.slots, self.descriptors(*tensors), rest), *self.tail)
             return

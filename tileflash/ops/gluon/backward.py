@@ -1363,7 +1363,7 @@ def fused_config_for(head_dim: int, causal: bool, deterministic: bool = True) ->
     compared with their 2-D grid in that run."""
     cfg = dict(config_for(head_dim, causal, 4096), STAGES=2, CARRY_DK=False, WITH_DQ=True, DQ_BUFS=2,
                LSE_EARLY=0 if deterministic else 3, DQ_FIRST=head_dim > 64, PER_HEAD=not deterministic,
-               PDL_TRIGGER=False)  # ordered adds: the 2-D grid
+               PDL_TRIGGER=False, SPLIT_D=False)  # ordered adds: the 2-D grid; no column split with dQ
     if not deterministic and head_dim == 64 and not causal:
         cfg["BLOCK_M"] = 64  # (causal D = 64 has 64-row Q blocks already)
     return cfg
@@ -1766,8 +1766,10 @@ def fused_launches(dout, q, k, v, lse, delta, dk, dv, causal: bool, cfg: dict, d
     if _f90._key(q.shape[-1], causal, q.dtype, cfg) in _BROKEN:
         return None
     bm = cfg["BLOCK_M"]
+    # (on a miss, the descriptor's template needs a tensor of the accumulator's layout: any contents)
     launch = _cached_launch("fused", lambda: _ws_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic,
-                                                        dq_acc=_fused_buffers(q, bm)[0]),
+                                                        dq_acc=torch.empty(q.shape, dtype=torch.float32,
+                                                                           device=q.device)),
                             (dout, q, k, v, lse, dk, dv, delta), (bool(causal), bool(deterministic)), cfg)
     return "fused", launch, bm
 
@@ -1781,7 +1783,7 @@ def replay_default(launches, dout, q, k, v, out, lse, softmax_scale):
     dq = torch.empty(*q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(*k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(*v.shape, dtype=v.dtype, device=v.device)
-    if launches[0] == "fused":
+    if len(launches) == 3:  # ("fused", launch, BLOCK_M)
         _, launch, bm = launches
         delta = _compute_delta(out, dout, lse, False, q.shape[2], q.shape[3])
         _run_fused(launch, dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, _fused_buffers(q, bm))
