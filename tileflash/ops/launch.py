@@ -192,7 +192,8 @@ class DescRunner:
                     return None
                 cells = dict(zip(names, (c.cell_contents for c in inner.__closure__)))
                 metas, indices, raw = cells["tensordesc_meta"], cells["tensordesc_indices"], cells["launcher"]
-                if (sorted(indices) != list(range(n_desc) if slots is None else slots) or len(metas) != n_desc or any(m is None for m in metas)
+                want = list(range(n_desc) if slots is None else slots)  # the descriptors' argument positions
+                if (sorted(indices) != want or len(metas) != n_desc or any(m is None for m in metas)
                         or len(inspect.signature(nv_driver.make_tensordesc_arg).parameters) != 2):
                     return None
             # triton 3.6's C launcher: grid x/y/z, stream, function, cooperative, pdl, two scratch
