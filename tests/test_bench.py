@@ -286,7 +286,7 @@ def test_host_bench_cpu(capsys, tmp_path):
     lines = [ln.split() for ln in printed.splitlines() if ln.split() and ln.split()[0] in host.CASES]
     assert "fwd+bwd@2k" in host.CASES and "fwd+bwd@2k" not in host.CPU_CASES  # (GPU only: compute on CPU)
     assert {(ln[0], ln[1]) for ln in lines} == ({(c, p) for c in host.CPU_CASES for p in ("tileflash", "sdpa")}
-                                                | {(c, "tf_sdpa") for c in ("fwd", "fwd+bwd")})
+                                                | {(c, "tf_sdpa") for c in ("fwd", "fwd+bwd")} | {("fwd+bwd", "tf_det")})
     for ln in lines:
         assert float(ln[2]) > 0 and float(ln[3]) > 0, ln
         if ln[1] == "sdpa":

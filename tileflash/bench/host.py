@@ -13,7 +13,9 @@ one new k/v token appended. On a GPU also ``fwd+bwd@2k``: forward+backward at N=
 heads), where ``deterministic=False`` runs the fused backward kernel (a short-sequence training
 step, whose kernels take about as long as the host path; not timed on CPU, where it is compute). Providers: tileflash, torch SDPA with its default backend choice and
 with the flash / cuDNN backends forced, flash-attn 2 and FA4 (``flash_attn.cute``) where they import;
-``tf_sdpa`` is ``tileflash.scaled_dot_product_attention`` (forward and forward+backward only).
+``tf_sdpa`` is ``tileflash.scaled_dot_product_attention`` (forward and forward+backward only);
+``tf_det`` is ``flash_attn_func(deterministic=True)`` (forward+backward only: the split backward
+kernels, where the default may take the fused one).
 SDPA's decode step is a slice of the cache (read-only) or ``index_copy_`` of the new token at a
 device-tensor position followed by the slice (append), as a static-cache decoding loop does.
 
@@ -53,6 +55,7 @@ def _providers(device):
 
     prov = {"tileflash": ("bshd", lambda q, k, v, c: tileflash.flash_attn_func(q, k, v, causal=c))}
     # tileflash's SDPA drop-in (dense cases only), beside flash_attn_func
+    prov["tf_det"] = ("bshd", lambda q, k, v, c: tileflash.flash_attn_func(q, k, v, causal=c, deterministic=True))
     prov["tf_sdpa"] = ("bhsd", lambda q, k, v, c: tileflash.scaled_dot_product_attention(
         q, k, v, is_causal=c, enable_gqa=q.shape[1] != k.shape[1]))
     prov["sdpa"] = ("bhsd", _sdpa("sdpa"))
@@ -144,6 +147,8 @@ def measure(device, dtype, calls, cache_len, cases=CASES, profile=None, repeats=
             try:
                 if case.startswith("decode"):
                     step = _decode_case(name, case.endswith("append"), device, dtype, cache_len)
+                elif name == "tf_det" and case == "fwd":
+                    continue  # (deterministic= is the backward's choice: the forward is tileflash's row)
                 else:
                     step = _dense_case(case, layout, fn, device, dtype)
                 if step is None:
