@@ -380,7 +380,7 @@ def test_launch_places_descriptors_at_their_slots(monkeypatch):
 
     assert launch_mod.interleave((0, 1, 4), "ABC", ("p", "q", "r", "s")) == ("A", "B", "p", "q", "C", "r", "s")
     assert launch_mod.interleave((1,), [(7, 8)], ("p", "q"), True) == ("p", 7, 8, "q")
-    assert launch_mod.interleave(None, [(7, 8), (9,)], ("p",), True) == (7, 8, 9, "p")
+    assert launch_mod.interleave(None, "AB", ("p",)) == ("A", "B", "p")
     with pytest.raises(ValueError, match="must ascend"):
         launch_mod.Launch(object(), (1,), (type("T", (), {})(), type("T", (), {})()), 1, (), 0, {}, slots=(2, 1))
 

@@ -125,11 +125,9 @@ class Launch:
 def interleave(slots, items, rest, flat: bool = False) -> tuple:
     """``rest`` with ``items[i]`` at position ``slots[i]`` of the result (positions counted with one
     entry per item; ``slots`` ascending), or ``(*items, *rest)`` where ``slots`` is None (the items
-    first). ``flat``: each item is a sequence whose entries are spliced in at its position (a
-    descriptor expanded into triton's map, shape and strides)."""
-    if slots is None:
-        if flat:
-            return (*[x for item in items for x in item], *rest)
+    first). ``flat`` (with slots): each item is a sequence whose entries are spliced in at its
+    position (a descriptor expanded into triton's map, shape and strides)."""
+    if slots is None:  # (flat with no slots is not needed: DescRunner splices those itself)
         return (*items, *rest)
     out, r = [], 0
     for j, (s, item) in enumerate(zip(slots, items)):

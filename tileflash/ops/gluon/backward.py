@@ -1570,6 +1570,17 @@ def _ws_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic, dq_acc=No
                   slots=(0, 1, 2, 3, 8))
 
 
+def _fused_launch(dout, q, k, v, lse, delta, dk, dv, causal, cfg, deterministic, dq_acc=None):
+    """The fused kernel's :class:`Launch` for this layout, config and ``deterministic``, made once
+    (:func:`_cached_launch`); ``dq_acc``: an fp32 accumulator for its dQ descriptor's template, if
+    at hand (a miss without one allocates one: only its layout matters)."""
+    acc = (lambda: dq_acc) if dq_acc is not None else (lambda: torch.empty(q.shape, dtype=torch.float32,
+                                                                            device=q.device))
+    return _cached_launch("fused", lambda: _ws_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic,
+                                                      dq_acc=acc()),
+                          (dout, q, k, v, lse, dk, dv, delta), (bool(causal), bool(deterministic)), cfg)
+
+
 def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, deterministic):
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
@@ -1586,9 +1597,7 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
     if with_dq and ws:
         # the fused mode: a launch cached per layout too, on fresh zeroed fp32 sums and counters
         bufs = _fused_buffers(q, bm)
-        launch = _cached_launch("fused", lambda: _ws_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic,
-                                                            dq_acc=bufs[0]),
-                                (dout, q, k, v, lse, dk, dv, delta), modes, cfg)
+        launch = _fused_launch(dout, q, k, v, lse, delta, dk, dv, causal, cfg, deterministic, bufs[0])
         _run_fused(launch, dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, bufs)
         return
     # the 8-warp kernel (``WS=False``; not routed by default): launched through triton's JIT
@@ -1765,13 +1774,7 @@ def fused_launches(dout, q, k, v, lse, delta, dk, dv, causal: bool, cfg: dict, d
         return None
     if _f90._key(q.shape[-1], causal, q.dtype, cfg) in _BROKEN:
         return None
-    bm = cfg["BLOCK_M"]
-    # (on a miss, the descriptor's template needs a tensor of the accumulator's layout: any contents)
-    launch = _cached_launch("fused", lambda: _ws_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic,
-                                                        dq_acc=torch.empty(q.shape, dtype=torch.float32,
-                                                                           device=q.device)),
-                            (dout, q, k, v, lse, dk, dv, delta), (bool(causal), bool(deterministic)), cfg)
-    return "fused", launch, bm
+    return "fused", _fused_launch(dout, q, k, v, lse, delta, dk, dv, causal, cfg, deterministic), cfg["BLOCK_M"]
 
 
 def replay_default(launches, dout, q, k, v, out, lse, softmax_scale):
