@@ -1,6 +1,7 @@
 """A/B of the Hopper backward designs in one process, with FA4 and cuDNN beside them.
 
-For each (dtype, D, causal, N) of the grid (B·N = 16k tokens, H = 2048/D): the backward alone
+For each (dtype, D, causal, N) of the grid (B·N = 16k tokens, H = 2048/D, unless ``--batch``,
+``--heads`` and ``--kv-heads`` (GQA) fix the shape): the backward alone
 (dQ, dK, dV from saved out/lse), TFLOP/s by the ×2.5 convention, of
 
 * ``split``     the split dK/dV + dQ kernels (bitwise deterministic; the ``deterministic=True`` route)
@@ -93,6 +94,9 @@ def main():
                     help='JSON overrides of fused_config_for for the fused kinds, e.g. {"LSE_EARLY": 2}; '
                          'repeat it for more unordered variants (kinds fused+1, fused+2, ...)')
     ap.add_argument("--rounds", type=int, default=3, help="rounds per cell, the arms' order rotated each round")
+    ap.add_argument("--batch", type=int, default=None, help="batch size (default: 16384 // N, B*N = 16k tokens)")
+    ap.add_argument("--heads", type=int, default=None, help="query heads (default: 2048 // D)")
+    ap.add_argument("--kv-heads", type=int, default=None, help="key/value heads (GQA; default: --heads)")
     ap.add_argument("--dkdv-cfg", type=json.loads, default=None,
                     help='JSON overrides of config_for for the dK/dV kernel alone (kinds dkdv, dkdv_alt)')
     a = ap.parse_args()
@@ -108,9 +112,11 @@ def main():
         for d in a.dims:
             for causal in map(bool, a.causal):
                 for n in a.seqlens:
-                    b, h = 16384 // n, 2048 // d
+                    b, h = a.batch or 16384 // n, a.heads or 2048 // d
+                    hk = a.kv_heads or h
                     torch.manual_seed(0)
-                    q, k, v, dout = (torch.randn(b, n, h, d, device="cuda", dtype=dtype) for _ in range(4))
+                    q, dout = (torch.randn(b, n, h, d, device="cuda", dtype=dtype) for _ in range(2))
+                    k, v = (torch.randn(b, n, hk, d, device="cuda", dtype=dtype) for _ in range(2))
                     scale = d ** -0.5
                     out, lse = route.forward(q, k, v, scale, causal)
                     flops = 4 * b * h * n * n * d * (0.5 if causal else 1) * 2.5
@@ -134,12 +140,14 @@ def main():
                                          lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median"))
                     tf = {kind: flops / ms[kind] * 1e-9 for kind in kinds}
                     rows.append((dt, d, causal, n, tf, err))
-                    print(f"{dt} D={d} causal={int(causal)} N={n}: "
+                    print(f"{dt} D={d} causal={int(causal)} N={n} B={b} H={h}/{hk}: "
                           + " ".join(f"{kk}={x:.0f}" for kk, x in tf.items())
                           + f" | rel.diff vs split: ordered {err['fused_ord']:.1e}, unordered {err['fused']:.1e}"
                           + "".join(f", {kk} {err[kk]:.1e}" for kk in extra)
                           + (f", dK/dV alt {err['dkdv_alt']:.1e}" if a.dkdv_cfg else ""), flush=True)
-    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}; backward TFLOP/s (x2.5), B*N=16k, H=2048/D; "
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}; backward TFLOP/s (x2.5), "
+          + (f"B={a.batch}" if a.batch else "B*N=16k") + ", " + (f"H={a.heads}" if a.heads else "H=2048/D")
+          + (f"/{a.kv_heads}" if a.kv_heads else "") + "; "
           f"median of {a.rounds} rounds, the arms' order rotated each round"
           + (f"; fused config overrides {a.fused_cfg}" if a.fused_cfg else "")
           + (f"; dK/dV config overrides {a.dkdv_cfg}" if a.dkdv_cfg else ""))
