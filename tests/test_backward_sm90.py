@@ -665,6 +665,7 @@ def test_repeated_fused_backward_replays_its_cached_launch(monkeypatch, d, causa
     memory. Every call meets the reference rule (GQA, NaN-free); ordered sums give the same bits."""
     monkeypatch.setattr(DEBUG, "gluon_bwd", True)
     monkeypatch.setattr(DEBUG, "gluon_fused", deterministic)
+    monkeypatch.setattr(route, "FUSED_MIN_FLOPS", 0)  # (this small shape is under the work floor)
     monkeypatch.setattr(route, "_BWD_PLANS", {})
     monkeypatch.setattr(gb, "_LAUNCHES", {})  # (not a launch an earlier test cached for this layout)
     builds = count_calls(monkeypatch, gb, "_ws_launch")
@@ -1322,8 +1323,9 @@ def test_gluon_dq_route_through_the_public_api(causal, layout, monkeypatch, gluo
 @needs_sm90
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gluon_backward_bitwise_deterministic(causal, gluon_bwd_calls):
-    """Two runs give the same bits: ``deterministic=True`` through the public API (at 2k tokens the
-    default, ``deterministic=False``, takes the fused kernel's unordered sums since e00c8c0), and
+    """Two runs give the same bits: ``deterministic=True`` through the public API (from 2k tokens
+    and route.FUSED_MIN_FLOPS of work the default, ``deterministic=False``, takes the fused kernel's
+    unordered sums, since e00c8c0), and
     the fused mode, whose ordered dQ sums take many K blocks per dQ block."""
     q, k, v = make_qkv(2, 2048, 2048, 8, 2, 128, torch.bfloat16, "cuda", seed=4)
     do = torch.randn_like(q)
@@ -1407,7 +1409,7 @@ def test_default_kernels_keep_wgmma_asynchronous():
 def test_deterministic_flag_picks_the_backward(monkeypatch):
     """``deterministic=False`` takes the fused kernel with unordered dQ sums only where it measured
     faster than the split pair (route._fused_backward: D = 64 or 128 with both lengths >= 2k, causal or
-    not), in the per-head launch order;
+    not, and at least route.FUSED_MIN_FLOPS of backward work), in the per-head launch order;
     ``deterministic=True`` never takes it, unless the debug switch gluon_fused forces the fused
     kernel, which then keeps its ordered (bitwise) sums. Launchers recorded; the tensors are on
     the GPU where there is one (a padded head dim's copy kernel runs before the recorded launches,
@@ -1420,11 +1422,12 @@ def test_deterministic_flag_picks_the_backward(monkeypatch):
     monkeypatch.setattr(gb, "backward", lambda *a, deterministic=True, **kw: modes.append(deterministic)
                         or real(*a, **kw))
 
-    def route_of(d, causal, sq, sk, deterministic):
+    def route_of(d, causal, sq, sk, deterministic, b=1, h=1, hk=None):
         launches.clear()
         modes.clear()
-        q, k, v = (torch.empty(1, n, 1, d, device=dev) for n in (sq, sk, sk))
-        do, out, lse = torch.empty_like(q), torch.empty_like(q), torch.empty(1, 1, sq, device=dev)
+        q = torch.empty(b, sq, h, d, device=dev)
+        k, v = (torch.empty(b, sk, hk or h, d, device=dev) for _ in range(2))
+        do, out, lse = torch.empty_like(q), torch.empty_like(q), torch.empty(b, h, sq, device=dev)
         kw = dict(window=(-1, -1), softcap=0.0, alibi_slopes=None, dropout_p=0.0, seed=None, cu_seqlens_q=None,
                   cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None)
         route._cuda_backward(do, q, k, v, out, lse, 0.1, causal, None, kw, None, None, None, None, DEFAULT,
@@ -1434,17 +1437,28 @@ def test_deterministic_flag_picks_the_backward(monkeypatch):
             assert fused == [gb.fused_config_for(min(d, 128), causal, modes[0])]
         return ("fused", modes[0]) if fused else "split"
 
-    for d, causal, sq, sk in ((128, False, 16384, 16384), (128, False, 16384, 32768), (128, False, 2048, 2048),
-                              (128, True, 2048, 16384), (64, False, 2048, 2048), (64, True, 4096, 2048)):
-        assert route_of(d, causal, sq, sk, False) == ("fused", False), (d, causal, sq, sk)
+    # (h heads for the work floor route.FUSED_MIN_FLOPS: 1e11 FLOPs of backward, 10·B·H·Sq·Sk·D,
+    # halved when causal)
+    for d, causal, sq, sk, h in ((128, False, 16384, 16384, 1), (128, False, 16384, 32768, 1),
+                                 (128, False, 2048, 2048, 24), (128, True, 2048, 16384, 8),
+                                 (64, False, 2048, 2048, 48), (64, True, 4096, 2048, 48)):
+        assert route_of(d, causal, sq, sk, False, h=h) == ("fused", False), (d, causal, sq, sk, h)
     assert route_of(128, False, 16384, 16384, True) == "split"
-    assert route_of(64, True, 2048, 2048, True) == "split"
+    assert route_of(64, True, 2048, 2048, True, h=128) == "split"
+    # under the floor a backward is host-bound and keeps the split pair (the host bench's B=1 N=2k
+    # H=16/8 D=128 step: 4.3e10 causal, 8.6e10 not)
+    for causal in (False, True):
+        assert route_of(128, causal, 2048, 2048, False, h=16, hk=8) == "split", causal
+    assert route_of(128, True, 4096, 4096, False, h=16, hk=8) == ("fused", False)        # 1.7e11
+    assert route_of(128, True, 2048, 2048, False, b=3, h=16, hk=8) == ("fused", False)   # 1.3e11
+    assert route_of(64, True, 2048, 2048, False, h=74) == "split"                         # 0.993e11
+    assert route_of(64, True, 2048, 2048, False, h=75) == ("fused", False)                # 1.007e11
     for d, causal, sq, sk in ((128, False, 1024, 1024), (128, True, 8192, 1024), (64, False, 2047, 2048),
                               (64, True, 2048, 1920), (256, False, 16384, 16384), (96, False, 16384, 16384)):
         assert route_of(d, causal, sq, sk, False) == "split", (d, causal, sq, sk)
     monkeypatch.setattr(DEBUG, "gluon_fused", True)
     assert route_of(64, True, 256, 256, True) == ("fused", True)
-    assert route_of(64, True, 256, 256, False) == ("fused", False)
+    assert route_of(64, True, 256, 256, False) == ("fused", False)   # (the switch ignores the floor)
     assert route_of(256, False, 256, 256, False) == "split"  # no fused kernel at D = 256
 
 

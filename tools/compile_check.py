@@ -307,7 +307,7 @@ def main():
                 # the default route's dQ kernel, which computes delta from O (backward_dq with out)
                 cases.append((f"gluon-dq D={d} causal={causal!s:<5}", dict(GB.dq_config_for(d, causal), FUSE_DELTA=True),
                               compile_gluon_bwd_dq))
-                # what deterministic=False routes to (route._fused_backward: D = 64/128 from 2k): the fused
+                # what deterministic=False routes to (route._fused_backward: D = 64/128 from 2k and 1e11 FLOPs): the fused
                 # kernel, unordered dQ sums, the LSE/delta rows staged in shared memory, the per-head order
                 cases.append((f"gluon-bwd-unordered D={d} causal={causal!s:<5}",
                               GB.fused_config_for(d, causal, deterministic=False),

@@ -450,8 +450,20 @@ def _keep_bwd_plan(key, gb, launches):
         _BWD_PLANS[key] = (gb, launches)
 
 
+# The least backward work (FLOPs by the x2.5 convention, 10·B·H·Sq·Sk·D, halved when causal) for
+# which deterministic=False takes the fused kernel. Below it a backward takes ~0.25 ms or less on
+# the GPU, about the host time of a training step's Python calls, and the fused design's extra host
+# work per call (the delta kernel, a memset of the fp32 dQ sums, their cast: four more torch calls
+# than the split pair's) cost more than its kernel saves: H100, B=1 N=2k H=16/8 D=128 causal bf16,
+# flash_attn_func forward+backward, `tileflash bench --host` 509 / 684 us per step against 341 / 503
+# for deterministic=True (two runs), tools/step_kernels.py 571 against 480 (one run of 200 steps,
+# 315 against 347 in one of 50); its backward kernels alone 0.92x the split pair's
+# (tools/fused_ab.py), 1.04x non-causal. 2026-12-06, docs/perf-notes.md, "Hopper backward".
+FUSED_MIN_FLOPS = 1e11
+
+
 def _fused_backward(width: int, head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int,
-                    deterministic: bool) -> bool:
+                    deterministic: bool, batch: int, nheads: int) -> bool:
     """Whether a Gluon-eligible backward runs the fused kernel (dQ summed in the K/V loop) rather
     than the split dQ + dK/dV kernels. Always with the debug switch ``gluon_fused=1`` (ordered sums
     when ``deterministic``). Otherwise only unordered (``deterministic=False``) and only where it
@@ -460,15 +472,21 @@ def _fused_backward(width: int, head_dim: int, causal: bool, seqlen_q: int, seql
     more, D = 64 and 128, causal or not (H200, fp16, B*N = 16k, 2026-12-06, ``tools/fused_ab.py``,
     both in one process, 3 rotated rounds: 1.03-1.11x the split pair at 2k, 1.05-1.11x at 4k,
     1.08-1.16x at 16k; not measured below 2k). Both designs launch through cached launches and are
-    replayed per layout (``_BWD_PLANS``). docs/perf-notes.md, "Hopper backward"."""
+    replayed per layout (``_BWD_PLANS``). Only from ``FUSED_MIN_FLOPS`` of backward work (batch ·
+    nheads query heads): smaller backwards are host-bound and keep the split pair.
+    docs/perf-notes.md, "Hopper backward"."""
     if DEBUG.gluon_fused:
         return width <= 128
     # (head dims padded to 64 or 128 are not taken: measured and GPU-tested at D = 64 and 128 only. The
-    # rule was measured at B*N = 16k tokens, 2048 / D heads, no GQA; it applies at any batch, head count
-    # and group. The fused kernel also holds an fp32 dQ buffer: 2x dq's own size more peak memory.)
+    # rule was measured at B*N = 16k tokens, 2048 / D heads, no GQA; it applies at any head count and
+    # group, above the work floor FUSED_MIN_FLOPS, which every cell of that grid clears (its least,
+    # D = 64 causal at 2k, is 3.4e11). The fused kernel also holds an fp32 dQ buffer: 2x dq's own size
+    # more peak memory.)
     if deterministic or head_dim != width:
         return False
-    return width in (64, 128) and min(seqlen_q, seqlen_k) >= 2048
+    if width not in (64, 128) or min(seqlen_q, seqlen_k) < 2048:
+        return False
+    return 10 * batch * nheads * seqlen_q * seqlen_k * head_dim * (0.5 if causal else 1.0) >= FUSED_MIN_FLOPS
 
 
 def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, kw, config, dq, dk, dv, options,
@@ -506,7 +524,8 @@ def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift,
         # is the same either way (gluon.forward.padded_head_dim says why that is exact).
         width = gb._f90.padded_head_dim(head_dim)
         g_in = (dout, q, k, v) if width == head_dim else tuple(tr_fwd.pad_head_dim(t, width) for t in (dout, q, k, v))
-        if _fused_backward(width, head_dim, causal, seqlen_q, seqlen_k, deterministic) and dq.stride(-1) == 1:
+        if (_fused_backward(width, head_dim, causal, seqlen_q, seqlen_k, deterministic, batch, nheads)
+                and dq.stride(-1) == 1):
             delta = tr_bwd.compute_delta(out, dout, lse, varlen, nheads, head_dim)
             fcfg = gb.fused_config_for(width, causal, deterministic)
             if gb.backward(*g_in, lse, delta, dq, dk, dv, softmax_scale, causal, fcfg,
