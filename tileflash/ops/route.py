@@ -451,15 +451,19 @@ def _keep_bwd_plan(key, gb, launches):
 
 
 # The least backward work (FLOPs by the x2.5 convention, 10·B·H·Sq·Sk·D, halved when causal) for
-# which deterministic=False takes the fused kernel. Below it a backward takes ~0.25 ms or less on
-# the GPU, about the host time of a training step's Python calls, and the fused design's extra host
-# work per call (the delta kernel, a memset of the fp32 dQ sums, their cast: four more torch calls
-# than the split pair's) cost more than its kernel saves: H100, B=1 N=2k H=16/8 D=128 causal bf16,
-# flash_attn_func forward+backward, `tileflash bench --host` 509 / 684 us per step against 341 / 503
-# for deterministic=True (two runs), tools/step_kernels.py 571 against 480 (one run of 200 steps,
-# 315 against 347 in one of 50); its backward kernels alone 0.92x the split pair's
-# (tools/fused_ab.py), 1.04x non-causal. 2026-12-06, docs/perf-notes.md, "Hopper backward".
-FUSED_MIN_FLOPS = 1e11
+# which deterministic=False takes the fused kernel (~0.5 ms of backward). Measured below it (H100,
+# B=1 H=16/8 D=128 bf16, 2026-12-06, docs/perf-notes.md, "Hopper backward"):
+# - N=2k causal (4.3e10): the step is host-bound, and the fused design's extra host work (the delta
+#   kernel, a memset of the fp32 dQ sums, their cast: four more torch calls than the split pair's)
+#   cost more than its kernel saves: flash_attn_func forward+backward, `tileflash bench --host` 509 /
+#   684 us per step against 341 / 503 for deterministic=True (two runs), tools/step_kernels.py 571
+#   against 480 (200 steps; 315 against 347 in a run of 50); its backward kernels alone 0.92x the
+#   split pair's (tools/fused_ab.py), 1.04x non-causal (8.6e10);
+# - N=4k causal (1.7e11): the fused kernel alone 0.94x (0.98x with 16 kv heads), the step 638 us
+#   against 605.
+# Above it, B=1 non-causal 4k (3.4e11) measured 1.10x and causal 8k (6.9e11) 1.03x; every cell of the
+# B*N = 16k grid (at least 3.4e11) is above it.
+FUSED_MIN_FLOPS = 2e11
 
 
 def _fused_backward(width: int, head_dim: int, causal: bool, seqlen_q: int, seqlen_k: int,
@@ -480,7 +484,7 @@ def _fused_backward(width: int, head_dim: int, causal: bool, seqlen_q: int, seql
     # (head dims padded to 64 or 128 are not taken: measured and GPU-tested at D = 64 and 128 only. The
     # rule was measured at B*N = 16k tokens, 2048 / D heads, no GQA; it applies at any head count and
     # group, above the work floor FUSED_MIN_FLOPS, which every cell of that grid clears (its least,
-    # D = 64 causal at 2k, is 3.4e11). The fused kernel also holds an fp32 dQ buffer: 2x dq's own size
+    # D = 64 and 128 causal at 2k, is 3.4e11). The fused kernel also holds an fp32 dQ buffer: 2x dq's own size
     # more peak memory.)
     if deterministic or head_dim != width:
         return False
