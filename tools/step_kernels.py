@@ -8,7 +8,14 @@ H=16/8 D=128 causal bf16) read 509 µs per step for the default and 341 µs for
 ``deterministic=True`` on an H100, while the two backward kernels alone differ by ~8%
 (tools/fused_ab.py): is the rest kernel time (which kernel) or host time?
 
-    python tools/step_kernels.py [--seqlens 2048 4096] [--batch 1] [--heads 16] [--kv-heads 8]
+Arms: ``default`` (the route as it is), ``fused`` (``deterministic=False`` with the work floor
+``route.FUSED_MIN_FLOPS`` set to 0, so the fused kernel runs at every shape it takes),
+``deterministic`` (the split pair) and SDPA's cuDNN backend. The kept plans (``route._BWD_PLANS``,
+``interface._FAST_FWD``) are emptied before each arm, so that no arm replays another's backward.
+A last table gives fused / split per shape, with the shape's backward work against the floor:
+the data for placing ``FUSED_MIN_FLOPS``.
+
+    python tools/step_kernels.py [--seqlens 2048 4096] [--batches 1] [--heads 16] [--kv-heads 8] [--causal 1]
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ import argparse
 import torch
 
 import tileflash
+from tileflash import interface
 from tileflash.bench.providers import PROVIDERS
+from tileflash.ops import route
 
 from bwd_kernels import profile  # tools/ is on sys.path when run as a script
 
@@ -26,44 +35,68 @@ from bwd_kernels import profile  # tools/ is on sys.path when run as a script
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[2048, 4096])
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1])
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--dim", type=int, default=128)
-    ap.add_argument("--causal", type=int, default=1)
+    ap.add_argument("--causal", type=int, nargs="+", default=[1])
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--iters", type=int, default=50)
     a = ap.parse_args()
-    dt, causal, b, h, hk, d = getattr(torch, a.dtype), bool(a.causal), a.batch, a.heads, a.kv_heads, a.dim
-    arms = {
-        "default": lambda q, k, v: tileflash.flash_attn_func(q, k, v, causal=causal),
-        "deterministic": lambda q, k, v: tileflash.flash_attn_func(q, k, v, causal=causal, deterministic=True),
-        "cudnn": lambda q, k, v: PROVIDERS["sdpa_cudnn"].fn(q, k, v, causal),
-    }
-    summary = []
-    for n in a.seqlens:
-        g = torch.Generator(device="cuda").manual_seed(n)
-        q = torch.randn(b, n, h, d, device="cuda", dtype=dt, generator=g).requires_grad_()
-        k, v = (torch.randn(b, n, hk, d, device="cuda", dtype=dt, generator=g).requires_grad_() for _ in range(2))
-        do = torch.randn(b, n, h, d, device="cuda", dtype=dt, generator=g)
-        flops = 4 * b * h * n * n * d * (0.5 if causal else 1) * 3.5
-        for name, fn in arms.items():
-            def step(fn=fn):
-                out = fn(q, k, v)
-                torch.autograd.backward(out, do)
-                q.grad = k.grad = v.grad = None
-            per, wall = profile(step, a.iters)
-            total = sum(per.values())
-            print(f"N={n} B={b} H={h}/{hk} D={d} causal={int(causal)} {a.dtype} {name}: wall {wall:.0f} us/step "
-                  f"({flops / wall * 1e-6:.0f} TFLOP/s fwd+bwd), kernels {total:.0f} us")
-            for kname, us in per.most_common(8):
-                print(f"    {us:9.1f} us  {kname[:110]}")
-            summary.append((n, name, wall, total))
-    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("| N | arm | wall us/step | kernel us/step |")
-    print("|---|---|---|---|")
-    for n, name, wall, total in summary:
-        print(f"| {n} | {name} | {wall:.0f} | {total:.0f} |")
+    dt, h, hk, d = getattr(torch, a.dtype), a.heads, a.kv_heads, a.dim
+    floor = route.FUSED_MIN_FLOPS
+    # name -> (deterministic, the work floor during the arm; None: SDPA's cuDNN backend)
+    arms = {"default": (False, floor), "fused": (False, 0), "deterministic": (True, floor), "cudnn": None}
+    summary, ratios = [], []
+    for causal in map(bool, a.causal):
+        for b in a.batches:
+            for n in a.seqlens:
+                g = torch.Generator(device="cuda").manual_seed(n)
+                q = torch.randn(b, n, h, d, device="cuda", dtype=dt, generator=g).requires_grad_()
+                k, v = (torch.randn(b, n, hk, d, device="cuda", dtype=dt, generator=g).requires_grad_()
+                        for _ in range(2))
+                do = torch.randn(b, n, h, d, device="cuda", dtype=dt, generator=g)
+                flops = 4 * b * h * n * n * d * (0.5 if causal else 1) * 3.5
+                work = 10 * b * h * n * n * d * (0.5 if causal else 1)  # route._fused_backward's measure
+                walls = {}
+                for name, arm in arms.items():
+                    if arm is None:
+                        fn = lambda: PROVIDERS["sdpa_cudnn"].fn(q, k, v, causal)  # noqa: E731
+                    else:
+                        route.FUSED_MIN_FLOPS = arm[1]
+                        route._BWD_PLANS.clear()
+                        interface._FAST_FWD.clear()
+                        fn = lambda det=arm[0]: tileflash.flash_attn_func(q, k, v, causal=causal,  # noqa: E731
+                                                                         deterministic=det)
+
+                    def step(fn=fn):
+                        out = fn()
+                        torch.autograd.backward(out, do)
+                        q.grad = k.grad = v.grad = None
+                    try:
+                        per, wall = profile(step, a.iters)
+                    finally:
+                        route.FUSED_MIN_FLOPS = floor
+                    total = sum(per.values())
+                    walls[name] = wall
+                    print(f"N={n} B={b} H={h}/{hk} D={d} causal={int(causal)} {a.dtype} {name}: wall {wall:.0f} "
+                          f"us/step ({flops / wall * 1e-6:.0f} TFLOP/s fwd+bwd), kernels {total:.0f} us", flush=True)
+                    for kname, us in per.most_common(8):
+                        print(f"    {us:9.1f} us  {kname[:110]}")
+                    summary.append((causal, b, n, name, wall, total))
+                ratios.append((causal, b, n, work, walls["deterministic"] / walls["fused"]))
+                torch.cuda.empty_cache()
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, H={h}/{hk} D={d} {a.dtype}, "
+          f"{a.iters} steps per arm")
+    print("| causal | B | N | arm | wall us/step | kernel us/step |")
+    print("|---|---|---|---|---|---|")
+    for causal, b, n, name, wall, total in summary:
+        print(f"| {int(causal)} | {b} | {n} | {name} | {wall:.0f} | {total:.0f} |")
+    print(f"\nfused / split by step time (> 1: the fused step is faster), against the work floor {floor:.1e}:")
+    print("| causal | B | N | backward FLOPs | over the floor | split wall / fused wall |")
+    print("|---|---|---|---|---|---|")
+    for causal, b, n, work, r in ratios:
+        print(f"| {int(causal)} | {b} | {n} | {work:.2e} | {'yes' if work >= floor else 'no'} | {r:.3f} |")
 
 
 if __name__ == "__main__":
