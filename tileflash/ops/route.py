@@ -477,7 +477,8 @@ def _fused_backward(width: int, head_dim: int, causal: bool, seqlen_q: int, seql
     both in one process, 3 rotated rounds: 1.03-1.11x the split pair at 2k, 1.05-1.11x at 4k,
     1.08-1.16x at 16k; not measured below 2k). Both designs launch through cached launches and are
     replayed per layout (``_BWD_PLANS``). Only from ``FUSED_MIN_FLOPS`` of backward work (batch ·
-    nheads query heads): smaller backwards are host-bound and keep the split pair.
+    nheads query heads): smaller backwards keep the split pair, which measured faster there (a
+    host-bound step at 2k, a slower fused kernel at B=1 causal 4k).
     docs/perf-notes.md, "Hopper backward"."""
     if DEBUG.gluon_fused:
         return width <= 128
