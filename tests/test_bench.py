@@ -365,3 +365,54 @@ def test_fused_ab_rotates_the_arms_order():
     assert [names[f] for f in order] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
     # each arm saw the biases 0, 0.5, 0.1 once: the median adds 0.1 to every arm alike
     assert got == {"a": 1.1, "b": 1.1, "c": 2.1}
+
+
+def test_log_rows_rebuilds_the_rows_of_a_printed_table(tmp_path):
+    """tools/log_rows.py reads back what `tileflash bench` prints (its own format_table and footer,
+    with progress-bar noise around them): every ok row's numbers at the table's precision, the
+    grid's batch and heads, the footer's provenance, the file name's dtype; failed rows (printed
+    without numbers) are left out; a log without a footer is refused."""
+    import csv
+    import random
+    import subprocess
+    import sys
+
+    from tileflash.bench.bench import format_table
+
+    root = Path(__file__).resolve().parents[1]
+    rng = random.Random(3)
+    rows = []
+    for d in (64, 128):
+        for causal in (False, True):
+            for n in (1024, 16384):
+                for provider in ("tileflash", "sdpa_cudnn", "fa4"):
+                    rows.append(dict(provider=provider, mode="bwd", head_dim=d, causal=causal, seqlen_q=n, status="ok",
+                                     ms=rng.uniform(0.1, 20), tflops=rng.uniform(100, 700), peak_mib=rng.uniform(60, 400),
+                                     max_err=rng.uniform(1e-5, 1e-2)))
+    rows.append(dict(rows[0], provider="sdpa_flash", status="error: OOM"))
+    foot = ("TFLOP/s = 4·B·H·Sq·Sk·D / time (×0.5 causal, ×2.5 bwd, ×3.5 fwd+bwd); "
+            "NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-12-06T06:58:55+00:00, git e9260c1")
+    log = tmp_path / "bwd-bfloat16.log"
+    log.write_text("tileflash bwd N=1024 D=64 causal=False:   0%|   | 0/24 [00:00<?, ?it/s]\n"
+                   + format_table(rows) + "\n" + foot + "\nwrote /root/out/bwd-bfloat16/results.json\n")
+    out = tmp_path / "rows.csv"
+    tool = [sys.executable, str(root / "tools" / "log_rows.py")]
+    res = subprocess.run(tool + [str(log), "--csv", str(out), "--json", str(tmp_path / "plot")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    got = list(csv.DictReader(open(out)))
+    assert len(got) == len(rows) - 1 and json.loads((tmp_path / "plot" / "results.json").read_text())["results"]
+    for r, g in zip(rows, got):
+        assert (g["provider"], g["mode"], int(g["head_dim"]), g["causal"], int(g["seqlen_q"])) == \
+               (r["provider"], r["mode"], r["head_dim"], str(r["causal"]), r["seqlen_q"])
+        assert float(g["ms"]) == pytest.approx(r["ms"], abs=6e-4)
+        assert float(g["tflops"]) == pytest.approx(r["tflops"], abs=6e-3)
+        assert float(g["peak_mib"]) == pytest.approx(r["peak_mib"], abs=0.06)
+        assert float(g["max_err"]) == pytest.approx(r["max_err"], rel=6e-3)
+        assert int(g["batch"]) == 16384 // r["seqlen_q"] and int(g["heads"]) == 2048 // r["head_dim"]
+        assert (g["dtype"], g["device_name"], g["torch"], g["triton"], g["git"]) == \
+               ("bfloat16", "NVIDIA H200", "2.11.0+cu130", "3.6.0", "e9260c1")
+    (tmp_path / "bwd-float16.log").write_text(format_table(rows))  # no footer
+    res = subprocess.run(tool + [str(tmp_path / "bwd-float16.log"), "--csv", str(out)], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode != 0 and "footer" in res.stderr

@@ -1,7 +1,8 @@
 """Where a training step's time goes, kernel by kernel: forward + backward through the public
 ``flash_attn_func`` (autograd), the default (``deterministic=False``) against
 ``deterministic=True``, with SDPA's cuDNN backend beside them. For each arm: the wall µs per step
-(CUDA events over back-to-back steps), and torch.profiler's CUDA µs per step of each kernel.
+(CUDA events over back-to-back steps), torch.profiler's CUDA µs per step of each kernel, and the
+host's issue time per step (where it is about the wall time, the step is host-bound).
 
 Question it answers (2026-12-06): ``tileflash bench --host``'s ``fwd+bwd@2k`` case (B=1 N=2048
 H=16/8 D=128 causal bf16) read 509 µs per step for the default and 341 µs for
@@ -15,12 +16,20 @@ Arms: ``default`` (the route as it is), ``fused`` (``deterministic=False`` with 
 A last table gives fused / split per shape, with the shape's backward work against the floor:
 the data for placing ``FUSED_MIN_FLOPS``.
 
+``--cprofile ARM [ARM ...]``: after timing, those arms' steps again under cProfile (host functions by
+own time, and the calls per step of each): where a host-bound step's time goes.
+
     python tools/step_kernels.py [--seqlens 2048 4096] [--batches 1] [--heads 16] [--kv-heads 8] [--causal 1]
+                                 [--cprofile fused default]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
+import time
 
 import torch
 
@@ -42,6 +51,7 @@ def main():
     ap.add_argument("--causal", type=int, nargs="+", default=[1])
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--cprofile", nargs="*", default=[], help="arms to run again under cProfile")
     a = ap.parse_args()
     dt, h, hk, d = getattr(torch, a.dtype), a.heads, a.kv_heads, a.dim
     floor = route.FUSED_MIN_FLOPS
@@ -75,12 +85,16 @@ def main():
                         q.grad = k.grad = v.grad = None
                     try:
                         per, wall = profile(step, a.iters)
+                        issue = issue_time(step, a.iters)
+                        if name in a.cprofile:
+                            host_profile(step, a.iters, f"N={n} B={b} causal={int(causal)} {name}")
                     finally:
                         route.FUSED_MIN_FLOPS = floor
                     total = sum(per.values())
                     walls[name] = wall
                     print(f"N={n} B={b} H={h}/{hk} D={d} causal={int(causal)} {a.dtype} {name}: wall {wall:.0f} "
-                          f"us/step ({flops / wall * 1e-6:.0f} TFLOP/s fwd+bwd), kernels {total:.0f} us", flush=True)
+                          f"us/step ({flops / wall * 1e-6:.0f} TFLOP/s fwd+bwd), kernels {total:.0f} us, "
+                          f"host issue {issue:.0f} us", flush=True)
                     for kname, us in per.most_common(8):
                         print(f"    {us:9.1f} us  {kname[:110]}")
                     summary.append((causal, b, n, name, wall, total))
@@ -97,6 +111,39 @@ def main():
     print("|---|---|---|---|---|---|")
     for causal, b, n, work, r in ratios:
         print(f"| {int(causal)} | {b} | {n} | {work:.2e} | {'yes' if work >= floor else 'no'} | {r:.3f} |")
+
+
+def issue_time(step, iters) -> float:
+    """Host µs per step to issue `iters` steps back to back (until the last step returned, before
+    the closing sync): about the wall time per step where the host is the bottleneck, less where
+    the GPU is."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        step()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / iters * 1e6
+
+
+def host_profile(step, iters, label, top=18):
+    """cProfile over `iters` steps (synchronized before and after): the host functions by own
+    time, with their calls per step."""
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(iters):
+        step()
+    torch.cuda.synchronize()
+    prof.disable()
+    st = pstats.Stats(prof, stream=io.StringIO())
+    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:top]  # (func) -> (cc, nc, tt, ct, callers)
+    total = sum(v[2] for v in st.stats.values())
+    print(f"  cProfile {label}: {total / iters * 1e6:.0f} us of host time per step (own times summed)")
+    print("      own us/step  cum us/step  calls/step  function")
+    for (path, line, fn), (_, nc, tt, ct, _) in rows:
+        print(f"    {tt / iters * 1e6:11.1f}  {ct / iters * 1e6:11.1f}  {nc / iters:10.1f}  "
+              f"{path.rsplit('/', 2)[-1] if path != '~' else ''}:{line}({fn})")
 
 
 if __name__ == "__main__":
