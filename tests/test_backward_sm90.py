@@ -481,6 +481,33 @@ def test_delta_launch_matches_the_kernel_signature(monkeypatch):
     assert launch.grid == (-(-96 // launch.constexprs["BLOCK_M"]), 2 * 3, 1) and launch.constexprs["FLAT_GRID"] is False
 
 
+@pytest.mark.parametrize("n", [1, 17, 255, 256, 4097, 2 * 2048 * 4 * 64 + 3])
+def test_scale_cast_kernel_equals_torch_mul(monkeypatch, n):
+    """``triton.backward.scale_cast`` (the fused backward's dQ postprocess: fp32 sums times the scale,
+    cast to dq's dtype) gives the bits of ``torch.mul(src, scale, out=dst)``, writes every element of a
+    NaN-poisoned output at odd sizes (the last block's mask), keeps one launch per size, and leaves
+    layouts it does not take (a non-contiguous source) to ``torch.mul``. On the CPU interpreter fp16
+    (its bf16 stores are wrong, GPU.md) or on the GPU fp16 and bf16, whichever this machine runs."""
+    monkeypatch.setattr(bwd_mod, "_CAST_LAUNCHES", {})
+    device = "cuda" if HAS_CUDA else "cpu"
+    if device == "cpu" and not bwd_mod.interpreting():
+        pytest.skip("CPU tensors need the interpreter's kernels")
+    dtypes = [torch.float16, torch.bfloat16] if device == "cuda" else [torch.float16]
+    g = torch.Generator(device=device).manual_seed(n)
+    src = torch.randn(n, device=device, generator=g) * 300  # (fp16's range: some products round at its top)
+    for dt in dtypes:
+        dst = torch.full((n,), float("nan"), dtype=dt, device=device)
+        assert bwd_mod.scale_cast(src, dst, 0.0883883) is dst
+        assert torch.equal(dst, torch.mul(src, 0.0883883, out=torch.empty_like(dst)))
+    assert len(bwd_mod._CAST_LAUNCHES) == len(dtypes)
+    (launch, *_) = bwd_mod._CAST_LAUNCHES.values()
+    assert launch.ints == (n,) and launch.grid == (-(-n // launch.constexprs["BLOCK"]), 1, 1)
+    if n > 2:  # a strided source: torch.mul, no launch
+        dst = torch.full((n // 2,), float("nan"), dtype=torch.float16, device=device)
+        bwd_mod.scale_cast(src[: 2 * (n // 2)].view(-1, 2)[:, 0], dst, 2.0)
+        assert torch.equal(dst, (src[: 2 * (n // 2): 2] * 2.0).half()) and len(bwd_mod._CAST_LAUNCHES) == len(dtypes)
+
+
 @needs_gluon
 def test_bwd_routing_cache_and_per_call_checks(monkeypatch):
     """supported() decides the layout once per (shapes, strides, dtypes, device, causal) of every

@@ -109,6 +109,7 @@ import torch
 from tileflash.ops.gluon import forward as _f90
 from tileflash.ops.launch import Launch, aligned, launch_or_fall_back
 from tileflash.ops.triton.backward import compute_delta as _compute_delta
+from tileflash.ops.triton.backward import scale_cast as _scale_cast
 from tileflash.options import DEBUG
 from tileflash.ops.utils import GRID_YZ_MAX, LOG2E
 
@@ -1514,11 +1515,13 @@ def _fused_buffers(q, bm: int):
 def _run_fused(launch, dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, bufs):
     """One launch of the cached fused kernel (:func:`_ws_launch` with ``dq_acc``) on the buffers
     of :func:`_fused_buffers`, then dq = scale · dQ's fp32 sums (its first dq.shape[-1] columns),
-    cast to dq's dtype in one pass."""
+    cast to dq's dtype in one pass (``triton.backward.scale_cast``: a kernel of ours where both are
+    contiguous, in place of torch's unrolled ``torch.mul(..., out=dq)``; docs/perf-notes.md, "What limits
+    the unmet targets", the per-call item)."""
     dq_acc, sem = bufs
     launch((q, k, v, dout, dq_acc), (lse, delta, dk, dv, sem), (softmax_scale * LOG2E, softmax_scale),
            aligned(lse, delta, dk, dv))
-    torch.mul(dq_acc if dq.shape[-1] == dq_acc.shape[-1] else dq_acc[..., :dq.shape[-1]], softmax_scale, out=dq)
+    _scale_cast(dq_acc if dq.shape[-1] == dq_acc.shape[-1] else dq_acc[..., :dq.shape[-1]], dq, softmax_scale)
 
 
 def _run_dq(launch, dout, q, k, v, lse, delta, dq, o, softmax_scale):

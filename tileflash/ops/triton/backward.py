@@ -430,6 +430,42 @@ def compute_delta(out, dout, lse, varlen: bool, nheads: int, head_dim: int):
     return delta
 
 
+@triton.jit
+def _scale_cast(SRC, DST, n, scale, BLOCK: tl.constexpr):
+    """DST[i] = (scale · SRC[i]) in DST's dtype, over n contiguous elements: the fused backward's
+    fp32 dQ sums into dq (FA4's "postprocess"), one read of the sums and one write of dq."""
+    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)                   # [BLOCK]
+    m = o < n
+    x = tl.load(SRC + o, mask=m, other=0.0)                                          # [BLOCK] fp32
+    tl.store(DST + o, (x * scale).to(DST.dtype.element_ty), mask=m)
+
+
+# (n, dtypes, device) -> ops.launch.Launch of _scale_cast
+_CAST_LAUNCHES: dict = {}
+_CAST_BLOCK = 4096
+
+
+def scale_cast(src, dst, scale: float):
+    """dst = scale · src cast to dst's dtype, for contiguous tensors of one shape (src fp32). The
+    launch is kept per size (``ops.launch.Launch``); elsewhere (other layouts, the CPU) it is
+    ``torch.mul(src, scale, out=dst)``, the same values (one rounding of the fp32 product). The CPU
+    interpreter runs the kernel too (tests), except into bf16, whose stores it gets wrong."""
+    if not (src.is_cuda or (interpreting() and dst.dtype != torch.bfloat16)) \
+            or not (src.is_contiguous() and dst.is_contiguous()) or src.shape != dst.shape or src.dtype != torch.float32:
+        return torch.mul(src, scale, out=dst)
+    n = src.numel()
+    key = (n, dst.dtype, src.device, interpreting())
+    launch = _CAST_LAUNCHES.get(key)
+    if launch is None:
+        block = _CAST_BLOCK if not interpreting() else 256
+        launch = Launch(_scale_cast, (cdiv(n, block),), (), 2, (n,), 1, dict(BLOCK=block, num_warps=8))
+        if len(_CAST_LAUNCHES) >= 1024:
+            _CAST_LAUNCHES.clear()
+        _CAST_LAUNCHES[key] = launch
+    launch((), (src, dst), (scale,), src.is_cuda and src.data_ptr() % 16 == 0 and dst.data_ptr() % 16 == 0)
+    return dst
+
+
 def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool,
                         causal_shift: int | None = None, *, window=(-1, -1), softcap: float = 0.0,
                         alibi_slopes=None, dropout_p: float = 0.0, seed=None, cu_seqlens_q=None, cu_seqlens_k=None,
