@@ -177,7 +177,8 @@ def test_debug_from_env_parses():
     # the rest keep their defaults
     assert (d.gluon_bwd, d.gluon_dq, d.dq_delta, d.desc_cache) == (True, True, True, True)
     assert Debug.from_env("") == Debug()
-    assert Debug().pdl == -1 and Debug().gluon_fused is False
+    assert Debug().pdl == -1 and Debug().gluon_fused is False and Debug().scale_cast is False
+    assert Debug.from_env("scale_cast=1").scale_cast is True
     d = Debug.from_env(" gluon_bwd=0 , desc_cache=0,dq_delta=0,gluon_dq=0,pdl=-1,")  # spaces, a trailing comma
     assert (d.gluon_bwd, d.desc_cache, d.dq_delta, d.gluon_dq, d.pdl) == (False, False, False, False, -1)
     for pdl in ("-1", "0", "1", "2", "3"):
@@ -194,7 +195,7 @@ def test_debug_from_env_reads_the_environment(monkeypatch):
 
 @pytest.mark.parametrize("text,match", [
     ("nosuch=1", r"TILEFLASH_DEBUG: 'nosuch=1' is not name=value with a name among \['desc_cache', 'dq_delta', "
-                 r"'gluon_bwd', 'gluon_dq', 'gluon_fused', 'pdl'\]"),
+                 r"'gluon_bwd', 'gluon_dq', 'gluon_fused', 'pdl', 'scale_cast'\]"),
     ("gluon_fused", r"'gluon_fused' is not name=value"),
     ("gluon_fused=yes", r"TILEFLASH_DEBUG: gluon_fused='yes': use 0 or 1"),
     ("gluon_fused=2", r"gluon_fused='2': use 0 or 1"),

@@ -98,6 +98,9 @@ class Debug:
         desc_cache: the compiled launcher caches encoded TMA descriptors per address. Default 1.
         pdl: decode's programmatic-dependent-launch trigger, 0 (off) to 3; -1 (default) keeps the
             launch config's own.
+        scale_cast: the fused backward scales and casts its fp32 dQ sums into dq with tileflash's
+            own kernel (``triton.backward.scale_cast``) rather than ``torch.mul``. Default 0: built
+            and CPU-tested on 2026-12-06, not yet run on a GPU (docs/perf-notes.md).
     """
 
     gluon_fused: bool = False
@@ -106,6 +109,7 @@ class Debug:
     dq_delta: bool = True
     desc_cache: bool = True
     pdl: int = -1
+    scale_cast: bool = False
 
     @classmethod
     def from_env(cls, text: Optional[str] = None) -> "Debug":

@@ -1515,13 +1515,17 @@ def _fused_buffers(q, bm: int):
 def _run_fused(launch, dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, bufs):
     """One launch of the cached fused kernel (:func:`_ws_launch` with ``dq_acc``) on the buffers
     of :func:`_fused_buffers`, then dq = scale · dQ's fp32 sums (its first dq.shape[-1] columns),
-    cast to dq's dtype in one pass (``triton.backward.scale_cast``: a kernel of ours where both are
-    contiguous, in place of torch's unrolled ``torch.mul(..., out=dq)``; docs/perf-notes.md, "What limits
-    the unmet targets", the per-call item)."""
+    cast to dq's dtype in one pass: ``torch.mul(..., out=dq)``, or with the debug switch
+    ``scale_cast=1`` our own kernel (``triton.backward.scale_cast``, the same bits; opt-in until it has
+    run on a GPU: docs/perf-notes.md, "What limits the unmet targets", the per-call item)."""
     dq_acc, sem = bufs
     launch((q, k, v, dout, dq_acc), (lse, delta, dk, dv, sem), (softmax_scale * LOG2E, softmax_scale),
            aligned(lse, delta, dk, dv))
-    _scale_cast(dq_acc if dq.shape[-1] == dq_acc.shape[-1] else dq_acc[..., :dq.shape[-1]], dq, softmax_scale)
+    acc = dq_acc if dq.shape[-1] == dq_acc.shape[-1] else dq_acc[..., :dq.shape[-1]]
+    if DEBUG.scale_cast:
+        _scale_cast(acc, dq, softmax_scale)
+    else:
+        torch.mul(acc, softmax_scale, out=dq)
 
 
 def _run_dq(launch, dout, q, k, v, lse, delta, dq, o, softmax_scale):
