@@ -728,23 +728,35 @@ def test_repeated_fused_backward_replays_its_cached_launch(monkeypatch, d, causa
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_fused_backward_scale_cast_switch_gives_the_same_bits(monkeypatch, dtype):
     """The debug switch ``scale_cast=1`` (the fused backward's dQ postprocess by our own kernel rather
-    than ``torch.mul``) changes no bit of dq, dk or dv, on the first (routed) call and on a replay of
-    the kept launches; dq meets the reference rule (ordered sums, so both runs have the same fp32
-    sums to cast)."""
+    than ``torch.mul``) changes no bit of dq, dk or dv, on a routed call (no kept launches) and on a
+    replay of the kept ones; with the switch on the kernel runs and ``torch.mul`` does not, with it
+    off the reverse. dq meets the reference rule (ordered sums, so every run has the same fp32 sums
+    to cast)."""
     monkeypatch.setattr(DEBUG, "gluon_bwd", True)
     monkeypatch.setattr(DEBUG, "gluon_fused", True)  # ordered sums: the same fp32 dQ sums every run
-    monkeypatch.setattr(route, "_BWD_PLANS", {})
+    monkeypatch.setattr(bwd_mod, "_CAST_LAUNCHES", {})
+    casts = count_calls(monkeypatch, gb, "_scale_cast")
+    muls = []
+    real_mul = torch.mul
+    # (torch.mul is patched for the whole test; only calls with out= count: the postprocess's form)
+    monkeypatch.setattr(gb.torch, "mul", lambda *a, **kw: ("out" in kw and muls.append(1)) or real_mul(*a, **kw))
     q, k, v = make_qkv(2, 2048, 2048, 4, 2, 128, dtype, "cuda", seed=5)
     do = torch.randn_like(q)
     out, lse = route.forward(q, k, v, 128 ** -0.5, True)
     got = {}
-    for switch in (False, True, False, True):
+    for switch, routed in ((True, True), (True, False), (False, True), (False, False)):
         monkeypatch.setattr(DEBUG, "scale_cast", switch)
+        if routed:  # no kept launches: the route's own call of the fused kernel
+            monkeypatch.setattr(route, "_BWD_PLANS", {})
+        n_casts, n_muls = len(casts), len(muls)
         grads = route.backward(do, q, k, v, out, lse, 128 ** -0.5, True, deterministic=True)
+        assert (len(casts) - n_casts, len(muls) - n_muls) == ((1, 0) if switch else (0, 1))
+        assert len(route._BWD_PLANS) == 1  # (the routed call kept its launches: the next one replays)
         assert all(not g.isnan().any() for g in grads)
         if switch in got:
             assert all(torch.equal(g, h) for g, h in zip(grads, got[switch]))
         got[switch] = grads
+    assert bwd_mod._CAST_LAUNCHES, "the kernel's launch was made"
     assert all(torch.equal(g, h) for g, h in zip(got[False], got[True]))
     check_cuda_grads(got[True], q, k, v, do, True)
 

@@ -390,6 +390,7 @@ def test_log_rows_rebuilds_the_rows_of_a_printed_table(tmp_path):
                                      ms=rng.uniform(0.1, 20), tflops=rng.uniform(100, 700), peak_mib=rng.uniform(60, 400),
                                      max_err=rng.uniform(1e-5, 1e-2)))
     rows.append(dict(rows[0], provider="sdpa_flash", status="error: OOM"))
+    rows.append(dict(rows[1], provider="sdpa_flash", status="error: RuntimeError: bad shape here"))  # 10 words
     foot = ("TFLOP/s = 4·B·H·Sq·Sk·D / time (×0.5 causal, ×2.5 bwd, ×3.5 fwd+bwd); "
             "NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-12-06T06:58:55+00:00, git e9260c1")
     log = tmp_path / "bwd-bfloat16.log"
@@ -401,7 +402,7 @@ def test_log_rows_rebuilds_the_rows_of_a_printed_table(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     got = list(csv.DictReader(open(out)))
-    assert len(got) == len(rows) - 1 and json.loads((tmp_path / "plot" / "results.json").read_text())["results"]
+    assert len(got) == len(rows) - 2 and json.loads((tmp_path / "plot" / "results.json").read_text())["results"]
     for r, g in zip(rows, got):
         assert (g["provider"], g["mode"], int(g["head_dim"]), g["causal"], int(g["seqlen_q"])) == \
                (r["provider"], r["mode"], r["head_dim"], str(r["causal"]), r["seqlen_q"])
@@ -409,7 +410,8 @@ def test_log_rows_rebuilds_the_rows_of_a_printed_table(tmp_path):
         assert float(g["tflops"]) == pytest.approx(r["tflops"], abs=6e-3)
         assert float(g["peak_mib"]) == pytest.approx(r["peak_mib"], abs=0.06)
         assert float(g["max_err"]) == pytest.approx(r["max_err"], rel=6e-3)
-        assert int(g["batch"]) == 16384 // r["seqlen_q"] and int(g["heads"]) == 2048 // r["head_dim"]
+        assert int(g["batch"]) == 16384 // r["seqlen_q"] and int(g["heads"]) == int(g["heads_kv"]) == 2048 // r["head_dim"]
+        assert int(g["seqlen_k"]) == r["seqlen_q"] and g["status"] == "ok" and g["date"] == "2026-12-06T06:58:55+00:00"
         assert (g["dtype"], g["device_name"], g["torch"], g["triton"], g["git"]) == \
                ("bfloat16", "NVIDIA H200", "2.11.0+cu130", "3.6.0", "e9260c1")
     (tmp_path / "bwd-float16.log").write_text(format_table(rows))  # no footer

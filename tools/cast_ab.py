@@ -1,6 +1,7 @@
 """The fused backward's dQ postprocess, two ways on the same tensors: torch's
 ``torch.mul(acc, scale, out=dq)`` (what ``gluon.backward._run_fused`` ran before) against
-``triton.backward.scale_cast`` (the kernel it runs now). Checks that both give the same bits
+``triton.backward.scale_cast`` (the kernel it runs with the debug switch ``scale_cast=1``; opt-in until
+measured). Checks that both give the same bits
 first; then
 ``triton.testing.do_bench`` medians, the two arms taking turns over rounds.
 

@@ -5,7 +5,8 @@ decode columns, left empty; failed rows, which the table prints without numbers,
 ``tileflash plot DIR`` draws.
 
 The batch and head counts are not in the printed table: they are the grid's (B·N = 16k tokens,
-H = 2048 / D, ``--tokens`` and ``--width`` to change), as ``tileflash bench`` sets them by default.
+H = 2048 / D, at least 1 each, ``--tokens`` and ``--width`` to change), as ``tileflash bench`` sets them by
+default.
 
     python tools/log_rows.py fwd-float16.log bwd-float16.log [...] --csv out.csv [--json DIR]
 """
@@ -40,10 +41,11 @@ def parse(path: Path, tokens: int, width: int) -> list[dict]:
     for line in text.splitlines():
         c = line.split()
         # provider mode D causal N ms TFLOP/s MiB max_err status
-        if len(c) != 10 or c[3] not in ("True", "False") or not c[2].isdigit():
-            continue
+        if len(c) != 10 or c[3] not in ("True", "False") or not c[2].isdigit() or c[9] != "ok":
+            continue  # (a failed row has no numbers, and its status may be several words)
         d, n = int(c[2]), int(c[4])
-        rows.append(dict(provider=c[0], mode=c[1], batch=tokens // n, heads=width // d, heads_kv=width // d,
+        rows.append(dict(provider=c[0], mode=c[1], batch=max(1, tokens // n), heads=max(1, width // d),
+                         heads_kv=max(1, width // d),
                          seqlen_q=n, seqlen_k=n, head_dim=d, causal=c[3] == "True", dtype=m.group(1),
                          status=c[9], ms=float(c[5]), p20=None, p80=None, tflops=float(c[6]), kv_tb_s=None,
                          ms_eager=None, kv_tb_s_eager=None, timing=None, peak_mib=float(c[7]),

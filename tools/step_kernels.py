@@ -134,8 +134,8 @@ def host_profile(step, iters, label, top=18):
     prof.enable()
     for _ in range(iters):
         step()
+    prof.disable()  # (before the sync: time waiting on the GPU is not host time)
     torch.cuda.synchronize()
-    prof.disable()
     st = pstats.Stats(prof, stream=io.StringIO())
     rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:top]  # (func) -> (cc, nc, tt, ct, callers)
     total = sum(v[2] for v in st.stats.values())

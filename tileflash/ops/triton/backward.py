@@ -449,8 +449,10 @@ def scale_cast(src, dst, scale: float):
     """dst = scale · src cast to dst's dtype, for contiguous tensors of one shape (src fp32). The
     launch is kept per size (``ops.launch.Launch``); elsewhere (other layouts, the CPU) it is
     ``torch.mul(src, scale, out=dst)``, the same values (one rounding of the fp32 product). The CPU
-    interpreter runs the kernel too (tests), except into bf16, whose stores it gets wrong."""
-    if not (src.is_cuda or (interpreting() and dst.dtype != torch.bfloat16)) \
+    interpreter runs the kernel too (tests), except into bf16, whose stores it gets wrong. The caller
+    has the tensors' device current (``gluon.backward._run_fused`` runs under the route's device
+    switch), as the cached launch uses the current device's stream."""
+    if not ((src.is_cuda and not interpreting()) or (interpreting() and dst.dtype != torch.bfloat16)) \
             or not (src.is_contiguous() and dst.is_contiguous()) or src.shape != dst.shape or src.dtype != torch.float32:
         return torch.mul(src, scale, out=dst)
     n = src.numel()
