@@ -27,6 +27,8 @@
 #   perhead      the fused-mode GPU tests (the per-head launch order's included), then tools/fused_ab.py with
 #                the route's unordered config (PER_HEAD since e00c8c0: a head's K blocks launched together)
 #                beside the same kernel in the old 2-D grid (PER_HEAD false), FA4 and cuDNN
+#   cast         tools/cast_ab.py (the fused backward's dQ scale-and-cast: torch.mul against our kernel), the
+#                scale_cast GPU tests, then tools/bwd_kernels.py at 2k with the debug switch scale_cast=0 and 1
 #   ncusrc       tools/ncu_attn.sh with NCU_SOURCE=1 on the 16k backward cases (ours and FA4's, D 64/128):
 #                where the stall samples sit, per SASS instruction (tools/ncu_source.py)
 #
@@ -150,6 +152,18 @@ for stage in "$@"; do
       NCU_SOURCE=1 timeout ${NCU_LIMIT:-400} bash tools/ncu_attn.sh ${NCU_CASES:-nbwd64k16 fa4bwd64k16 nbwd128k16 fa4bwd128k16} \
           > "$OUT/ncusrc.log" 2>&1
       echo "ncusrc rc=$?"; grep -A 12 "^== source" "$OUT/ncusrc.log" | head -n 60 ;;
+    cast)      # the fused backward's dQ scale-and-cast kernel (debug switch scale_cast=1): its A/B, its GPU tests,
+               # then the backward kernel by kernel with the switch off and on
+      timeout 90 python3 tools/cast_ab.py > "$OUT/cast-ab.log" 2>&1
+      echo "cast ab rc=$?"; tail -n 6 "$OUT/cast-ab.log"
+      timeout ${TESTS_LIMIT:-150} python3 -m pytest -q -rf -n 8 -p no:cacheprovider tests/test_backward_sm90.py \
+          -k "scale_cast or repeated_fused" > "$OUT/cast-tests.log" 2>&1
+      echo "cast tests rc=$? $(tail -n 1 "$OUT/cast-tests.log")"
+      for sw in 0 1; do
+        TILEFLASH_DEBUG=scale_cast=$sw PYTHONPATH=$PYTHONPATH:tools timeout 120 python3 tools/bwd_kernels.py --dims 64 128 \
+            --seqlens 2048 --iters 10 > "$OUT/cast-bwd-$sw.log" 2>&1
+        echo "bwd_kernels scale_cast=$sw rc=$?"; grep -A 5 " fused: wall" "$OUT/cast-bwd-$sw.log"
+      done ;;
     ptx)
       timeout ${PTX_LIMIT:-400} python3 tools/compile_check.py --ptx-digests "$OUT/ptx.json" > "$OUT/ptx.log" 2>&1
       echo "ptx rc=$? $(tail -n 1 "$OUT/ptx.log")" ;;
