@@ -418,3 +418,34 @@ def test_log_rows_rebuilds_the_rows_of_a_printed_table(tmp_path):
     res = subprocess.run(tool + [str(tmp_path / "bwd-float16.log"), "--csv", str(out)], capture_output=True,
                          text=True, timeout=120)
     assert res.returncode != 0 and "footer" in res.stderr
+
+
+def test_bwd_kernels_plot_reads_the_table_and_draws(tmp_path):
+    """tools/bwd_kernels_plot.py takes the rows of bwd_kernels.py's last table (and nothing else of its
+    log: the per-kernel lines, the headers) and writes a PNG; a log without that table is refused."""
+    pytest.importorskip("matplotlib")
+    import importlib.util
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bwd_kernels_plot", root / "tools" / "bwd_kernels_plot.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    log = ("D=64 N=1024 B=16 H=32 fused: wall 1060 us/call (324 TFLOP/s), kernels 1047 us\n"
+           "        916.8 us  _attn_bwd_sm90_ws\n\n"
+           "| D | N | arm | wall us | main kernel us | other kernels us |\n|---|---|---|---|---|---|\n"
+           "| 64 | 1024 | fused | 1060 | 917 | 130 |\n| 64 | 1024 | fa4 | 807 | 664 | 118 |\n"
+           "| 128 | 16384 | fused_noDQ | 9540 | 9346 | 134 |\n")
+    assert mod.parse(log) == [(64, 1024, "fused", 1060.0, 917.0, 130.0), (64, 1024, "fa4", 807.0, 664.0, 118.0),
+                              (128, 16384, "fused_noDQ", 9540.0, 9346.0, 134.0)]
+    (tmp_path / "bk.log").write_text(log)
+    png = tmp_path / "bk.png"
+    res = subprocess.run([sys.executable, str(root / "tools" / "bwd_kernels_plot.py"), str(tmp_path / "bk.log"),
+                          str(png)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "none.log").write_text(log.split("\n\n")[0])
+    res = subprocess.run([sys.executable, str(root / "tools" / "bwd_kernels_plot.py"), str(tmp_path / "none.log"),
+                          str(png)], capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and "rows found" in res.stderr
