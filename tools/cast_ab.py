@@ -1,9 +1,8 @@
 """The fused backward's dQ postprocess, two ways on the same tensors: torch's
 ``torch.mul(acc, scale, out=dq)`` (what ``gluon.backward._run_fused`` ran before) against
 ``triton.backward.scale_cast`` (the kernel it runs with the debug switch ``scale_cast=1``; opt-in until
-measured). Checks that both give the same bits
-first; then
-``triton.testing.do_bench`` medians, the two arms taking turns over rounds.
+measured). Checks that both give the same bits first; then ``triton.testing.do_bench`` medians, the
+arms' order rotated over rounds (``fused_ab.rotated_medians``).
 
     python tools/cast_ab.py [--tokens 16384] [--width 2048] [--rounds 5]
 """
@@ -11,12 +10,13 @@ first; then
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 from triton.testing import do_bench
 
 from tileflash.ops.triton.backward import scale_cast
+
+from fused_ab import rotated_medians  # tools/ is on sys.path when run as a script
 
 
 def main():
@@ -34,13 +34,10 @@ def main():
         scale_cast(acc, dq, scale)
         assert torch.equal(dq, ref), f"{dt}: scale_cast differs from torch.mul"
         arms = {"torch.mul": lambda: torch.mul(acc, scale, out=dq), "scale_cast": lambda: scale_cast(acc, dq, scale)}
-        times = {k: [] for k in arms}
-        for r in range(a.rounds):
-            for name in (list(arms)[r % 2:] + list(arms)[:r % 2]):  # the order alternates per round
-                times[name].append(do_bench(arms[name], warmup=25, rep=100, return_mode="median") * 1e3)
+        medians = rotated_medians(arms, a.rounds,
+                                  lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3)
         gb = acc.numel() * (4 + dq.element_size()) / 1e9
-        for name, ts in times.items():
-            us = statistics.median(ts)
+        for name, us in medians.items():
             rows.append((str(dt).split(".")[-1], name, us, gb / us * 1e6 / 1e3))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {a.tokens} x {a.width} fp32 -> dq, "
           f"median of {a.rounds} rounds")
