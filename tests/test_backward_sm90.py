@@ -154,7 +154,7 @@ def _record_launches(monkeypatch, supported=True, dq_ok=True):
     what a launch that ran returns). Returns (the list of launches, the list of supported() calls)."""
     launches, asked = [], []
 
-    def fake_backward(dout, q, k, v, lse, delta, dq, dk, dv, scale, causal, cfg=None, deterministic=True):
+    def fake_backward(dout, q, k, v, lse, delta, dq, dk, dv, scale, causal, cfg=None, deterministic=True, bufs=None):
         launches.append(("dkdv", cfg))
         return (dq if cfg and cfg.get("WITH_DQ") else None), dk, dv
 
@@ -174,7 +174,7 @@ def _record_launches(monkeypatch, supported=True, dq_ok=True):
     monkeypatch.setattr(gb, "backward_dq", fake_dq)
     monkeypatch.setattr(bwd_mod, "flash_attn_backward", fake_triton)
     # no kernel runs: the delta kernel is replaced too (CPU tensors cannot reach a compiled kernel)
-    monkeypatch.setattr(bwd_mod, "compute_delta", lambda out, *a: launches.append(("delta", None))
+    monkeypatch.setattr(bwd_mod, "compute_delta", lambda out, *a, zero=None: launches.append(("delta", None))
                         or torch.zeros(out.shape[0], out.shape[2], out.shape[1]))
     return launches, asked
 
@@ -472,13 +472,46 @@ def test_delta_launch_matches_the_kernel_signature(monkeypatch):
     if params is None:  # the interpreter's kernel object has no parameter list
         params = triton.JITFunction(bwd_mod._bwd_preprocess.fn).params
     names = [p.name for p in params]
-    assert names[:3] == ["O", "DO", "DELTA"] and [p.is_constexpr for p in params] == [False] * 11 + [True] * 4
-    assert names[11:] == ["HEAD_DIM", "BLOCK_D", "BLOCK_M", "FLAT_GRID"]
-    assert dict(zip(names[3:11], launch.ints)) == dict(
+    assert names[:4] == ["O", "DO", "DELTA", "ZERO"] and [p.is_constexpr for p in params] == [False] * 14 + [True] * 5
+    assert names[14:] == ["HEAD_DIM", "BLOCK_D", "BLOCK_M", "FLAT_GRID", "ZERO_CHUNK"]
+    assert dict(zip(names[4:14], launch.ints)) == dict(
         stride_ob=out.stride(0), stride_om=out.stride(1), stride_oh=out.stride(2), stride_dob=dout.stride(0),
-        stride_dom=dout.stride(1), stride_doh=dout.stride(2), nheads=3, seqlen_q=96)
+        stride_dom=dout.stride(1), stride_doh=dout.stride(2), nheads=3, seqlen_q=96, n_zero=0, zero_per=0)
     assert launch.constexprs["HEAD_DIM"] == 40 and launch.constexprs["BLOCK_D"] == 64
+    assert launch.constexprs["ZERO_CHUNK"] == 0  # without a buffer to zero: no stores beyond delta
     assert launch.grid == (-(-96 // launch.constexprs["BLOCK_M"]), 2 * 3, 1) and launch.constexprs["FLAT_GRID"] is False
+
+
+@pytest.mark.parametrize("n_zero", [1, 63, 1000, 6 * 96 * 40 + 77, 3 * 6 * 96 * 40 + 5])
+def test_delta_kernel_zeroes_the_buffer_it_is_given(monkeypatch, n_zero):
+    """``compute_delta(..., zero=words)`` (the fused backward's dQ sums and counters, zeroed in the
+    delta kernel rather than by a memset): every word of a poisoned int32 buffer becomes 0, at sizes
+    below, near and above what the programs' equal shares cover, while delta stays rowsum(dO * O);
+    words past the buffer are not touched (a guard word after a view of a longer buffer); one launch
+    per (layout, size); a buffer that is not contiguous int32 is refused with what to pass."""
+    monkeypatch.setattr(bwd_mod, "_PRE_LAUNCHES", {})
+    device = "cuda" if HAS_CUDA else "cpu"
+    if device == "cpu" and not bwd_mod.interpreting():
+        pytest.skip("CPU tensors need the interpreter's kernels")
+    out = torch.randn(2, 96, 3, 40, device=device)
+    dout = torch.randn(2, 96, 3, 40, device=device)
+    lse = torch.empty(2, 3, 96, device=device)
+    for _ in range(2):
+        backing = torch.full((n_zero + 4,), -12345, dtype=torch.int32, device=device)
+        words = backing[:n_zero]
+        delta = bwd_mod.compute_delta(out, dout, lse, False, 3, 40, zero=words)
+        assert int(words.count_nonzero()) == 0, "every word zeroed"
+        assert backing[n_zero:].tolist() == [-12345] * 4, "nothing past the buffer written"
+        torch.testing.assert_close(delta, (out * dout).sum(-1).transpose(1, 2), rtol=1e-5, atol=1e-5)
+    assert len(bwd_mod._PRE_LAUNCHES) == 1
+    (launch,) = bwd_mod._PRE_LAUNCHES.values()
+    chunk, per = launch.constexprs["ZERO_CHUNK"], launch.ints[-1]
+    n_prog = launch.grid[0] * launch.grid[1]
+    assert chunk > 0 and per % chunk == 0 and (per - chunk) * n_prog < n_zero <= per * n_prog
+    with pytest.raises(ValueError, match="contiguous int32"):
+        bwd_mod.compute_delta(out, dout, lse, False, 3, 40, zero=torch.zeros(8, device=device))
+    with pytest.raises(ValueError, match="contiguous int32"):
+        bwd_mod.compute_delta(out, dout, lse, False, 3, 40, zero=backing[::2])
 
 
 @pytest.mark.parametrize("n", [1, 17, 255, 256, 4097, 2 * 2048 * 4 * 64 + 3])
@@ -716,12 +749,44 @@ def test_repeated_fused_backward_replays_its_cached_launch(monkeypatch, d, causa
         # the freed block of the dQ sums and counters is taken by one of the same size, so the next
         # call's get another address
         bm = gb.fused_config_for(d, causal, deterministic)["BLOCK_M"]
-        keep.append((q, k, v, do, out, lse, gb._fused_buffers(q, bm)))
+        keep.append((q, k, v, do, out, lse, gb.fused_buffers(q, bm)))
     assert len(launched) == 2 and len(builds) == 1, (launched, builds)
     assert len(runner.maps[4]) == 2, "each replay's dQ sums at a new address, encoded for it"
     if deterministic:
         for grads in results[1:]:
             assert all(torch.equal(g, g0) for g, g0 in zip(grads, results[0]))
+
+
+@needs_sm90
+@pytest.mark.parametrize("deterministic", [False, True], ids=["unordered", "ordered"])
+def test_fused_backward_zeroes_its_sums_in_the_delta_kernel(monkeypatch, deterministic):
+    """The fused backward's fp32 dQ sums and counters come from ``torch.empty`` and are zeroed by the
+    delta kernel (no memset): with every such buffer poisoned (NaN words, and counters at -1, which
+    would also break the ordered sums' turns) before the delta kernel runs, a routed call and two
+    replays of its kept launches still give grads that meet the reference rule, and no buffer is
+    made by a memset (``zeroed=True``) on those paths."""
+    monkeypatch.setattr(DEBUG, "gluon_bwd", True)
+    monkeypatch.setattr(DEBUG, "gluon_fused", True)
+    monkeypatch.setattr(route, "_BWD_PLANS", {})
+    made = []
+    real = gb.fused_buffers
+
+    def poisoned(q, bm, zeroed=True):
+        bufs = real(q, bm, zeroed)
+        made.append(zeroed)
+        if not zeroed:
+            bufs[0].fill_(float("nan"))
+            bufs[1].fill_(-1)
+        return bufs
+
+    monkeypatch.setattr(gb, "fused_buffers", poisoned)
+    q, k, v = make_qkv(2, 2048, 2048, 4, 2, 128, torch.float16, "cuda", seed=11)
+    do = torch.randn_like(q)
+    out, lse = route.forward(q, k, v, 128 ** -0.5, False)
+    for _ in range(3):
+        grads = route.backward(do, q, k, v, out, lse, 128 ** -0.5, False, deterministic=deterministic)
+        check_cuda_grads(grads, q, k, v, do, False)
+    assert made == [False] * 3 and len(route._BWD_PLANS) == 1
 
 
 @needs_sm90

@@ -177,8 +177,8 @@ def test_debug_from_env_parses():
     # the rest keep their defaults
     assert (d.gluon_bwd, d.gluon_dq, d.dq_delta, d.desc_cache) == (True, True, True, True)
     assert Debug.from_env("") == Debug()
-    assert Debug().pdl == -1 and Debug().gluon_fused is False and Debug().scale_cast is False
-    assert Debug.from_env("scale_cast=1").scale_cast is True
+    assert Debug().pdl == -1 and Debug().gluon_fused is False and Debug().scale_cast is True
+    assert Debug.from_env("scale_cast=0").scale_cast is False
     d = Debug.from_env(" gluon_bwd=0 , desc_cache=0,dq_delta=0,gluon_dq=0,pdl=-1,")  # spaces, a trailing comma
     assert (d.gluon_bwd, d.desc_cache, d.dq_delta, d.gluon_dq, d.pdl) == (False, False, False, False, -1)
     for pdl in ("-1", "0", "1", "2", "3"):

@@ -1,6 +1,8 @@
 """Where a backward's time goes, kernel by kernel: torch.profiler's CUDA time per call of every
 kernel that the backward launches, for our fused (unordered) and split designs, the fused kernel
-with its dQ reductions switched off (DQ_MODE=2: wrong dQ, timing only), FA4 and cuDNN.
+with its fp32 dQ sums zeroed by a memset of their own rather than by the delta kernel
+(``fused_memset``, the way before 2026-12-06 evening), the fused kernel with its dQ reductions switched
+off (DQ_MODE=2: wrong dQ, timing only), FA4 and cuDNN.
 
 Question it answers (2026-12-05 late): our fused backward's time fits a + b·N_blocks per call with
 an intercept ~1 ms above FA4's (H100, D = 64, B·N = 16k tokens); is that intercept in the main
@@ -68,6 +70,7 @@ def main():
             flops = 4 * b * h * n * n * d * 2.5
             arms = {
                 "fused": fused_ab.ours("fused", dout, q, k, v, out, lse, scale, False),
+                "fused_memset": fused_ab.ours("fused_memset", dout, q, k, v, out, lse, scale, False),
                 "fused_noDQ": fused_ab.ours("fused", dout, q, k, v, out, lse, scale, False,
                                             fused_cfg=[{"DQ_MODE": 2}]),
                 "split": fused_ab.ours("split", dout, q, k, v, out, lse, scale, False),

@@ -56,12 +56,16 @@ def ours(kind, dout, q, k, v, out, lse, scale, causal, fused_cfg=None, dkdv_cfg=
         cfg = dict(cfg, **fused_cfg[int(kind[6:])])
     elif kind != "fused_base":
         cfg = dict(cfg, **(fused_cfg[0] if fused_cfg else {}))
+    memset = kind == "fused_memset"  # the sums zeroed by a memset of their own, not by the delta kernel
     kind = "fused_ord" if kind == "fused_ord" else "fused"
 
     def run():
-        delta = tr_bwd.compute_delta(out, dout, lse, False, q.shape[2], q.shape[3])
+        # as the route runs it: the fp32 dQ sums and counters zeroed by the delta kernel
+        bufs = None if memset else gb.fused_buffers(q, cfg["BLOCK_M"], zeroed=False)
+        delta = tr_bwd.compute_delta(out, dout, lse, False, q.shape[2], q.shape[3], zero=None if bufs is None else bufs[2])
         dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-        gb.backward(dout, q, k, v, lse, delta, dq, dk, dv, scale, causal, cfg, deterministic=(kind == "fused_ord"))
+        gb.backward(dout, q, k, v, lse, delta, dq, dk, dv, scale, causal, cfg, deterministic=(kind == "fused_ord"),
+                    bufs=bufs)
         return dq, dk, dv
     return run
 

@@ -29,6 +29,8 @@
 #                beside the same kernel in the old 2-D grid (PER_HEAD false), FA4 and cuDNN
 #   cast         tools/cast_ab.py (the fused backward's dQ scale-and-cast: torch.mul against our kernel), the
 #                scale_cast GPU tests, then tools/bwd_kernels.py at 2k with the debug switch scale_cast=0 and 1
+#   zero         the delta kernel zeroing the fused backward's dQ sums: its GPU tests, tools/bwd_kernels.py at
+#                2k and 16k (fused against fused_memset), tools/fused_ab.py at 1k (split against fused)
 #   ncusrc       tools/ncu_attn.sh with NCU_SOURCE=1 on the 16k backward cases (ours and FA4's, D 64/128):
 #                where the stall samples sit, per SASS instruction (tools/ncu_source.py)
 #
@@ -164,6 +166,18 @@ for stage in "$@"; do
             --seqlens 2048 --iters 10 > "$OUT/cast-bwd-$sw.log" 2>&1
         echo "bwd_kernels scale_cast=$sw rc=$?"; grep -A 5 " fused: wall" "$OUT/cast-bwd-$sw.log"
       done ;;
+    zero)      # the delta kernel zeroing the fused backward's dQ sums (no memset launch), scale_cast by default:
+               # their GPU tests, the backward kernel by kernel (fused against fused_memset, the old way), then
+               # the split pair against the fused kernel at 1k, where the route keeps the split pair
+      timeout ${TESTS_LIMIT:-200} python3 -m pytest -q -rf -n 8 -p no:cacheprovider tests/test_backward_sm90.py \
+          -k "zeroes or delta_launch or scale_cast or repeated_fused or fused_schedule or fused_mode or unordered or either_order" \
+          > "$OUT/zero-tests.log" 2>&1
+      echo "zero tests rc=$? $(tail -n 1 "$OUT/zero-tests.log")"; grep -E "^FAILED|Error" "$OUT/zero-tests.log" | head -n 10
+      PYTHONPATH=$PYTHONPATH:tools timeout 200 python3 tools/bwd_kernels.py --dims 64 128 --seqlens ${ZERO_SEQLENS:-2048 16384} \
+          --iters 10 > "$OUT/zero-bwd.log" 2>&1
+      echo "bwd_kernels rc=$?"; grep -A 8 "^| D | N" "$OUT/zero-bwd.log" | head -n 40
+      timeout ${AB_LIMIT:-200} python3 tools/fused_ab.py --dims 64 128 --seqlens 1024 --dtypes float16 > "$OUT/zero-ab1k.log" 2>&1
+      echo "ab 1k rc=$?"; tail -n 8 "$OUT/zero-ab1k.log" ;;
     ptx)
       timeout ${PTX_LIMIT:-400} python3 tools/compile_check.py --ptx-digests "$OUT/ptx.json" > "$OUT/ptx.log" 2>&1
       echo "ptx rc=$? $(tail -n 1 "$OUT/ptx.log")" ;;

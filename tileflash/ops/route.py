@@ -531,10 +531,12 @@ def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift,
         g_in = (dout, q, k, v) if width == head_dim else tuple(tr_fwd.pad_head_dim(t, width) for t in (dout, q, k, v))
         if (_fused_backward(width, head_dim, causal, seqlen_q, seqlen_k, deterministic, batch, nheads)
                 and dq.stride(-1) == 1):
-            delta = tr_bwd.compute_delta(out, dout, lse, varlen, nheads, head_dim)
             fcfg = gb.fused_config_for(width, causal, deterministic)
+            # the fp32 dQ sums and counters, zeroed by the delta kernel (one launch for both)
+            bufs = gb.fused_buffers(q, fcfg["BLOCK_M"], zeroed=False)
+            delta = tr_bwd.compute_delta(out, dout, lse, varlen, nheads, head_dim, zero=bufs[2])
             if gb.backward(*g_in, lse, delta, dq, dk, dv, softmax_scale, causal, fcfg,
-                           deterministic=deterministic) is not None:
+                           deterministic=deterministic, bufs=bufs) is not None:
                 # fused: one Gluon kernel wrote dQ, dK and dV (kept for a replay as below)
                 if plan_key is not None and width == head_dim and lse is lse_in and dout is dout_in:
                     _keep_bwd_plan(plan_key, gb, gb.fused_launches(dout, q, k, v, lse, delta, dk, dv, causal, fcfg,

@@ -1456,10 +1456,12 @@ def _layout_cfg_key(dout, q, k, v, out, lse, causal, dk, dv):
 
 
 def backward(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal: bool, cfg: dict | None = None,
-             deterministic: bool = True):
+             deterministic: bool = True, bufs=None):
     """Launch the Gluon kernel; the caller checked :func:`supported` and computed delta
     ((B, H, Sq) fp32, like lse). Writes dk and dv, and dq too when ``cfg["WITH_DQ"]`` (the fused
     mode; the default config leaves dq to a dQ kernel, :func:`backward_dq` or the Triton one).
+    ``bufs``: the fused mode's zeroed fp32 dQ sums and counters (:func:`fused_buffers`, zeroed by
+    the caller's delta kernel), else made and zeroed here.
     Returns (dq or None, dk, dv), or None after a warning if the kernel does not compile with the
     installed triton (the caller then runs the Triton backward)."""
     d = q.shape[-1]
@@ -1470,7 +1472,7 @@ def backward(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale: float, causal
     ran = launch_or_fall_back(
         _BROKEN, key, "the Hopper Gluon backward",
         "using the Triton backward for this configuration. Options(backend='triton') turns the Gluon kernels off.",
-        lambda: _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, deterministic))
+        lambda: _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, deterministic, bufs))
     return ((dq if cfg.get("WITH_DQ", False) else None), dk, dv) if ran else None
 
 
@@ -1501,24 +1503,27 @@ def _run_dkdv(launch, dout, q, k, v, lse, delta, dk, dv, softmax_scale):
            aligned(lse, delta, dk, dv))
 
 
-def _fused_buffers(q, bm: int):
-    """The fused mode's zeroed fp32 dQ accumulator, (B, Sq, H, D) in q's order, and its int32
-    counters (one per (b, h, Q block), ordering the sums), in one allocation and one memset:
-    (dq_acc, sem)."""
+def fused_buffers(q, bm: int, zeroed: bool = True):
+    """The fused mode's fp32 dQ accumulator, (B, Sq, H, D) in q's order, and its int32 counters
+    (one per (b, h, Q block), ordering the sums), in one allocation: (dq_acc, sem, words), ``words``
+    the whole buffer as flat int32. Both must start at zero: ``zeroed`` makes them so with a memset;
+    without it the caller hands ``words`` to the delta kernel, which zeroes them in the same launch
+    (``triton.backward.compute_delta``'s ``zero``, as :func:`replay_default` and the route do)."""
     batch, seqlen_q, nheads, d = q.shape
     n_acc = batch * seqlen_q * nheads * d
-    buf = torch.zeros(n_acc + batch * nheads * (seqlen_q // bm), dtype=torch.int32, device=q.device)
+    buf = (torch.zeros if zeroed else torch.empty)(n_acc + batch * nheads * (seqlen_q // bm), dtype=torch.int32,
+                                                    device=q.device)
     # (the counters start n_acc · 4 bytes in: 16-byte aligned, as d is a multiple of 64)
-    return buf[:n_acc].view(torch.float32).view(batch, seqlen_q, nheads, d), buf[n_acc:]
+    return buf[:n_acc].view(torch.float32).view(batch, seqlen_q, nheads, d), buf[n_acc:], buf
 
 
 def _run_fused(launch, dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, bufs):
-    """One launch of the cached fused kernel (:func:`_ws_launch` with ``dq_acc``) on the buffers
-    of :func:`_fused_buffers`, then dq = scale · dQ's fp32 sums (its first dq.shape[-1] columns),
-    cast to dq's dtype in one pass: ``torch.mul(..., out=dq)``, or with the debug switch
-    ``scale_cast=1`` our own kernel (``triton.backward.scale_cast``, the same bits; opt-in until it has
-    run on a GPU: docs/perf-notes.md, "What limits the unmet targets", the per-call item)."""
-    dq_acc, sem = bufs
+    """One launch of the cached fused kernel (:func:`_ws_launch` with ``dq_acc``) on the zeroed
+    buffers of :func:`fused_buffers`, then dq = scale · dQ's fp32 sums (its first dq.shape[-1]
+    columns), cast to dq's dtype in one pass by our own kernel (``triton.backward.scale_cast``: FA4's
+    "postprocess"; the bits of ``torch.mul(..., out=dq)``, which the debug switch ``scale_cast=0``
+    runs instead; docs/perf-notes.md, "Hopper backward")."""
+    dq_acc, sem = bufs[0], bufs[1]
     launch((q, k, v, dout, dq_acc), (lse, delta, dk, dv, sem), (softmax_scale * LOG2E, softmax_scale),
            aligned(lse, delta, dk, dv))
     acc = dq_acc if dq.shape[-1] == dq_acc.shape[-1] else dq_acc[..., :dq.shape[-1]]
@@ -1538,7 +1543,7 @@ def _ws_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic, dq_acc=No
     """The warp-specialized kernel's launch (``WS=True``) for this layout: descriptors Q, K, V, dO;
     pointers LSE, DELTA, DK, DV; then dq_desc and SEM; then the integer arguments and the two
     scales. Without ``dq_acc``, the dK/dV kernel (``WITH_DQ=False``: dq_desc and SEM unused, passed
-    as None pointers). With it (the fused mode's fp32 accumulator, :func:`_fused_buffers`), dQ
+    as None pointers). With it (the fused mode's fp32 accumulator, :func:`fused_buffers`), dQ
     too: dq_desc is a fifth descriptor, over dq_acc's (B·Sq, H·D) view in [BLOCK_M, D / 2] tiles
     (one column half per consumer; ``DQ_ALT``: whole rows; ``DQ_MSPLIT``: half the rows), summed
     into by TMA reductions, and SEM the counters that order the sums."""
@@ -1588,7 +1593,7 @@ def _fused_launch(dout, q, k, v, lse, delta, dk, dv, causal, cfg, deterministic,
                           (dout, q, k, v, lse, dk, dv, delta), (bool(causal), bool(deterministic)), cfg)
 
 
-def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, deterministic):
+def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, deterministic, bufs=None):
     batch, seqlen_q, nheads, d = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
@@ -1602,8 +1607,9 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
     if with_dq and ws and cfg.get("PINGPONG", False):
         raise ValueError("the warp-specialized Gluon backward's fused mode (WITH_DQ) runs without PINGPONG")
     if with_dq and ws:
-        # the fused mode: a launch cached per layout too, on fresh zeroed fp32 sums and counters
-        bufs = _fused_buffers(q, bm)
+        # the fused mode: a launch cached per layout too, on fresh zeroed fp32 sums and counters (the
+        # caller's, zeroed by its delta kernel, or made here)
+        bufs = fused_buffers(q, bm) if bufs is None else bufs
         launch = _fused_launch(dout, q, k, v, lse, delta, dk, dv, causal, cfg, deterministic, bufs[0])
         _run_fused(launch, dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, bufs)
         return
@@ -1795,8 +1801,9 @@ def replay_default(launches, dout, q, k, v, out, lse, softmax_scale):
     dv = torch.empty(*v.shape, dtype=v.dtype, device=v.device)
     if len(launches) == 3:  # ("fused", launch, BLOCK_M)
         _, launch, bm = launches
-        delta = _compute_delta(out, dout, lse, False, q.shape[2], q.shape[3])
-        _run_fused(launch, dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, _fused_buffers(q, bm))
+        bufs = fused_buffers(q, bm, zeroed=False)  # (zeroed by the delta kernel)
+        delta = _compute_delta(out, dout, lse, False, q.shape[2], q.shape[3], zero=bufs[2])
+        _run_fused(launch, dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, bufs)
         return dq, dk, dv
     dq_launch, dkdv_launch = launches
     delta = torch.empty(*lse.shape, dtype=torch.float32, device=q.device)

@@ -46,12 +46,17 @@ from tileflash.options import DEBUG
 
 @triton.jit(do_not_specialize=["seqlen_q"])
 def _bwd_preprocess(
-    O, DO, DELTA,
+    O, DO, DELTA, ZERO,
     stride_ob, stride_om, stride_oh,
     stride_dob, stride_dom, stride_doh,
-    nheads, seqlen_q,
+    nheads, seqlen_q, n_zero, zero_per,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, FLAT_GRID: tl.constexpr = False,
+    ZERO_CHUNK: tl.constexpr = 0,
 ):
+    """DELTA = rowsum(dO ∘ O) in fp32 for BLOCK_M rows of one (batch, head). With ``ZERO_CHUNK`` > 0
+    it also zeroes ``zero_per`` int32 words of ZERO (the fused backward's fp32 dQ sums and counters,
+    ``n_zero`` words in all) at the program's own offset, in ZERO_CHUNK-word stores, as FA4's
+    preprocess kernel does: no separate memset launch (``compute_delta``'s ``zero``)."""
     pid_m, pid_bh = block_ids(seqlen_q, BLOCK_M, False, FLAT_GRID)  # grid: common.block_grid
     off_b = (pid_bh // nheads).to(tl.int64)
     off_h = (pid_bh % nheads).to(tl.int64)
@@ -64,6 +69,11 @@ def _bwd_preprocess(
     b_do = tl.load(p_do, mask=m_md, other=0.0).to(tl.float32)                         # [BLOCK_M, BLOCK_D]
     b_delta = tl.sum(b_o * b_do, 1)                                                   # [BLOCK_M]
     tl.store(DELTA + pid_bh.to(tl.int64) * seqlen_q + o_m, b_delta, mask=o_m < seqlen_q)
+    if ZERO_CHUNK > 0:
+        z0 = (pid_bh.to(tl.int64) * tl.cdiv(seqlen_q, BLOCK_M) + pid_m) * zero_per  # this program's words
+        for i in range(0, zero_per, ZERO_CHUNK):
+            o_z = z0 + i + tl.arange(0, ZERO_CHUNK)                                       # [ZERO_CHUNK]
+            tl.store(ZERO + o_z, tl.zeros([ZERO_CHUNK], dtype=tl.int32), mask=o_z < n_zero)
 
 
 @triton.jit
@@ -406,27 +416,40 @@ def bwd_tma_requested(config=None, device=None, head_dim: int = 128, use_tma=Non
 _PRE_LAUNCHES: dict = {}
 
 
-def compute_delta(out, dout, lse, varlen: bool, nheads: int, head_dim: int):
+def compute_delta(out, dout, lse, varlen: bool, nheads: int, head_dim: int, zero=None):
     """delta = rowsum(dO * O) in fp32, laid out like the (contiguous) LSE; varlen is one "batch" of
-    total_q rows. The launch is kept per layout (``ops.launch.Launch``: on a GPU, later calls
-    skip triton's argument binding; host time: docs/perf-notes.md, "Host path")."""
+    total_q rows. ``zero``: a contiguous int32 tensor the same kernel sets to zero (the fused
+    backward's fp32 dQ sums and counters, ``gluon.backward.fused_buffers``: FA4's preprocess does
+    this too, and it saves a memset launch). The launch is kept per layout (``ops.launch.Launch``: on
+    a GPU, later calls skip triton's argument binding; host time: docs/perf-notes.md, "Host path")."""
     delta = torch.empty(lse.shape, dtype=torch.float32, device=out.device)
     o4, do4 = (out[None], dout[None]) if varlen else (out, dout)
-    key = (o4.shape, o4.stride(), do4.stride(), o4.dtype, do4.dtype, o4.device, nheads, head_dim, interpreting())
+    if zero is not None and (zero.dtype != torch.int32 or not zero.is_contiguous()):
+        raise ValueError(f"compute_delta: zero must be a contiguous int32 tensor, got {zero.dtype} "
+                         f"with strides {zero.stride()}")
+    n_zero = 0 if zero is None else zero.numel()
+    key = (o4.shape, o4.stride(), do4.stride(), o4.dtype, do4.dtype, o4.device, nheads, head_dim, n_zero,
+           interpreting())
     launch = _PRE_LAUNCHES.get(key)
     if launch is None:
         pre_b, pre_s = o4.shape[0], o4.shape[1]
         pre_m = 64 if not interpreting() else 32
-        ints = (o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0), do4.stride(1), do4.stride(2), nheads, pre_s)
-        grid, flat = block_grid(cdiv(pre_s, pre_m), pre_b * nheads)
-        launch = Launch(_bwd_preprocess, grid, (), 3, ints, 0,
-                                      dict(HEAD_DIM=head_dim, BLOCK_D=block_d_for(head_dim), BLOCK_M=pre_m,
-                                           FLAT_GRID=flat))
+        n_blocks = cdiv(pre_s, pre_m)
+        chunk = (1024 if not interpreting() else 64) if n_zero else 0
+        # words per program, a whole number of chunks: the programs' ranges tile [0, n_zero)
+        per = cdiv(cdiv(n_zero, n_blocks * pre_b * nheads), chunk) * chunk if n_zero else 0
+        ints = (o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0), do4.stride(1), do4.stride(2), nheads, pre_s,
+                n_zero, per)
+        grid, flat = block_grid(n_blocks, pre_b * nheads)
+        launch = Launch(_bwd_preprocess, grid, (), 4, ints, 0,
+                        dict(HEAD_DIM=head_dim, BLOCK_D=block_d_for(head_dim), BLOCK_M=pre_m, FLAT_GRID=flat,
+                             ZERO_CHUNK=chunk))
         if len(_PRE_LAUNCHES) >= 1024:
             _PRE_LAUNCHES.clear()
         _PRE_LAUNCHES[key] = launch
-    cacheable = o4.is_cuda and o4.data_ptr() % 16 == 0 and do4.data_ptr() % 16 == 0 and delta.data_ptr() % 16 == 0
-    launch((), (o4, do4, delta), (), cacheable)
+    cacheable = (o4.is_cuda and o4.data_ptr() % 16 == 0 and do4.data_ptr() % 16 == 0 and delta.data_ptr() % 16 == 0
+                 and (zero is None or zero.data_ptr() % 16 == 0))
+    launch((), (o4, do4, delta, zero), (), cacheable)
     return delta
 
 
