@@ -1537,8 +1537,8 @@ def test_default_kernels_keep_wgmma_asynchronous():
 @needs_gluon
 def test_deterministic_flag_picks_the_backward(monkeypatch):
     """``deterministic=False`` takes the fused kernel with unordered dQ sums only where it measured
-    faster than the split pair (route._fused_backward: D = 64 or 128 with both lengths >= 2k, causal or
-    not, and at least route.FUSED_MIN_FLOPS of backward work), in the per-head launch order;
+    faster than the split pair (route._fused_backward: D = 64 or 128 with both lengths >= 1k non-causal
+    and >= 2k causal, and at least route.FUSED_MIN_FLOPS of backward work), in the per-head launch order;
     ``deterministic=True`` never takes it, unless the debug switch gluon_fused forces the fused
     kernel, which then keeps its ordered (bitwise) sums. Launchers recorded; the tensors are on
     the GPU where there is one (a padded head dim's copy kernel runs before the recorded launches,
@@ -1584,6 +1584,13 @@ def test_deterministic_flag_picks_the_backward(monkeypatch):
     assert route_of(128, True, 2048, 2048, False, b=5, h=16, hk=8) == ("fused", False)   # 2.1e11
     assert route_of(64, True, 2048, 2048, False, h=149) == "split"                        # 1.9995e11
     assert route_of(64, True, 2048, 2048, False, h=150) == ("fused", False)               # 2.013e11
+    # the length floors, with work well above FUSED_MIN_FLOPS: non-causal from 1k, causal from 2k
+    assert route_of(128, False, 1024, 1024, False, b=16, h=16) == ("fused", False)       # 3.4e11
+    assert route_of(64, False, 1024, 1024, False, b=16, h=32) == ("fused", False)        # 3.4e11
+    assert route_of(128, False, 1023, 1024, False, b=16, h=16) == "split"
+    assert route_of(128, False, 1024, 1023, False, b=16, h=16) == "split"
+    assert route_of(128, True, 1024, 1024, False, b=32, h=16) == "split"                  # 3.4e11, causal
+    assert route_of(128, True, 2047, 2048, False, b=16, h=16) == "split"                  # 6.9e11, causal
     for d, causal, sq, sk in ((128, False, 1024, 1024), (128, True, 8192, 1024), (64, False, 2047, 2048),
                               (64, True, 2048, 1920), (256, False, 16384, 16384), (96, False, 16384, 16384)):
         assert route_of(d, causal, sq, sk, False) == "split", (d, causal, sq, sk)

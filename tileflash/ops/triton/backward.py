@@ -414,6 +414,10 @@ def bwd_tma_requested(config=None, device=None, head_dim: int = 128, use_tma=Non
 
 # (layout key) -> ops.launch.Launch of _bwd_preprocess
 _PRE_LAUNCHES: dict = {}
+# int32 words per store loop step where the delta kernel zeroes a buffer (compute_delta's zero), and
+# its warps then (tools/zero_ab.py sweeps both)
+ZERO_CHUNK = 1024
+ZERO_WARPS = 4
 
 
 def compute_delta(out, dout, lse, varlen: bool, nheads: int, head_dim: int, zero=None):
@@ -435,7 +439,7 @@ def compute_delta(out, dout, lse, varlen: bool, nheads: int, head_dim: int, zero
         pre_b, pre_s = o4.shape[0], o4.shape[1]
         pre_m = 64 if not interpreting() else 32
         n_blocks = cdiv(pre_s, pre_m)
-        chunk = (1024 if not interpreting() else 64) if n_zero else 0
+        chunk = (ZERO_CHUNK if not interpreting() else 64) if n_zero else 0
         # words per program, a whole number of chunks: the programs' ranges tile [0, n_zero)
         per = cdiv(cdiv(n_zero, n_blocks * pre_b * nheads), chunk) * chunk if n_zero else 0
         ints = (o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0), do4.stride(1), do4.stride(2), nheads, pre_s,
@@ -443,7 +447,7 @@ def compute_delta(out, dout, lse, varlen: bool, nheads: int, head_dim: int, zero
         grid, flat = block_grid(n_blocks, pre_b * nheads)
         launch = Launch(_bwd_preprocess, grid, (), 4, ints, 0,
                         dict(HEAD_DIM=head_dim, BLOCK_D=block_d_for(head_dim), BLOCK_M=pre_m, FLAT_GRID=flat,
-                             ZERO_CHUNK=chunk))
+                             ZERO_CHUNK=chunk, **(dict(num_warps=ZERO_WARPS) if n_zero else {})))
         if len(_PRE_LAUNCHES) >= 1024:
             _PRE_LAUNCHES.clear()
         _PRE_LAUNCHES[key] = launch
