@@ -540,7 +540,7 @@ def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift,
                 and dq.stride(-1) == 1):
             fcfg = gb.fused_config_for(width, causal, deterministic)
             # the fp32 dQ sums and counters, zeroed by the delta kernel (one launch for both)
-            bufs = gb.fused_buffers(q, fcfg["BLOCK_M"], zeroed=False)
+            bufs = gb.fused_buffers(g_in[1], fcfg["BLOCK_M"], zeroed=False)  # (at the padded width)
             delta = tr_bwd.compute_delta(out, dout, lse, varlen, nheads, head_dim, zero=bufs[2])
             if gb.backward(*g_in, lse, delta, dq, dk, dv, softmax_scale, causal, fcfg,
                            deterministic=deterministic, bufs=bufs) is not None:
