@@ -1,7 +1,7 @@
 """Where a backward's time goes, kernel by kernel: torch.profiler's CUDA time per call of every
 kernel that the backward launches, for our fused (unordered) and split designs, the fused kernel
 with its fp32 dQ sums zeroed by a memset of their own rather than by the delta kernel
-(``fused_memset``, the way before 2026-12-06 evening), the fused kernel with its dQ reductions switched
+(``fused_memset``, the way before 6f72bbd), the fused kernel with its dQ reductions switched
 off (DQ_MODE=2: wrong dQ, timing only), FA4 and cuDNN.
 
 Question it answers (2026-12-05 late): our fused backward's time fits a + b·N_blocks per call with

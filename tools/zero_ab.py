@@ -1,7 +1,7 @@
 """A/B of the fused backward's preprocess on a CUDA GPU: delta = rowsum(dO * O) plus the zeroing of
 the fp32 dQ sums and counters, as one kernel (``compute_delta(..., zero=words)``, over a sweep of
 its store chunk and warps) against two launches (the delta kernel, then a memset of the words:
-the way before 2026-12-06 evening). Each arm is checked first (poisoned words come back zero,
+the way before 6f72bbd). Each arm is checked first (poisoned words come back zero,
 delta right), then timed with triton's do_bench in rotated rounds (``fused_ab.rotated_medians``).
 
     python tools/zero_ab.py [--dims 64 128] [--seqlens 2048 16384] [--rounds 5]

@@ -467,7 +467,7 @@ FUSED_MIN_FLOPS = 2e11
 # The least length (of Q and of K) at which deterministic=False takes the fused kernel. At 1k (B*N =
 # 16k, H = 2048/D, fp16, tools/fused_ab.py, 3 rotated rounds, kernels through gb.backward against the
 # routed split pair) the fused kernel measured 1.10x / 1.04x the split pair non-causal at D = 64 / 128
-# and 1.02x / 0.95x causal (H100, 2026-12-06 evening); on the H200 the same morning 1.05x at D = 64
+# and 1.02x / 0.95x causal (H100, 2026-12-06 08:15 UTC); on the H200 at 07:10 UTC that day 1.05x at D = 64
 # non-causal and level at D = 128. So non-causal from 1k, causal from 2k.
 FUSED_MIN_LEN = 1024
 FUSED_MIN_LEN_CAUSAL = 2048
@@ -482,7 +482,8 @@ def _fused_backward(width: int, head_dim: int, causal: bool, seqlen_q: int, seql
     (``LSE_EARLY=3``) and a head's K blocks launched together (``PER_HEAD``), at 2k tokens and
     more, D = 64 and 128, causal or not (H200, fp16, B*N = 16k, 2026-12-06, ``tools/fused_ab.py``,
     both in one process, 3 rotated rounds: 1.03-1.11x the split pair at 2k, 1.05-1.11x at 4k,
-    1.08-1.16x at 16k), and non-causal from 1k (``FUSED_MIN_LEN``: 1.04-1.10x there). Both designs launch through cached launches and are
+    1.08-1.16x at 16k), and non-causal from 1k (``FUSED_MIN_LEN``: 1.04-1.10x there). Both designs
+    launch through cached launches and are
     replayed per layout (``_BWD_PLANS``). Only from ``FUSED_MIN_FLOPS`` of backward work (batch ·
     nheads query heads): smaller backwards keep the split pair, which measured faster there (a
     host-bound step at 2k, a slower fused kernel at B=1 causal 4k).

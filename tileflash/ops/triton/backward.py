@@ -415,7 +415,7 @@ def bwd_tma_requested(config=None, device=None, head_dim: int = 128, use_tma=Non
 # (layout key) -> ops.launch.Launch of _bwd_preprocess
 _PRE_LAUNCHES: dict = {}
 # int32 words per store loop step where the delta kernel zeroes a buffer (compute_delta's zero), and
-# its warps then. tools/zero_ab.py (H100, 2026-12-06 evening, fp16, B*N = 16k, H*D = 2048, D 64/128 at
+# its warps then. tools/zero_ab.py (H100, 2026-12-06 08:25 UTC, fp16, B*N = 16k, H*D = 2048, D 64/128 at
 # 2k/16k): 1024 words with 8 warps took 97.5-101.9 us per call against 99.0-99.8 for the delta kernel
 # plus a memset (wider chunks 1-6% slower): level on the GPU, one launch less on the host.
 ZERO_CHUNK = 1024
