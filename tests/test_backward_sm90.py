@@ -482,17 +482,23 @@ def test_delta_launch_matches_the_kernel_signature(monkeypatch):
     assert launch.grid == (-(-96 // launch.constexprs["BLOCK_M"]), 2 * 3, 1) and launch.constexprs["FLAT_GRID"] is False
 
 
+@pytest.mark.parametrize("flat", [False, True], ids=["2d-grid", "flat-grid"])
 @pytest.mark.parametrize("n_zero", [1, 63, 1000, 6 * 96 * 40 + 77, 3 * 6 * 96 * 40 + 5])
-def test_delta_kernel_zeroes_the_buffer_it_is_given(monkeypatch, n_zero):
+def test_delta_kernel_zeroes_the_buffer_it_is_given(monkeypatch, n_zero, flat):
     """``compute_delta(..., zero=words)`` (the fused backward's dQ sums and counters, zeroed in the
     delta kernel rather than by a memset): every word of a poisoned int32 buffer becomes 0, at sizes
     below, near and above what the programs' equal shares cover, while delta stays rowsum(dO * O);
     words past the buffer are not touched (a guard word after a view of a longer buffer); one launch
-    per (layout, size); a buffer that is not contiguous int32 is refused with what to pass."""
+    per (layout, size); a buffer that is not contiguous int32 is refused with what to pass. Also in
+    the flat grid of calls with more batch·heads than a grid's y axis takes (``utils.block_grid``,
+    its limit lowered here), where the programs' linear ids come from one axis."""
     monkeypatch.setattr(bwd_mod, "_PRE_LAUNCHES", {})
     device = "cuda" if HAS_CUDA else "cpu"
     if device == "cpu" and not bwd_mod.interpreting():
         pytest.skip("CPU tensors need the interpreter's kernels")
+    if flat:
+        from tileflash.ops import utils as ops_utils
+        monkeypatch.setattr(ops_utils, "GRID_YZ_MAX", 4)  # 2 * 3 batch·heads: over it
     out = torch.randn(2, 96, 3, 40, device=device)
     dout = torch.randn(2, 96, 3, 40, device=device)
     lse = torch.empty(2, 3, 96, device=device)
@@ -505,6 +511,7 @@ def test_delta_kernel_zeroes_the_buffer_it_is_given(monkeypatch, n_zero):
         torch.testing.assert_close(delta, (out * dout).sum(-1).transpose(1, 2), rtol=1e-5, atol=1e-5)
     assert len(bwd_mod._PRE_LAUNCHES) == 1
     (launch,) = bwd_mod._PRE_LAUNCHES.values()
+    assert launch.constexprs["FLAT_GRID"] is flat and (launch.grid[1] == 1) is flat
     chunk, per = launch.constexprs["ZERO_CHUNK"], launch.ints[-1]
     n_prog = launch.grid[0] * launch.grid[1]
     assert chunk > 0 and per % chunk == 0 and (per - chunk) * n_prog < n_zero <= per * n_prog
@@ -780,13 +787,26 @@ def test_fused_backward_zeroes_its_sums_in_the_delta_kernel(monkeypatch, determi
         return bufs
 
     monkeypatch.setattr(gb, "fused_buffers", poisoned)
+    real_delta = bwd_mod.compute_delta
+    zeroed = []
+
+    def checked_delta(*a, zero=None):
+        # (checked before the fused kernel runs: ordered sums on counters left at -1 would wait forever)
+        delta = real_delta(*a, zero=zero)
+        zeroed.append(zero is not None and int(zero.count_nonzero()) == 0)
+        return delta
+
+    monkeypatch.setattr(bwd_mod, "compute_delta", checked_delta)
+    monkeypatch.setattr(gb, "_compute_delta", checked_delta)
+    replays = count_calls(monkeypatch, gb, "replay_default")
     q, k, v = make_qkv(2, 2048, 2048, 4, 2, 128, torch.float16, "cuda", seed=11)
     do = torch.randn_like(q)
     out, lse = route.forward(q, k, v, 128 ** -0.5, False)
     for _ in range(3):
         grads = route.backward(do, q, k, v, out, lse, 128 ** -0.5, False, deterministic=deterministic)
         check_cuda_grads(grads, q, k, v, do, False)
-    assert made == [False] * 3 and len(route._BWD_PLANS) == 1
+    assert made == [False] * 3 and zeroed == [True] * 3 and len(route._BWD_PLANS) == 1
+    assert len(replays) == 2, "the second and third calls replay the kept launches"
 
 
 @needs_sm90
@@ -1532,6 +1552,43 @@ def test_default_kernels_keep_wgmma_asynchronous():
         assert r["hgmma"] >= 16 and r["loop"] > 0, (name, r)
         if name != "bwd D=64 causal=0":
             assert r["waits0"] * 4 <= r["hgmma"], f"{name}: wgmmas serialized ({r})"
+
+
+@needs_gluon
+def test_broken_fused_config_makes_no_buffers(monkeypatch):
+    """Where the fused config failed to compile before (``gb._BROKEN``), the route neither makes the
+    fused mode's fp32 dQ buffers nor zeroes them, and runs the split pair as it runs by default (the
+    dQ kernel computing delta; no delta kernel).
+    Launchers recorded, CPU tensors."""
+    _debug_defaults(monkeypatch)
+    monkeypatch.setattr(DEBUG, "gluon_fused", True)
+    launches, _ = _record_launches(monkeypatch)
+    made = count_calls(monkeypatch, gb, "fused_buffers")
+    q, k, v = make_qkv(1, 128, 128, 2, 2, 64, torch.float32, "cpu", seed=1)
+    do, out, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(1, 2, 128)
+    monkeypatch.setattr(gb, "_BROKEN", set())
+    _route_cuda_backward(do, q, k, v, out, lse, 0.125, False)
+    assert len(made) == 1 and [c for n, c in launches if n == "dkdv"][0].get("WITH_DQ")
+    launches.clear()
+    monkeypatch.setattr(gb, "_BROKEN", {gb._f90._key(64, False, q.dtype, gb.fused_config_for(64, False, False))})
+    _route_cuda_backward(do, q, k, v, out, lse, 0.125, False)
+    assert len(made) == 1, "no buffers for a broken fused config"
+    assert not any(c and c.get("WITH_DQ") for n, c in launches if n == "dkdv")
+    assert ("delta", None) not in launches and ("dq computes delta", True) in launches  # the split pair's own way
+
+
+@needs_gluon
+def test_fused_mode_refuses_buffers_of_another_layout():
+    """``gb.backward(..., bufs=)`` checks that the caller's buffers are ``fused_buffers(q, BLOCK_M)``'s
+    (the cached launch keys neither), and says what to pass; no kernel is reached (CPU tensors)."""
+    q, k, v = make_qkv(1, 256, 256, 2, 2, 64, torch.float16, "cpu", seed=1)
+    do, lse, delta = torch.randn_like(q), torch.randn(1, 2, 256), torch.randn(1, 2, 256)
+    cfg = gb.fused_config_for(64, False, False)
+    wrong = gb.fused_buffers(q[:, :128], cfg["BLOCK_M"])
+    for bufs in (wrong, gb.fused_buffers(q, cfg["BLOCK_M"] // 2)):
+        with pytest.raises(ValueError, match=r"fused_buffers\(q, "):
+            gb._launch(do, q, k, v, lse, delta, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+                       0.125, False, cfg, False, bufs)
 
 
 @needs_gluon

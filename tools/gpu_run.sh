@@ -154,7 +154,7 @@ for stage in "$@"; do
       NCU_SOURCE=1 timeout ${NCU_LIMIT:-400} bash tools/ncu_attn.sh ${NCU_CASES:-nbwd64k16 fa4bwd64k16 nbwd128k16 fa4bwd128k16} \
           > "$OUT/ncusrc.log" 2>&1
       echo "ncusrc rc=$?"; grep -A 12 "^== source" "$OUT/ncusrc.log" | head -n 60 ;;
-    cast)      # the fused backward's dQ scale-and-cast kernel (debug switch scale_cast=1): its A/B, its GPU tests,
+    cast)      # the fused backward's dQ scale-and-cast kernel (the default since 6f72bbd; scale_cast=0: torch.mul): its A/B, its GPU tests,
                # then the backward kernel by kernel with the switch off and on
       timeout 90 python3 tools/cast_ab.py > "$OUT/cast-ab.log" 2>&1
       echo "cast ab rc=$?"; tail -n 6 "$OUT/cast-ab.log"
@@ -168,7 +168,7 @@ for stage in "$@"; do
       done ;;
     zero)      # the delta kernel zeroing the fused backward's dQ sums (no memset launch), scale_cast by default:
                # their GPU tests, the backward kernel by kernel (fused against fused_memset, the old way), then
-               # the split pair against the fused kernel at 1k, where the route keeps the split pair
+               # the split pair against the fused kernel at 1k (since ccf0390 the route takes the fused one there non-causal)
       timeout ${TESTS_LIMIT:-200} python3 -m pytest -q -rf -n 8 -p no:cacheprovider tests/test_backward_sm90.py \
           -k "zeroes or delta_launch or scale_cast or repeated_fused or fused_schedule or fused_mode or unordered or either_order" \
           > "$OUT/zero-tests.log" 2>&1

@@ -454,7 +454,8 @@ def _keep_bwd_plan(key, gb, launches):
 # which deterministic=False takes the fused kernel (~0.5 ms of backward). Measured below it (H100,
 # B=1 H=16/8 D=128 bf16, 2026-12-06, docs/perf-notes.md, "Hopper backward"):
 # - N=2k causal (4.3e10): the step is host-bound, and the fused design's extra host work (the delta
-#   kernel, a memset of the fp32 dQ sums, their cast: four more torch calls than the split pair's)
+#   kernel, a memset of the fp32 dQ sums, their cast: four more torch calls than the split pair's at
+#   the time; since 6f72bbd the delta kernel zeroes the sums and the memset is gone, not re-measured)
 #   cost more than its kernel saves: flash_attn_func forward+backward, `tileflash bench --host` 509 /
 #   684 us per step against 341 / 503 for deterministic=True (two runs), tools/step_kernels.py 571
 #   against 480 (200 steps; 315 against 347 in a run of 50); its backward kernels alone 0.92x the
@@ -540,11 +541,12 @@ def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift,
         if (_fused_backward(width, head_dim, causal, seqlen_q, seqlen_k, deterministic, batch, nheads)
                 and dq.stride(-1) == 1):
             fcfg = gb.fused_config_for(width, causal, deterministic)
-            # the fp32 dQ sums and counters, zeroed by the delta kernel (one launch for both)
-            bufs = gb.fused_buffers(g_in[1], fcfg["BLOCK_M"], zeroed=False)  # (at the padded width)
-            delta = tr_bwd.compute_delta(out, dout, lse, varlen, nheads, head_dim, zero=bufs[2])
-            if gb.backward(*g_in, lse, delta, dq, dk, dv, softmax_scale, causal, fcfg,
-                           deterministic=deterministic, bufs=bufs) is not None:
+            if not gb.config_broken(g_in[1], causal, fcfg):
+                # the fp32 dQ sums and counters, zeroed by the delta kernel (one launch for both)
+                bufs = gb.fused_buffers(g_in[1], fcfg["BLOCK_M"], zeroed=False)  # (at the padded width)
+                delta = tr_bwd.compute_delta(out, dout, lse, varlen, nheads, head_dim, zero=bufs[2])
+            if delta is not None and gb.backward(*g_in, lse, delta, dq, dk, dv, softmax_scale, causal, fcfg,
+                                                 deterministic=deterministic, bufs=bufs) is not None:
                 # fused: one Gluon kernel wrote dQ, dK and dV (kept for a replay as below)
                 if plan_key is not None and width == head_dim and lse is lse_in and dout is dout_in:
                     _keep_bwd_plan(plan_key, gb, gb.fused_launches(dout, q, k, v, lse, delta, dk, dv, causal, fcfg,

@@ -78,14 +78,15 @@ Two modes (``WITH_DQ``, a constexpr):
   after each add), so the fp32 sums happen in the same order on every run.
   ``deterministic=False`` drops the ordering. Two kernels have it:
 
-  - the warp-specialized one (``WS=True``, :func:`fused_config_for`; routed to only with
-    debug switch ``gluon_fused=1``), with FA3's layout of the dQ step: both consumers write their
+  - the warp-specialized one (``WS=True``, :func:`fused_config_for`; routed to by
+    ``deterministic=False`` where it measured faster, unordered, ``tileflash.ops.route._fused_backward``,
+    and with its ordered sums only by the debug switch ``gluon_fused=1``), with FA3's layout of the dQ step: both consumers write their
     keys of dSᵀ to one shared buffer, each computes one column half of the Q block's dQ part over
     all the block's keys and stages it in shared memory, and a writer warp adds the halves with
     TMA bulk reductions and keeps the order, so no consumer waits on it. On the H200 (fp16,
     2026-12-02) the whole backward measured 0.72–1.02× the split default ordered at D = 128
     (1.02× only at non-causal 16k; an earlier layout with a dQ part per consumer: 0.58–0.76×), so
-    it is off by default;
+    ``deterministic=True`` keeps the split kernels;
   - the 8-warp one (``WS=False``): per-thread vector atomics; slower still, reachable
     through ``backward(..., cfg=dict(..., WITH_DQ=True, WS=False))`` only.
 
@@ -1503,6 +1504,12 @@ def _run_dkdv(launch, dout, q, k, v, lse, delta, dk, dv, softmax_scale):
            aligned(lse, delta, dk, dv))
 
 
+def config_broken(q, causal: bool, cfg: dict) -> bool:
+    """Whether this config failed to compile before for q's head dim and dtype (:func:`backward`
+    then returns None at once): the route asks first, to skip making the fused mode's buffers."""
+    return _f90._key(q.shape[-1], causal, q.dtype, cfg) in _BROKEN
+
+
 def fused_buffers(q, bm: int, zeroed: bool = True):
     """The fused mode's fp32 dQ accumulator, (B, Sq, H, D) in q's order, and its int32 counters
     (one per (b, h, Q block), ordering the sums), in one allocation: (dq_acc, sem, words), ``words``
@@ -1609,7 +1616,12 @@ def _launch(dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, causal, cfg, d
     if with_dq and ws:
         # the fused mode: a launch cached per layout too, on fresh zeroed fp32 sums and counters (the
         # caller's, zeroed by its delta kernel, or made here)
-        bufs = fused_buffers(q, bm) if bufs is None else bufs
+        if bufs is None:
+            bufs = fused_buffers(q, bm)
+        elif bufs[0].shape != q.shape or bufs[1].numel() != batch * nheads * (seqlen_q // bm):
+            raise ValueError(f"gluon.backward: the fused mode's buffers must be fused_buffers(q, {bm}) for q of "
+                             f"shape {tuple(q.shape)}; got dQ sums {tuple(bufs[0].shape)} and "
+                             f"{bufs[1].numel()} counters")
         launch = _fused_launch(dout, q, k, v, lse, delta, dk, dv, causal, cfg, deterministic, bufs[0])
         _run_fused(launch, dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, bufs)
         return

@@ -433,6 +433,8 @@ def compute_delta(out, dout, lse, varlen: bool, nheads: int, head_dim: int, zero
     if zero is not None and (zero.dtype != torch.int32 or not zero.is_contiguous()):
         raise ValueError(f"compute_delta: zero must be a contiguous int32 tensor, got {zero.dtype} "
                          f"with strides {zero.stride()}")
+    if zero is not None and zero.numel() == 0:
+        zero = None  # (nothing to zero: the same launch, ZERO a None constant, as the key says)
     n_zero = 0 if zero is None else zero.numel()
     key = (o4.shape, o4.stride(), do4.stride(), o4.dtype, do4.dtype, o4.device, nheads, head_dim, n_zero,
            interpreting())
