@@ -1555,6 +1555,70 @@ def test_default_kernels_keep_wgmma_asynchronous():
 
 
 @needs_gluon
+@pytest.mark.parametrize("switch,pdl,kept", [(True, False, True), (True, True, False), (False, False, False)],
+                         ids=["scratch", "pdl-launch", "switch-off"])
+def test_replayed_split_backward_delta_scratch(monkeypatch, switch, pdl, kept):
+    """With the debug switch ``delta_scratch=1`` a replayed split backward hands its two kernels the
+    stream's kept delta buffer (``utils.stream_buffer``) instead of a fresh (B, H, Sq) one, the same
+    buffer to the dQ kernel that writes it and the dK/dV kernel that reads it; not for a dQ launch
+    with programmatic dependent launch (it could start writing before the previous call's dK/dV
+    kernel has read), nor with the switch off (the default). Launches recorded, CPU tensors, the
+    stream's buffer a stand-in (CPU tensors have no stream)."""
+    import types
+
+    monkeypatch.setattr(DEBUG, "delta_scratch", switch)
+    scratch = torch.empty(4096)
+    asked = []
+
+    def fake_stream_buffer(table, n, device, dtype, cap, max_streams=64):
+        asked.append((table is gb._DELTA_SCRATCH, n, dtype, cap))
+        return scratch
+
+    monkeypatch.setattr(gb, "stream_buffer", fake_stream_buffer)
+    seen = []
+    monkeypatch.setattr(gb, "_run_dq", lambda launch, dout, q, k, v, lse, delta, *a: seen.append(("dq", delta)))
+    monkeypatch.setattr(gb, "_run_dkdv", lambda launch, dout, q, k, v, lse, delta, *a: seen.append(("dkdv", delta)))
+    q, k, v = make_qkv(1, 128, 128, 2, 2, 64, torch.float16, "cpu", seed=1)
+    do, out, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(1, 2, 128)
+    dq_launch = types.SimpleNamespace(constexprs=dict(launch_pdl=True) if pdl else {})
+    dq, dk, dv = gb.replay_default((dq_launch, types.SimpleNamespace(constexprs={})), do, q, k, v, out, lse, 0.125)
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+    assert [name for name, _ in seen] == ["dq", "dkdv"] and seen[0][1] is seen[1][1]
+    if kept:
+        assert seen[0][1] is scratch and asked == [(True, lse.numel(), torch.float32, gb.DELTA_SCRATCH_MAX)]
+    else:
+        assert seen[0][1] is not scratch and seen[0][1].shape == lse.shape and seen[0][1].dtype == torch.float32
+        assert asked == []
+
+
+@needs_sm90
+def test_delta_scratch_gives_the_same_bits_on_the_gpu(monkeypatch):
+    """The debug switch ``delta_scratch=1`` changes no bit of a replayed split backward (its kept
+    launches, several calls in a row on one stream, then on a side stream), keeps one buffer per
+    stream, and its grads meet the reference rule."""
+    monkeypatch.setattr(DEBUG, "gluon_fused", False)
+    monkeypatch.setattr(route, "_BWD_PLANS", {})
+    monkeypatch.setattr(gb, "_DELTA_SCRATCH", {})
+    replays = count_calls(monkeypatch, gb, "replay_default")
+    q, k, v = make_qkv(1, 512, 512, 4, 2, 128, torch.bfloat16, "cuda", seed=23)
+    do = torch.randn_like(q)
+    out, lse = route.forward(q, k, v, 128 ** -0.5, True)
+    ref = route.backward(do, q, k, v, out, lse, 128 ** -0.5, True, deterministic=True)  # (records the plan)
+    check_cuda_grads(ref, q, k, v, do, True)
+    monkeypatch.setattr(DEBUG, "delta_scratch", True)
+    for i in range(3):
+        grads = route.backward(do, q, k, v, out, lse, 128 ** -0.5, True, deterministic=True)
+        assert all(torch.equal(g, r) for g, r in zip(grads, ref)), i
+    assert len(replays) == 3 and len(gb._DELTA_SCRATCH) == 1
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        grads = route.backward(do, q, k, v, out, lse, 128 ** -0.5, True, deterministic=True)
+    torch.cuda.synchronize()
+    assert all(torch.equal(g, r) for g, r in zip(grads, ref)) and len(gb._DELTA_SCRATCH) == 2
+
+
+@needs_gluon
 def test_broken_fused_config_makes_no_buffers(monkeypatch):
     """Where the fused config failed to compile before (``gb._BROKEN``), the route neither makes the
     fused mode's fp32 dQ buffers nor zeroes them, and runs the split pair as it runs by default (the

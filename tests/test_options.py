@@ -179,6 +179,7 @@ def test_debug_from_env_parses():
     assert Debug.from_env("") == Debug()
     assert Debug().pdl == -1 and Debug().gluon_fused is False and Debug().scale_cast is True
     assert Debug.from_env("scale_cast=0").scale_cast is False
+    assert Debug().delta_scratch is False and Debug.from_env("delta_scratch=1").delta_scratch is True
     d = Debug.from_env(" gluon_bwd=0 , desc_cache=0,dq_delta=0,gluon_dq=0,pdl=-1,")  # spaces, a trailing comma
     assert (d.gluon_bwd, d.desc_cache, d.dq_delta, d.gluon_dq, d.pdl) == (False, False, False, False, -1)
     for pdl in ("-1", "0", "1", "2", "3"):
@@ -194,8 +195,8 @@ def test_debug_from_env_reads_the_environment(monkeypatch):
 
 
 @pytest.mark.parametrize("text,match", [
-    ("nosuch=1", r"TILEFLASH_DEBUG: 'nosuch=1' is not name=value with a name among \['desc_cache', 'dq_delta', "
-                 r"'gluon_bwd', 'gluon_dq', 'gluon_fused', 'pdl', 'scale_cast'\]"),
+    ("nosuch=1", r"TILEFLASH_DEBUG: 'nosuch=1' is not name=value with a name among \['delta_scratch', 'desc_cache', "
+                 r"'dq_delta', 'gluon_bwd', 'gluon_dq', 'gluon_fused', 'pdl', 'scale_cast'\]"),
     ("gluon_fused", r"'gluon_fused' is not name=value"),
     ("gluon_fused=yes", r"TILEFLASH_DEBUG: gluon_fused='yes': use 0 or 1"),
     ("gluon_fused=2", r"gluon_fused='2': use 0 or 1"),
@@ -429,6 +430,52 @@ def test_lse_scratch_grows_keeps_old_buffers_and_caps():
         for need, numel in ((True, 80), (False, utils.LSE_SCRATCH_MAX + 1)):
             out, lse, own = route._planned_buffers(q, (1, 4, 20), numel, need)
             assert own and lse.shape == (1, 4, 20) and lse.dtype == torch.float32 and lse is not big
+
+
+def test_stream_buffer_is_per_stream_grows_and_declines(monkeypatch):
+    """``utils.stream_buffer`` (the decode's split partials and the backward's delta scratch): one
+    buffer per (device, current stream) that a later request on that stream reuses or replaces by a
+    larger one (at least doubling, at most ``cap``); another stream or device gets its own; past
+    ``max_streams`` kept buffers all are dropped; None (the caller allocates) for a request above
+    ``cap``, during a graph capture, or off CUDA. The CUDA calls are stand-ins (CPU machine)."""
+    import types
+
+    from tileflash.ops import utils
+
+    state = dict(stream=7, capturing=False)
+    made = []
+
+    def empty(n, dtype, device):
+        made.append(n)
+        return torch.empty(n, dtype=dtype)
+
+    fake = types.SimpleNamespace(
+        empty=empty, float32=torch.float32,
+        cuda=types.SimpleNamespace(is_current_stream_capturing=lambda: state["capturing"], current_device=lambda: 0),
+        _C=types.SimpleNamespace(_cuda_getCurrentRawStream=lambda index: (index, state["stream"])))
+    monkeypatch.setattr(utils, "torch", fake)
+    dev0, dev1 = types.SimpleNamespace(type="cuda", index=0), types.SimpleNamespace(type="cuda", index=1)
+    table = {}
+    a = utils.stream_buffer(table, 100, dev0, torch.float32, cap=1000, max_streams=3)
+    assert a.numel() == 100 and a.dtype == torch.float32 and made == [100]
+    assert utils.stream_buffer(table, 60, dev0, torch.float32, 1000, 3) is a, "reused on its stream"
+    b = utils.stream_buffer(table, 101, dev0, torch.float32, 1000, 3)
+    assert b is not a and b.numel() == 200 and made == [100, 200], "grown by doubling"
+    assert utils.stream_buffer(table, 900, dev0, torch.float32, 1000, 3).numel() == 900  # (max(n, 2 * 200))
+    assert utils.stream_buffer(table, 950, dev0, torch.float32, 1000, 3).numel() == 1000, "capped"
+    assert utils.stream_buffer(table, 1001, dev0, torch.float32, 1000, 3) is None
+    state["stream"] = 8
+    c = utils.stream_buffer(table, 10, dev0, torch.float32, 1000, 3)
+    assert c.numel() == 10 and len(table) == 2, "another stream, another buffer"
+    assert utils.stream_buffer(table, 10, dev1, torch.float32, 1000, 3) is not c and len(table) == 3
+    state["stream"] = 9
+    utils.stream_buffer(table, 10, dev0, torch.float32, 1000, 3)
+    assert len(table) == 1, "past max_streams the kept buffers are dropped"
+    state["capturing"] = True
+    n_made = len(made)
+    assert utils.stream_buffer(table, 10, dev0, torch.float32, 1000, 3) is None and len(made) == n_made
+    state["capturing"] = False
+    assert utils.stream_buffer(table, 10, types.SimpleNamespace(type="cpu", index=None), torch.float32, 1000) is None
 
 
 @pytest.mark.skipif(not (IS_SM90 and gluon_modules() is not None), reason="needs a Hopper GPU and triton's Gluon")

@@ -102,6 +102,10 @@ class Debug:
             own kernel (``triton.backward.scale_cast``; 0: ``torch.mul``, the same bits). Default 1:
             6% faster than ``torch.mul`` on an H100 (72.6 against 77.2-78.5 us per cast at B*N = 16k,
             H*D = 2048; docs/perf-notes.md, "Hopper backward").
+        delta_scratch: a replayed split backward (``gluon.backward.replay_default``) writes delta
+            into its stream's kept fp32 buffer (``utils.stream_buffer``) rather than a fresh
+            ``torch.empty`` (one allocation less per call, host time). Default 0: built 2026-12-06
+            without device time to measure or GPU-test it (docs/perf-notes.md, "Host path").
     """
 
     gluon_fused: bool = False
@@ -111,6 +115,7 @@ class Debug:
     desc_cache: bool = True
     pdl: int = -1
     scale_cast: bool = True
+    delta_scratch: bool = False
 
     @classmethod
     def from_env(cls, text: Optional[str] = None) -> "Debug":

@@ -31,7 +31,8 @@
 #                scale_cast GPU tests, then tools/bwd_kernels.py at 2k with the debug switch scale_cast=0 and 1
 #   zero         the delta kernel zeroing the fused backward's dQ sums: its GPU tests, tools/bwd_kernels.py at
 #                2k and 16k (fused against fused_memset), tools/fused_ab.py at 1k (split against fused)
-#   followup     the GPU checks the 2026-12-06 08:10 UTC session left (testing.md): GPU tests, the fused step's host time
+#   followup     the GPU checks the 2026-12-06 08:10 UTC session left (testing.md): GPU tests, the fused step's host time,
+#                tools/host_delta_ab.py (the opt-in delta scratch's host time)
 #   ncusrc       tools/ncu_attn.sh with NCU_SOURCE=1 on the 16k backward cases (ours and FA4's, D 64/128):
 #                where the stall samples sit, per SASS instruction (tools/ncu_source.py)
 #
@@ -182,7 +183,8 @@ for stage in "$@"; do
     followup)  # what the 2026-12-06 08:10 UTC session left for the GPU (docs/testing.md): the GPU tests its review
                # fixes touched, the four test files it did not run, then the fused step's host issue time
       timeout ${TESTS_LIMIT:-150} python3 -m pytest -q -rf -n 8 -p no:cacheprovider tests/test_backward_sm90.py \
-          -k "zeroes or broken_fused or refuses_buffers or scale_cast or fused" > "$OUT/followup-bwd-tests.log" 2>&1
+          -k "zeroes or broken_fused or refuses_buffers or scale_cast or fused or delta_scratch" \
+          > "$OUT/followup-bwd-tests.log" 2>&1
       echo "followup backward tests rc=$? $(tail -n 1 "$OUT/followup-bwd-tests.log")"
       grep -E "^FAILED" "$OUT/followup-bwd-tests.log" | head -n 20
       timeout ${TESTS_LIMIT2:-300} python3 -m pytest -q -rf -n 14 -p no:cacheprovider tests/test_forward_sm90.py \
@@ -193,7 +195,11 @@ for stage in "$@"; do
       echo "grid-limit tests rc=$? $(tail -n 1 "$OUT/followup-grid.log")"
       timeout 150 python3 tools/step_kernels.py --batches 2 4 --seqlens 4096 --causal 0 1 --iters 50 \
           > "$OUT/followup-step.log" 2>&1
-      echo "step_kernels rc=$?"; tail -n 12 "$OUT/followup-step.log" ;;
+      echo "step_kernels rc=$?"; tail -n 12 "$OUT/followup-step.log"
+      for case in fwd+bwd fwd+bwd@2k; do   # the opt-in delta scratch's host time (debug switch delta_scratch)
+        timeout 120 python3 tools/host_delta_ab.py --case $case > "$OUT/followup-delta-$case.log" 2>&1
+        echo "host_delta_ab $case rc=$?"; tail -n 5 "$OUT/followup-delta-$case.log"
+      done ;;
     ptx)
       timeout ${PTX_LIMIT:-400} python3 tools/compile_check.py --ptx-digests "$OUT/ptx.json" > "$OUT/ptx.log" 2>&1
       echo "ptx rc=$? $(tail -n 1 "$OUT/ptx.log")" ;;

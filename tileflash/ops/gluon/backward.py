@@ -112,7 +112,7 @@ from tileflash.ops.launch import Launch, aligned, launch_or_fall_back
 from tileflash.ops.triton.backward import compute_delta as _compute_delta
 from tileflash.ops.triton.backward import scale_cast as _scale_cast
 from tileflash.options import DEBUG
-from tileflash.ops.utils import GRID_YZ_MAX, LOG2E
+from tileflash.ops.utils import GRID_YZ_MAX, LOG2E, stream_buffer
 
 from tileflash.ops.gluon.common import (_cta_barrier, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
                                         warpgroup_mma_init, warpgroup_mma_wait)
@@ -1802,6 +1802,11 @@ def fused_launches(dout, q, k, v, lse, delta, dk, dv, causal: bool, cfg: dict, d
     return "fused", _fused_launch(dout, q, k, v, lse, delta, dk, dv, causal, cfg, deterministic), cfg["BLOCK_M"]
 
 
+# (device index, stream) -> the fp32 delta scratch of replayed split backwards (DEBUG.delta_scratch)
+_DELTA_SCRATCH: dict = {}
+DELTA_SCRATCH_MAX = 1 << 20  # floats (4 MiB): larger backwards allocate their own (their kernels dwarf it)
+
+
 def replay_default(launches, dout, q, k, v, out, lse, softmax_scale):
     """The default backward of a layout whose launches :func:`default_launches` (the split pair) or
     :func:`fused_launches` (the fused kernel) returned, on new tensors of that layout: allocations,
@@ -1818,7 +1823,14 @@ def replay_default(launches, dout, q, k, v, out, lse, softmax_scale):
         _run_fused(launch, dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, bufs)
         return dq, dk, dv
     dq_launch, dkdv_launch = launches
-    delta = torch.empty(*lse.shape, dtype=torch.float32, device=q.device)
+    # delta: the stream's scratch (debug switch delta_scratch=1), else a fresh (B, H, Sq) buffer. The
+    # kernels address it by the LSE's strides, so a flat buffer serves: written by the dQ kernel and
+    # read by the dK/dV kernel after it, which ends before the stream's next dQ kernel starts (these
+    # launches are never PDL ones: dq_computes_delta)
+    delta = (stream_buffer(_DELTA_SCRATCH, lse.numel(), q.device, torch.float32, DELTA_SCRATCH_MAX)
+             if DEBUG.delta_scratch and not dq_launch.constexprs.get("launch_pdl", False) else None)
+    if delta is None:
+        delta = torch.empty(*lse.shape, dtype=torch.float32, device=q.device)
     _run_dq(dq_launch, dout, q, k, v, lse, delta, dq, out, softmax_scale)
     _run_dkdv(dkdv_launch, dout, q, k, v, lse, delta, dk, dv, softmax_scale)
     return dq, dk, dv
