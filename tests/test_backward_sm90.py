@@ -1570,8 +1570,8 @@ def test_replayed_split_backward_delta_scratch(monkeypatch, switch, pdl, kept):
     scratch = torch.empty(4096)
     asked = []
 
-    def fake_stream_buffer(table, n, device, dtype, cap, max_streams=64):
-        asked.append((table is gb._DELTA_SCRATCH, n, dtype, cap))
+    def fake_stream_buffer(table, n, device, dtype, cap, max_streams=64, per_thread=False):
+        asked.append((table is gb._DELTA_SCRATCH, n, dtype, cap, per_thread))
         return scratch
 
     monkeypatch.setattr(gb, "stream_buffer", fake_stream_buffer)
@@ -1585,7 +1585,7 @@ def test_replayed_split_backward_delta_scratch(monkeypatch, switch, pdl, kept):
     assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
     assert [name for name, _ in seen] == ["dq", "dkdv"] and seen[0][1] is seen[1][1]
     if kept:
-        assert seen[0][1] is scratch and asked == [(True, lse.numel(), torch.float32, gb.DELTA_SCRATCH_MAX)]
+        assert seen[0][1] is scratch and asked == [(True, lse.numel(), torch.float32, gb.DELTA_SCRATCH_MAX, True)]
     else:
         assert seen[0][1] is not scratch and seen[0][1].shape == lse.shape and seen[0][1].dtype == torch.float32
         assert asked == []
@@ -1593,29 +1593,34 @@ def test_replayed_split_backward_delta_scratch(monkeypatch, switch, pdl, kept):
 
 @needs_sm90
 def test_delta_scratch_gives_the_same_bits_on_the_gpu(monkeypatch):
-    """The debug switch ``delta_scratch=1`` changes no bit of a replayed split backward (its kept
-    launches, several calls in a row on one stream, then on a side stream), keeps one buffer per
-    stream, and its grads meet the reference rule."""
+    """The debug switch ``delta_scratch=1`` changes no bit of a replayed split backward: calls in a row
+    on one stream with two different dO (so a delta left over from the call before would show), then
+    on a side stream, each equal to the switch-off result for its own dO; one buffer per stream; the
+    grads meet the reference rule."""
     monkeypatch.setattr(DEBUG, "gluon_fused", False)
     monkeypatch.setattr(route, "_BWD_PLANS", {})
     monkeypatch.setattr(gb, "_DELTA_SCRATCH", {})
     replays = count_calls(monkeypatch, gb, "replay_default")
     q, k, v = make_qkv(1, 512, 512, 4, 2, 128, torch.bfloat16, "cuda", seed=23)
-    do = torch.randn_like(q)
+    dos = (torch.randn_like(q), torch.randn_like(q) * 3)
     out, lse = route.forward(q, k, v, 128 ** -0.5, True)
-    ref = route.backward(do, q, k, v, out, lse, 128 ** -0.5, True, deterministic=True)  # (records the plan)
-    check_cuda_grads(ref, q, k, v, do, True)
+    refs = [route.backward(do, q, k, v, out, lse, 128 ** -0.5, True, deterministic=True) for do in dos]
+    for do, ref in zip(dos, refs):
+        check_cuda_grads(ref, q, k, v, do, True)
+    n_replays = len(replays)
     monkeypatch.setattr(DEBUG, "delta_scratch", True)
-    for i in range(3):
-        grads = route.backward(do, q, k, v, out, lse, 128 ** -0.5, True, deterministic=True)
-        assert all(torch.equal(g, r) for g, r in zip(grads, ref)), i
-    assert len(replays) == 3 and len(gb._DELTA_SCRATCH) == 1
+    for i in range(4):
+        grads = route.backward(dos[i % 2], q, k, v, out, lse, 128 ** -0.5, True, deterministic=True)
+        assert all(torch.equal(g, r) for g, r in zip(grads, refs[i % 2])), i
+    assert len(replays) == n_replays + 4 and len(gb._DELTA_SCRATCH) == 1
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        grads = route.backward(do, q, k, v, out, lse, 128 ** -0.5, True, deterministic=True)
+        grads = [route.backward(do, q, k, v, out, lse, 128 ** -0.5, True, deterministic=True) for do in dos]
     torch.cuda.synchronize()
-    assert all(torch.equal(g, r) for g, r in zip(grads, ref)) and len(gb._DELTA_SCRATCH) == 2
+    for g3, ref in zip(grads, refs):
+        assert all(torch.equal(g, r) for g, r in zip(g3, ref))
+    assert len(gb._DELTA_SCRATCH) == 2
 
 
 @needs_gluon

@@ -1802,7 +1802,7 @@ def fused_launches(dout, q, k, v, lse, delta, dk, dv, causal: bool, cfg: dict, d
     return "fused", _fused_launch(dout, q, k, v, lse, delta, dk, dv, causal, cfg, deterministic), cfg["BLOCK_M"]
 
 
-# (device index, stream) -> the fp32 delta scratch of replayed split backwards (DEBUG.delta_scratch)
+# (device index, stream, dtype, thread) -> the fp32 delta scratch of replayed split backwards (DEBUG.delta_scratch)
 _DELTA_SCRATCH: dict = {}
 DELTA_SCRATCH_MAX = 1 << 20  # floats (4 MiB): larger backwards allocate their own (their kernels dwarf it)
 
@@ -1823,11 +1823,13 @@ def replay_default(launches, dout, q, k, v, out, lse, softmax_scale):
         _run_fused(launch, dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, bufs)
         return dq, dk, dv
     dq_launch, dkdv_launch = launches
-    # delta: the stream's scratch (debug switch delta_scratch=1), else a fresh (B, H, Sq) buffer. The
-    # kernels address it by the LSE's strides, so a flat buffer serves: written by the dQ kernel and
-    # read by the dK/dV kernel after it, which ends before the stream's next dQ kernel starts (these
-    # launches are never PDL ones: dq_computes_delta)
-    delta = (stream_buffer(_DELTA_SCRATCH, lse.numel(), q.device, torch.float32, DELTA_SCRATCH_MAX)
+    # delta: the stream's scratch of this thread (debug switch delta_scratch=1), else a fresh
+    # (B, H, Sq) buffer. The kernels address it by the LSE's strides, so a flat buffer serves: written
+    # by the dQ kernel and read by the dK/dV kernel after it, which ends before the stream's next dQ
+    # kernel starts (these launches are never PDL ones: dq_computes_delta); per thread, since another
+    # thread's dQ kernel on the same stream could come between the two
+    delta = (stream_buffer(_DELTA_SCRATCH, lse.numel(), q.device, torch.float32, DELTA_SCRATCH_MAX,
+                           per_thread=True)
              if DEBUG.delta_scratch and not dq_launch.constexprs.get("launch_pdl", False) else None)
     if delta is None:
         delta = torch.empty(*lse.shape, dtype=torch.float32, device=q.device)
