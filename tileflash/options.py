@@ -100,10 +100,10 @@ class Debug:
             launch config's own.
         scale_cast: the fused backward scales and casts its fp32 dQ sums into dq with tileflash's
             own kernel (``triton.backward.scale_cast``; 0: ``torch.mul``, the same bits). Default 1:
-            6% faster than ``torch.mul`` on an H100 (72.6 against 77.2-78.5 us per cast at B*N = 16k,
-            H*D = 2048; docs/perf-notes.md, "Hopper backward").
+            6-8% faster than ``torch.mul`` on an H100 (72.5-72.7 against 77.2-78.5 us per cast at
+            B*N = 16k, H*D = 2048; docs/benchmarks.md, "H100 backward grid at 0dbc0b7").
         delta_scratch: a replayed split backward (``gluon.backward.replay_default``) writes delta
-            into its stream's kept fp32 buffer (``utils.stream_buffer``) rather than a fresh
+            into a kept fp32 buffer of its stream and host thread (``utils.stream_buffer``) rather than a fresh
             ``torch.empty`` (one allocation less per call, host time). Default 0: built 2026-12-06
             without device time to measure or GPU-test it (docs/perf-notes.md, "Host path").
     """

@@ -545,13 +545,13 @@ def _cuda_backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift,
                 # the fp32 dQ sums and counters, zeroed by the delta kernel (one launch for both)
                 bufs = gb.fused_buffers(g_in[1], fcfg["BLOCK_M"], zeroed=False)  # (at the padded width)
                 delta = tr_bwd.compute_delta(out, dout, lse, varlen, nheads, head_dim, zero=bufs[2])
-            if delta is not None and gb.backward(*g_in, lse, delta, dq, dk, dv, softmax_scale, causal, fcfg,
-                                                 deterministic=deterministic, bufs=bufs) is not None:
-                # fused: one Gluon kernel wrote dQ, dK and dV (kept for a replay as below)
-                if plan_key is not None and width == head_dim and lse is lse_in and dout is dout_in:
-                    _keep_bwd_plan(plan_key, gb, gb.fused_launches(dout, q, k, v, lse, delta, dk, dv, causal, fcfg,
-                                                                   deterministic))
-                return dq, dk, dv
+                if gb.backward(*g_in, lse, delta, dq, dk, dv, softmax_scale, causal, fcfg,
+                               deterministic=deterministic, bufs=bufs) is not None:
+                    # fused: one Gluon kernel wrote dQ, dK and dV (kept for a replay as below)
+                    if plan_key is not None and width == head_dim and lse is lse_in and dout is dout_in:
+                        _keep_bwd_plan(plan_key, gb, gb.fused_launches(dout, q, k, v, lse, delta, dk, dv, causal,
+                                                                       fcfg, deterministic))
+                    return dq, dk, dv
         # dQ by the Gluon dQ kernel (None: it did not compile, the Triton dQ kernel runs). By default
         # it runs first and computes delta itself, which the dK/dV kernel then reads: no delta kernel.
         dq_gluon = DEBUG.gluon_dq and gb.dq_supported(g_in[1], g_in[2], dq, causal)

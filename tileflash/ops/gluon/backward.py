@@ -1529,7 +1529,7 @@ def _run_fused(launch, dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, buf
     buffers of :func:`fused_buffers`, then dq = scale · dQ's fp32 sums (its first dq.shape[-1]
     columns), cast to dq's dtype in one pass by our own kernel (``triton.backward.scale_cast``: FA4's
     "postprocess"; the bits of ``torch.mul(..., out=dq)``, which the debug switch ``scale_cast=0``
-    runs instead; docs/perf-notes.md, "Hopper backward")."""
+    runs instead; docs/benchmarks.md, "H100 backward grid at 0dbc0b7")."""
     dq_acc, sem = bufs[0], bufs[1]
     launch((q, k, v, dout, dq_acc), (lse, delta, dk, dv, sem), (softmax_scale * LOG2E, softmax_scale),
            aligned(lse, delta, dk, dv))
