@@ -106,6 +106,14 @@ class Debug:
             into a kept fp32 buffer of its stream and host thread (``utils.stream_buffer``) rather than a fresh
             ``torch.empty`` (one allocation less per call, host time). Default 0: built 2026-12-06
             without device time to measure or GPU-test it (docs/perf-notes.md, "Host path").
+        grad_pack: a replayed backward (``gluon.backward.replay_default``) allocates dK and dV (and
+            dQ, where q has k's shape) as one buffer, returned as views of it (one or two allocations
+            less per call, host time). Default 0: built 2026-12-06 to be measured
+            (``tools/host_ab.py``).
+        one_output: an eager call under autograd whose caller discards the LSE
+            (``flash_attn_func`` without ``return_attn_probs``, the SDPA drop-in) goes through an
+            autograd function with the output alone (the LSE saved, not returned: one output less for
+            autograd to wrap). Default 0: built 2026-12-06 to be measured (``tools/host_ab.py``).
     """
 
     gluon_fused: bool = False
@@ -116,6 +124,8 @@ class Debug:
     pdl: int = -1
     scale_cast: bool = True
     delta_scratch: bool = False
+    grad_pack: bool = False
+    one_output: bool = False
 
     @classmethod
     def from_env(cls, text: Optional[str] = None) -> "Debug":

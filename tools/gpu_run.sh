@@ -32,7 +32,8 @@
 #   zero         the delta kernel zeroing the fused backward's dQ sums: its GPU tests, tools/bwd_kernels.py at
 #                2k and 16k (fused against fused_memset), tools/fused_ab.py at 1k (split against fused)
 #   followup     the GPU checks the 2026-12-06 08:10 UTC session left (testing.md): GPU tests, the fused step's host time,
-#                tools/host_delta_ab.py (the opt-in delta scratch's host time)
+#                tools/host_ab.py (the opt-in host-time switches' forward + backward time)
+#   hostab       tools/host_ab.py at fwd+bwd and fwd+bwd@2k (the host-time debug switches, each and all, beside SDPA)
 #   ncusrc       tools/ncu_attn.sh with NCU_SOURCE=1 on the 16k backward cases (ours and FA4's, D 64/128):
 #                where the stall samples sit, per SASS instruction (tools/ncu_source.py)
 #
@@ -196,9 +197,11 @@ for stage in "$@"; do
       timeout 150 python3 tools/step_kernels.py --batches 2 4 --seqlens 4096 --causal 0 1 --iters 50 \
           > "$OUT/followup-step.log" 2>&1
       echo "step_kernels rc=$?"; tail -n 12 "$OUT/followup-step.log"
-      for case in fwd+bwd fwd+bwd@2k; do   # the opt-in delta scratch's host time (debug switch delta_scratch)
-        timeout 120 python3 tools/host_delta_ab.py --case $case > "$OUT/followup-delta-$case.log" 2>&1
-        echo "host_delta_ab $case rc=$?"; tail -n 5 "$OUT/followup-delta-$case.log"
+      bash "$0" hostab ;;
+    hostab)
+      for case in fwd+bwd fwd+bwd@2k; do   # the host-time debug switches (delta_scratch, grad_pack, one_output)
+        timeout 150 python3 tools/host_ab.py --case $case > "$OUT/hostab-$case.log" 2>&1
+        echo "host_ab $case rc=$?"; tail -n 8 "$OUT/hostab-$case.log"
       done ;;
     ptx)
       timeout ${PTX_LIMIT:-400} python3 tools/compile_check.py --ptx-digests "$OUT/ptx.json" > "$OUT/ptx.log" 2>&1

@@ -1807,15 +1807,27 @@ _DELTA_SCRATCH: dict = {}
 DELTA_SCRATCH_MAX = 1 << 20  # floats (4 MiB): larger backwards allocate their own (their kernels dwarf it)
 
 
+def grad_buffers(q, k, v):
+    """Fresh (dq, dk, dv) of q's, k's and v's shapes, dtypes and devices, contiguous. With the debug
+    switch ``grad_pack``, dk and dv (and dq where q has k's shape) are views of one buffer (one or two
+    allocations less, host time), each 16-byte aligned as the kernels were specialized for
+    (``Launch``); else three allocations."""
+    # (sizes unpacked: torch parses ints faster than a torch.Size, host time per call)
+    if DEBUG.grad_pack and k.shape == v.shape and k.dtype == v.dtype and (k.numel() * k.element_size()) & 15 == 0:
+        if q.shape == k.shape and q.dtype == k.dtype:
+            return torch.empty(3, *q.shape, dtype=q.dtype, device=q.device).unbind(0)
+        dk, dv = torch.empty(2, *k.shape, dtype=k.dtype, device=k.device).unbind(0)
+        return torch.empty(*q.shape, dtype=q.dtype, device=q.device), dk, dv
+    return (torch.empty(*q.shape, dtype=q.dtype, device=q.device), torch.empty(*k.shape, dtype=k.dtype, device=k.device),
+            torch.empty(*v.shape, dtype=v.dtype, device=v.device))
+
+
 def replay_default(launches, dout, q, k, v, out, lse, softmax_scale):
     """The default backward of a layout whose launches :func:`default_launches` (the split pair) or
     :func:`fused_launches` (the fused kernel) returned, on new tensors of that layout: allocations,
     then the dQ kernel (computing delta) and the dK/dV kernel, or the delta kernel and the fused
     kernel."""
-    # (sizes unpacked: torch parses ints faster than a torch.Size, host time per call)
-    dq = torch.empty(*q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(*k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(*v.shape, dtype=v.dtype, device=v.device)
+    dq, dk, dv = grad_buffers(q, k, v)
     if len(launches) == 3:  # ("fused", launch, BLOCK_M)
         _, launch, bm = launches
         bufs = fused_buffers(q, bm, zeroed=False)  # (zeroed by the delta kernel)
