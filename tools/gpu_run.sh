@@ -33,6 +33,7 @@
 #                2k and 16k (fused against fused_memset), tools/fused_ab.py at 1k (split against fused)
 #   followup     the GPU checks the 2026-12-06 08:10 UTC session left (testing.md): GPU tests, the fused step's host time,
 #                tools/host_ab.py (the opt-in host-time switches' forward + backward time)
+#   thread       tools/host_thread.py (pieces of the replayed backward on the main thread against another thread)
 #   hostab       tools/host_ab.py at fwd+bwd and fwd+bwd@2k (the host-time debug switches, each and all, beside SDPA)
 #   ncusrc       tools/ncu_attn.sh with NCU_SOURCE=1 on the 16k backward cases (ours and FA4's, D 64/128):
 #                where the stall samples sit, per SASS instruction (tools/ncu_source.py)
@@ -198,6 +199,9 @@ for stage in "$@"; do
           > "$OUT/followup-step.log" 2>&1
       echo "step_kernels rc=$?"; tail -n 12 "$OUT/followup-step.log"
       bash "$0" hostab ;;
+    thread)
+      timeout 150 python3 tools/host_thread.py > "$OUT/thread.log" 2>&1
+      echo "host_thread rc=$?"; tail -n 9 "$OUT/thread.log" ;;
     hostab)
       for case in fwd+bwd fwd+bwd@2k; do   # the host-time debug switches (delta_scratch, grad_pack, one_output)
         timeout 150 python3 tools/host_ab.py --case $case > "$OUT/hostab-$case.log" 2>&1
