@@ -33,8 +33,8 @@ def main():
     k, v = (torch.randn(1, 128, 8, 128, device=dev, dtype=dt) for _ in range(2))
     do = torch.randn_like(q)
     scale = 128 ** -0.5
-    out, lse = route.forward(q, k, v, scale, True)
-    out, lse = route.forward(q, k, v, scale, True)
+    out, lse = route.forward(q, k, v, scale, True, 0)
+    out, lse = route.forward(q, k, v, scale, True, 0)
     fplan = route.planned_forward(q, k, v, scale, True, 0)
     for _ in range(2):
         route.backward(do, q, k, v, out, lse, scale, True, 0)
