@@ -179,7 +179,6 @@ def test_debug_from_env_parses():
     assert Debug.from_env("") == Debug()
     assert Debug().pdl == -1 and Debug().gluon_fused is False and Debug().scale_cast is True
     assert Debug.from_env("scale_cast=0").scale_cast is False
-    assert Debug().delta_scratch is False and Debug.from_env("delta_scratch=1").delta_scratch is True
     d = Debug.from_env(" gluon_bwd=0 , desc_cache=0,dq_delta=0,gluon_dq=0,pdl=-1,")  # spaces, a trailing comma
     assert (d.gluon_bwd, d.desc_cache, d.dq_delta, d.gluon_dq, d.pdl) == (False, False, False, False, -1)
     for pdl in ("-1", "0", "1", "2", "3"):
@@ -195,7 +194,7 @@ def test_debug_from_env_reads_the_environment(monkeypatch):
 
 
 @pytest.mark.parametrize("text,match", [
-    ("nosuch=1", r"TILEFLASH_DEBUG: 'nosuch=1' is not name=value with a name among \['delta_scratch', 'desc_cache', "
+    ("nosuch=1", r"TILEFLASH_DEBUG: 'nosuch=1' is not name=value with a name among \['desc_cache', "
                  r"'dq_delta', 'gluon_bwd', 'gluon_dq', 'gluon_fused', 'pdl', 'scale_cast'\]"),
     ("gluon_fused", r"'gluon_fused' is not name=value"),
     ("gluon_fused=yes", r"TILEFLASH_DEBUG: gluon_fused='yes': use 0 or 1"),
@@ -675,71 +674,6 @@ def test_fast_forward_replays_only_its_own_signature(monkeypatch):
     assert len(interface._FAST_FWD) == kept
 
 
-@pytest.mark.parametrize("hk", [2, 4])
-@pytest.mark.parametrize("pack", [False, True])
-def test_grad_buffers_pack_dk_dv(monkeypatch, hk, pack):
-    """``gluon.backward.grad_buffers``: with the debug switch ``grad_pack`` dk and dv (and dq where q
-    has k's shape) are views of one buffer, each of its tensor's shape and dtype, contiguous, not
-    overlapping, at 16-byte aligned offsets; a k whose bytes are not a multiple of 16 (the second
-    view would be misaligned) and the switch off give three buffers."""
-    from tileflash.ops.gluon import backward as gb
-    from tileflash.options import DEBUG
-
-    monkeypatch.setattr(DEBUG, "grad_pack", pack)
-    for seqlen, aligned_ok in ((20, True), (3, False)):
-        q = torch.randn(1, seqlen, 4, 4, dtype=torch.float16)
-        k, v = (torch.randn(1, seqlen, hk, 4, dtype=torch.float16) for _ in range(2))
-        if not aligned_ok:
-            k, v = k[..., :1].contiguous(), v[..., :1].contiguous()  # 3 * hk halves: 12 or 24 bytes
-            q = q[..., :1].contiguous()
-        grads = gb.grad_buffers(q, k, v)
-        for g, t in zip(grads, (q, k, v)):
-            assert g.shape == t.shape and g.dtype == t.dtype and g.is_contiguous()
-            assert (g.data_ptr() - g.untyped_storage().data_ptr()) % 16 == 0
-        storages = [g.untyped_storage().data_ptr() for g in grads]
-        packed = pack and aligned_ok
-        assert (storages[1] == storages[2]) == packed
-        assert (storages[0] == storages[1]) == (packed and hk == 4)
-        spans = sorted((g.data_ptr(), g.data_ptr() + g.numel() * g.element_size()) for g in grads)
-        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), "the views overlap"
-
-
-@pytest.mark.parametrize("fast", [False, True])
-def test_one_output_autograd_gives_the_same_results(monkeypatch, fast):
-    """The debug switch ``one_output``: an eager ``flash_attn_func`` under autograd that discards the
-    LSE goes through the one-output autograd class (``_EagerAttentionOut``, the LSE saved, not
-    returned) with the same output and gradients as the two-output class, on a first call and on a
-    kept signature (``_FAST_FWD`` through ``_PREPARE_CPU``); a call asking for the LSE still gets it
-    from the two-output class."""
-    from tileflash import interface
-    from tileflash.options import DEBUG
-
-    monkeypatch.setattr(interface, "_PREPARE_CPU", fast)
-    monkeypatch.setattr(interface, "_FAST_FWD", {})
-    interface._PREPARED.clear()
-    q, k, v = (torch.randn(1, 20, 4 if i == 0 else 2, 16) for i in range(3))
-    dout = torch.randn(1, 20, 4, 16)
-
-    def step(lse=False):
-        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
-        res = tileflash.flash_attn_func(qg, kg, vg, causal=True, return_attn_probs=lse)
-        out = res[0] if lse else res
-        name = type(out.grad_fn).__name__
-        out.backward(dout)
-        return (out.detach(), qg.grad, kg.grad, vg.grad), name, (res[1] if lse else None)
-
-    ref, ref_name, _ = step()
-    assert ref_name == "_EagerAttentionBackward"
-    monkeypatch.setattr(DEBUG, "one_output", True)
-    for _ in range(3):  # first call, then kept (with fast) signatures
-        got, name, _ = step()
-        assert name == "_EagerAttentionOutBackward"
-        assert all(torch.equal(a, b) for a, b in zip(got, ref))
-    got, name, lse = step(lse=True)
-    assert name == "_EagerAttentionBackward" and lse is not None and lse.shape == (1, 4, 20)
-    assert all(torch.equal(a, b) for a, b in zip(got, ref))
-
-
 def test_fast_backward_replays_only_its_own_signature(monkeypatch):
     """Under autograd a repeated ``flash_attn_func`` signature replays its planned forward inside
     the autograd class, and its backward replays the launches that the signature's first backward
@@ -1015,28 +949,23 @@ def test_fast_forward_replay_on_the_gpu(causal):
 
 @pytest.mark.skipif(not (IS_SM90 and gluon_modules() is not None), reason="needs a Hopper GPU and triton's Gluon")
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("switches", ["", "grad_pack", "one_output", "grad_pack,one_output,delta_scratch"])
-@pytest.mark.parametrize("hk", [2, 4])
-def test_fast_backward_replay_on_the_gpu(monkeypatch, causal, switches, hk):
+def test_fast_backward_replay_on_the_gpu(monkeypatch, causal):
     """A repeated ``flash_attn_func`` signature under autograd on the Gluon kernels: the first
     backward through the route records its launches into the signature's entry, the next ones
     replay them (``route.replay_backward`` returned gradients) with the bits of the route's
     (the default backward at this size is the split, deterministic pair), and the gradients meet
     the error rule. dO of other strides (expanded, from ``out.sum()``) declines the replay and is
-    still right. With the host-time debug switches (``grad_pack``: dk/dv, and dq without GQA, as views
-    of one buffer; ``one_output``; ``delta_scratch``) the same bits, GQA and not."""
+    still right."""
     from tileflash import interface
     from tileflash.options import DEBUG
 
     for name, default in (("gluon_fused", False), ("gluon_bwd", True), ("gluon_dq", True), ("dq_delta", True)):
         monkeypatch.setattr(DEBUG, name, default)  # the default route: the split pair, whose launches are kept
-    for name in filter(None, switches.split(",")):
-        monkeypatch.setattr(DEBUG, name, True)
     interface._FAST_FWD.clear()
     route._FWD_PLANS.clear()
     route._BWD_PLANS.clear()
     replays = count_calls(monkeypatch, route, "replay_backward")
-    q, k, v = make_qkv(2, 256, 256, 4, hk, 128, torch.float16, "cuda", seed=23)
+    q, k, v = make_qkv(2, 256, 256, 4, 2, 128, torch.float16, "cuda", seed=23)
     do = torch.randn_like(q)
 
     def step(dout=do):
@@ -1057,9 +986,6 @@ def test_fast_backward_replay_on_the_gpu(monkeypatch, causal, switches, hk):
     assert len(replays) == 1, "a repeated signature's backward replays its kept launches"
     for a, b, c in zip(first, second, third):
         assert torch.equal(a, b) and torch.equal(b, c)
-    if "grad_pack" in switches:  # the replay's dk, dv (and dq without GQA) share one buffer
-        ptrs = [g.untyped_storage().data_ptr() for g in third]
-        assert ptrs[1] == ptrs[2] and (ptrs[0] == ptrs[1]) == (hk == 4)
 
     def check(grads, dout):
         ref = ref_grads(q, k, v, dout, causal, upcast=True)

@@ -300,7 +300,7 @@ def _fast_call(entry, q, k, v, need_lse: bool):
     launches, else the planned Gluon forward replayed directly, else (no plan, or the replay
     declined) the op's body."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return attention_kept(q, k, v, entry, need_lse)
+        return attention_kept(q, k, v, entry)
     plan, args = entry[0], entry[1]
     done = route.replay_forward(plan, q, k, v, args[0], need_lse) if plan else None
     return attention_args(q, k, v, args, need_lse=need_lse) if done is None else done

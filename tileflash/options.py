@@ -102,18 +102,6 @@ class Debug:
             own kernel (``triton.backward.scale_cast``; 0: ``torch.mul``, the same bits). Default 1:
             6-8% faster than ``torch.mul`` on an H100 (72.5-72.7 against 77.2-78.5 us per cast at
             B*N = 16k, H*D = 2048; docs/benchmarks.md, "H100 backward grid at 0dbc0b7").
-        delta_scratch: a replayed split backward (``gluon.backward.replay_default``) writes delta
-            into a kept fp32 buffer of its stream and host thread (``utils.stream_buffer``) rather than a fresh
-            ``torch.empty`` (one allocation less per call, host time). Default 0: built 2026-12-06
-            without device time to measure or GPU-test it (docs/perf-notes.md, "Host path").
-        grad_pack: a replayed backward (``gluon.backward.replay_default``) allocates dK and dV (and
-            dQ, where q has k's shape) as one buffer, returned as views of it (one or two allocations
-            less per call, host time). Default 0: built 2026-12-06 to be measured
-            (``tools/host_ab.py``).
-        one_output: an eager call under autograd whose caller discards the LSE
-            (``flash_attn_func`` without ``return_attn_probs``, the SDPA drop-in) goes through an
-            autograd function with the output alone (the LSE saved, not returned: one output less for
-            autograd to wrap). Default 0: built 2026-12-06 to be measured (``tools/host_ab.py``).
     """
 
     gluon_fused: bool = False
@@ -123,9 +111,6 @@ class Debug:
     desc_cache: bool = True
     pdl: int = -1
     scale_cast: bool = True
-    delta_scratch: bool = False
-    grad_pack: bool = False
-    one_output: bool = False
 
     @classmethod
     def from_env(cls, text: Optional[str] = None) -> "Debug":

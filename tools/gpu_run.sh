@@ -32,9 +32,7 @@
 #   zero         the delta kernel zeroing the fused backward's dQ sums: its GPU tests, tools/bwd_kernels.py at
 #                2k and 16k (fused against fused_memset), tools/fused_ab.py at 1k (split against fused)
 #   followup     the GPU checks the 2026-12-06 08:10 UTC session left (testing.md): GPU tests, the fused step's host time,
-#                tools/host_ab.py (the opt-in host-time switches' forward + backward time)
 #   thread       tools/host_thread.py (pieces of the replayed backward on the main thread against another thread)
-#   hostab       tools/host_ab.py at fwd+bwd and fwd+bwd@2k (the host-time debug switches, each and all, beside SDPA)
 #   ncusrc       tools/ncu_attn.sh with NCU_SOURCE=1 on the 16k backward cases (ours and FA4's, D 64/128):
 #                where the stall samples sit, per SASS instruction (tools/ncu_source.py)
 #
@@ -185,7 +183,7 @@ for stage in "$@"; do
     followup)  # what the 2026-12-06 08:10 UTC session left for the GPU (docs/testing.md): the GPU tests its review
                # fixes touched, the four test files it did not run, then the fused step's host issue time
       timeout ${TESTS_LIMIT:-150} python3 -m pytest -q -rf -n 8 -p no:cacheprovider tests/test_backward_sm90.py \
-          -k "zeroes or broken_fused or refuses_buffers or scale_cast or fused or delta_scratch" \
+          -k "zeroes or broken_fused or refuses_buffers or scale_cast or fused" \
           > "$OUT/followup-bwd-tests.log" 2>&1
       echo "followup backward tests rc=$? $(tail -n 1 "$OUT/followup-bwd-tests.log")"
       grep -E "^FAILED" "$OUT/followup-bwd-tests.log" | head -n 20
@@ -198,15 +196,10 @@ for stage in "$@"; do
       timeout 150 python3 tools/step_kernels.py --batches 2 4 --seqlens 4096 --causal 0 1 --iters 50 \
           > "$OUT/followup-step.log" 2>&1
       echo "step_kernels rc=$?"; tail -n 12 "$OUT/followup-step.log"
-      bash "$0" hostab ;;
+      ;;
     thread)
       timeout 150 python3 tools/host_thread.py > "$OUT/thread.log" 2>&1
       echo "host_thread rc=$?"; tail -n 9 "$OUT/thread.log" ;;
-    hostab)
-      for case in fwd+bwd fwd+bwd@2k; do   # the host-time debug switches (delta_scratch, grad_pack, one_output)
-        timeout 150 python3 tools/host_ab.py --case $case > "$OUT/hostab-$case.log" 2>&1
-        echo "host_ab $case rc=$?"; tail -n 8 "$OUT/hostab-$case.log"
-      done ;;
     ptx)
       timeout ${PTX_LIMIT:-400} python3 tools/compile_check.py --ptx-digests "$OUT/ptx.json" > "$OUT/ptx.log" 2>&1
       echo "ptx rc=$? $(tail -n 1 "$OUT/ptx.log")" ;;

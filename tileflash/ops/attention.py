@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from tileflash.ops import route
-from tileflash.options import DEBUG, Options
+from tileflash.options import Options
 
 
 def _kw(window_left, window_right, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -255,20 +255,6 @@ class _EagerAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
-class _EagerAttentionOut(torch.autograd.Function):
-    """:class:`_EagerAttention` for a caller that discards the LSE (debug switch ``one_output``):
-    the output alone comes back (the LSE is saved for the backward, not returned), one output less
-    for autograd to wrap per call. The same forward and backward."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, rest, kept=None):
-        return _EagerAttention.forward(ctx, q, k, v, rest, kept)[0]
-
-    @staticmethod
-    def backward(ctx, dout):
-        return _EagerAttention.backward(ctx, dout, None)
-
-
 # the feature arguments' defaults, read off the op's body (one place to change them)
 _FEATURE_DEFAULTS = {name: prm.default for name, prm in inspect.signature(_attention_fwd_body).parameters.items()
                      if name in _FEATURES}
@@ -302,19 +288,14 @@ def attention_args(q: Tensor, k: Tensor, v: Tensor, args: tuple, need_lse: bool 
     if torch.compiler.is_compiling():
         return attention_fwd(q, k, v, *args)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        if not need_lse and DEBUG.one_output:
-            return _EagerAttentionOut.apply(q, k, v, args), None
         return _EagerAttention.apply(q, k, v, args)
     return _attention_fwd_body(q, k, v, *args, need_lse=need_lse)
 
 
-def attention_kept(q: Tensor, k: Tensor, v: Tensor, kept: list, need_lse: bool = True) -> tuple[Tensor, Tensor]:
+def attention_kept(q: Tensor, k: Tensor, v: Tensor, kept: list) -> tuple[Tensor, Tensor]:
     """:func:`attention_args` for an eager call that may need a gradient, of a repeated signature
     whose ``interface._FAST_FWD`` (or ``_FAST_SDPA``) entry is ``kept`` (its arguments ``kept[1]``):
-    the autograd class replays the planned launches the entry holds. ``need_lse=False``: the LSE
-    may come back as None (debug switch ``one_output``)."""
-    if not need_lse and DEBUG.one_output:
-        return _EagerAttentionOut.apply(q, k, v, kept[1], kept), None
+    the autograd class replays the planned launches the entry holds."""
     return _EagerAttention.apply(q, k, v, kept[1], kept)
 
 

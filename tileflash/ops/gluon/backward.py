@@ -112,7 +112,7 @@ from tileflash.ops.launch import Launch, aligned, launch_or_fall_back
 from tileflash.ops.triton.backward import compute_delta as _compute_delta
 from tileflash.ops.triton.backward import scale_cast as _scale_cast
 from tileflash.options import DEBUG
-from tileflash.ops.utils import GRID_YZ_MAX, LOG2E, stream_buffer
+from tileflash.ops.utils import GRID_YZ_MAX, LOG2E
 
 from tileflash.ops.gluon.common import (_cta_barrier, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma,
                                         warpgroup_mma_init, warpgroup_mma_wait)
@@ -1802,32 +1802,15 @@ def fused_launches(dout, q, k, v, lse, delta, dk, dv, causal: bool, cfg: dict, d
     return "fused", _fused_launch(dout, q, k, v, lse, delta, dk, dv, causal, cfg, deterministic), cfg["BLOCK_M"]
 
 
-# (device index, stream, dtype, thread) -> the fp32 delta scratch of replayed split backwards (DEBUG.delta_scratch)
-_DELTA_SCRATCH: dict = {}
-DELTA_SCRATCH_MAX = 1 << 20  # floats (4 MiB): larger backwards allocate their own (their kernels dwarf it)
-
-
-def grad_buffers(q, k, v):
-    """Fresh (dq, dk, dv) of q's, k's and v's shapes, dtypes and devices, contiguous. With the debug
-    switch ``grad_pack``, dk and dv (and dq where q has k's shape) are views of one buffer (one or two
-    allocations less, host time), each 16-byte aligned as the kernels were specialized for
-    (``Launch``); else three allocations."""
-    # (sizes unpacked: torch parses ints faster than a torch.Size, host time per call)
-    if DEBUG.grad_pack and k.shape == v.shape and k.dtype == v.dtype and (k.numel() * k.element_size()) & 15 == 0:
-        if q.shape == k.shape and q.dtype == k.dtype:
-            return torch.empty(3, *q.shape, dtype=q.dtype, device=q.device).unbind(0)
-        dk, dv = torch.empty(2, *k.shape, dtype=k.dtype, device=k.device).unbind(0)
-        return torch.empty(*q.shape, dtype=q.dtype, device=q.device), dk, dv
-    return (torch.empty(*q.shape, dtype=q.dtype, device=q.device), torch.empty(*k.shape, dtype=k.dtype, device=k.device),
-            torch.empty(*v.shape, dtype=v.dtype, device=v.device))
-
-
 def replay_default(launches, dout, q, k, v, out, lse, softmax_scale):
     """The default backward of a layout whose launches :func:`default_launches` (the split pair) or
     :func:`fused_launches` (the fused kernel) returned, on new tensors of that layout: allocations,
     then the dQ kernel (computing delta) and the dK/dV kernel, or the delta kernel and the fused
     kernel."""
-    dq, dk, dv = grad_buffers(q, k, v)
+    # (sizes unpacked: torch parses ints faster than a torch.Size, host time per call)
+    dq = torch.empty(*q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(*k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(*v.shape, dtype=v.dtype, device=v.device)
     if len(launches) == 3:  # ("fused", launch, BLOCK_M)
         _, launch, bm = launches
         bufs = fused_buffers(q, bm, zeroed=False)  # (zeroed by the delta kernel)
@@ -1835,16 +1818,7 @@ def replay_default(launches, dout, q, k, v, out, lse, softmax_scale):
         _run_fused(launch, dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, bufs)
         return dq, dk, dv
     dq_launch, dkdv_launch = launches
-    # delta: the stream's scratch of this thread (debug switch delta_scratch=1), else a fresh
-    # (B, H, Sq) buffer. The kernels address it by the LSE's strides, so a flat buffer serves: written
-    # by the dQ kernel and read by the dK/dV kernel after it, which ends before the stream's next dQ
-    # kernel starts (these launches are never PDL ones: dq_computes_delta); per thread, since another
-    # thread's dQ kernel on the same stream could come between the two
-    delta = (stream_buffer(_DELTA_SCRATCH, lse.numel(), q.device, torch.float32, DELTA_SCRATCH_MAX,
-                           per_thread=True)
-             if DEBUG.delta_scratch and not dq_launch.constexprs.get("launch_pdl", False) else None)
-    if delta is None:
-        delta = torch.empty(*lse.shape, dtype=torch.float32, device=q.device)
+    delta = torch.empty(*lse.shape, dtype=torch.float32, device=q.device)
     _run_dq(dq_launch, dout, q, k, v, lse, delta, dq, out, softmax_scale)
     _run_dkdv(dkdv_launch, dout, q, k, v, lse, delta, dk, dv, softmax_scale)
     return dq, dk, dv
