@@ -9,7 +9,7 @@ import torch
 import tileflash
 from tileflash.ops.triton import backward as bwd_mod
 from tileflash.ops.triton import forward as fwd_mod
-from tileflash.options import DEBUG
+from tileflash.options import DEBUG, Options
 from tileflash.reference import attention_ref
 
 from helpers import HAS_CUDA, _rand, backend_device, count_calls, make_qkv, ref_grads, rounding_atol
@@ -202,7 +202,7 @@ def test_only_inputs_out_lse_saved(monkeypatch):
 # torch.compile and opcheck
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("api", ["flash", "sdpa", "flash_features", "varlen"])
+@pytest.mark.parametrize("api", ["flash", "sdpa", "sdpa_bhsd", "flash_features", "varlen"])
 def test_torch_compile_fullgraph(backend, api):
     if backend == "interpret":
         pytest.skip("compile is checked on the tiled CPU path and on CUDA; the interpreter adds nothing here")
@@ -223,6 +223,10 @@ def test_torch_compile_fullgraph(backend, api):
         if api == "varlen":
             return tileflash.flash_attn_varlen_func(a.flatten(0, 1), b.flatten(0, 1), c.flatten(0, 1), cu_q, cu_k,
                                                     33, 41, causal=True).view(a.shape)
+        if api == "sdpa_bhsd":  # (b, h, s, d)-contiguous inputs: the output in that memory order too
+            o = tileflash.scaled_dot_product_attention(*(t.transpose(1, 2).contiguous() for t in (a, b, c)),
+                                                       is_causal=True, enable_gqa=True)
+            return o * 2.0
         o = tileflash.scaled_dot_product_attention(a.transpose(1, 2), b.transpose(1, 2), c.transpose(1, 2),
                                                    is_causal=True, enable_gqa=True)
         return o.transpose(1, 2) * 2.0
@@ -232,7 +236,7 @@ def test_torch_compile_fullgraph(backend, api):
     for f in (fn, compiled):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         o = f(*leaves)
-        res.append((o, *torch.autograd.grad(o, leaves, do)))
+        res.append((o, *torch.autograd.grad(o, leaves, do.transpose(1, 2) if api == "sdpa_bhsd" else do)))
     for a, b in zip(*res):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
@@ -248,6 +252,15 @@ def test_opcheck(backend):
         torch.library.opcheck(attention_fwd, (*leaves, 0.25, causal, 13 - 9))
         out, lse = attention_fwd(q, k, v, 0.25, causal, 4)
         torch.library.opcheck(attention_bwd, (torch.randn_like(out), q, k, v, out, lse, 0.25, causal, 4))
+    # Options.out_like_q (the SDPA drop-in's): the output in q's memory order on the real path and in
+    # the fake one; here q, k, v are (b, s, h, d) views of (b, h, s, d) memory
+    qt, kt, vt = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    leaves = [t.detach().clone().requires_grad_() for t in (qt, kt, vt)]
+    like_q = Options(out_like_q=True).encode()
+    torch.library.opcheck(attention_fwd, (*leaves, 0.25, True, 4), dict(options=like_q))
+    out, lse = attention_fwd(qt, kt, vt, 0.25, True, 4, options=like_q)
+    assert out.stride() == qt.stride() and not out.is_contiguous()
+    torch.testing.assert_close(out, attention_fwd(q, k, v, 0.25, True, 4)[0], rtol=0, atol=0)
     # with every optional feature (window, softcap, ALiBi, dropout) and varlen
     from tileflash.ops.attention import attention_bwd_into
     feats = dict(window_left=3, window_right=2, softcap=4.0, alibi_slopes=torch.rand(4, device=dev),

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
     (dict(autotune=1), r"Options.autotune must be a bool, got 1"),
     (dict(autotune="true"), r"Options.autotune must be a bool, got 'true'"),
     (dict(autotune=None), r"Options.autotune must be a bool, got None"),
+    (dict(out_like_q=1), r"Options.out_like_q must be a bool, got 1"),
     (dict(pad_head_dim=0), r"Options.pad_head_dim must be a bool, got 0"),
 ])
 def test_options_validation(kwargs, match):
@@ -60,6 +61,8 @@ def test_options_defaults_and_frozen():
     Options(use_tma=False, autotune=True),
     Options(backend="triton", use_tma=True, autotune=True, pad_head_dim=False),
     Options(pad_head_dim=False),
+    Options(out_like_q=True),
+    Options(backend="gluon", use_tma=False, out_like_q=True),
 ], ids=lambda o: o.encode())
 def test_options_encode_decode_round_trip(opts):
     """The custom ops carry options as one string: decode(encode(o)) == o, field by field."""
@@ -67,14 +70,14 @@ def test_options_encode_decode_round_trip(opts):
     assert isinstance(text, str) and text
     back = Options.decode(text)
     assert back == opts
-    assert (back.backend, back.use_tma, back.autotune, back.pad_head_dim) == \
-        (opts.backend, opts.use_tma, opts.autotune, opts.pad_head_dim)
+    assert (back.backend, back.use_tma, back.autotune, back.pad_head_dim, back.out_like_q) == \
+        (opts.backend, opts.use_tma, opts.autotune, opts.pad_head_dim, opts.out_like_q)
 
 
 def test_options_encodings_are_distinct():
-    every = [Options(b, t, a, p) for b in ("auto", "triton", "gluon") for t in (None, False, True)
-             for a in (False, True) for p in (False, True)]
-    assert len({o.encode() for o in every}) == len(every) == 36
+    every = [Options(b, t, a, p, o) for b in ("auto", "triton", "gluon") for t in (None, False, True)
+             for a in (False, True) for p in (False, True) for o in (False, True)]
+    assert len({o.encode() for o in every}) == len(every) == 72
     assert Options.decode("") == DEFAULT  # the ops' default argument
 
 
@@ -424,11 +427,16 @@ def test_lse_scratch_grows_keeps_old_buffers_and_caps():
         # a planned forward's buffers (route.replay_forward): the scratch for an LSE nobody takes,
         # its own LSE when asked for it or where the scratch declines
         q = torch.empty(1, 20, 4, 16)
-        out, lse, own = route._planned_buffers(q, (1, 4, 20), 80, False)
+        out, lse, own = route._planned_buffers(q, (1, 4, 20), 80, False, False)
         assert out.shape == q.shape and lse is big and not own
         for need, numel in ((True, 80), (False, utils.LSE_SCRATCH_MAX + 1)):
-            out, lse, own = route._planned_buffers(q, (1, 4, 20), numel, need)
+            out, lse, own = route._planned_buffers(q, (1, 4, 20), numel, need, False)
             assert own and lse.shape == (1, 4, 20) and lse.dtype == torch.float32 and lse is not big
+        # Options.out_like_q: the output in q's memory order (here (b, h, s, d) memory seen as (b, s, h, d))
+        qt = torch.empty(1, 4, 20, 16).transpose(1, 2)
+        for like_q in (False, True):
+            out, _, _ = route._planned_buffers(qt, (1, 4, 20), 80, True, like_q)
+            assert out.shape == qt.shape and (out.stride() == qt.stride()) == like_q and out.is_contiguous() != like_q
 
 
 def test_stream_buffer_is_per_stream_grows_and_declines(monkeypatch):
@@ -544,7 +552,7 @@ def test_replayed_forward_puts_an_unwanted_lse_in_the_scratch():
             return (out, lse) if StandIn.ok else None
 
     q = torch.randn(1, 3, 2, 8)
-    plan = (StandIn, "gplan", (1, 2, 3), 6)
+    plan = (StandIn, "gplan", (1, 2, 3), 6, False)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(utils, "_LSE_SCRATCH", {})
         mp.setattr(route, "_FWD_PLANS", {"key": plan})
@@ -553,6 +561,9 @@ def test_replayed_forward_puts_an_unwanted_lse_in_the_scratch():
         assert seen[-1] is utils._LSE_SCRATCH[q.device] and torch.equal(seen[-1][:6], torch.full((6,), 2.0))
         out, lse = route._replay_forward(plan, "key", q, q, q, 1.0, False)
         assert lse is seen[-1] and lse.shape == (1, 2, 3) and torch.equal(lse, torch.full((1, 2, 3), 2.0))
+        qt = torch.randn(1, 2, 3, 8).transpose(1, 2)  # a plan made with Options.out_like_q: q's memory order
+        out, _ = route._replay_forward(plan[:4] + (True,), "key", qt, qt, qt, 1.0, False)
+        assert out.stride() == qt.stride() and torch.equal(out, torch.ones_like(qt))
         StandIn.ok = False
         assert route._replay_forward(plan, "key", q, q, q, 1.0, False, need_lse=False) is None
         assert "key" not in route._FWD_PLANS
@@ -774,6 +785,26 @@ def test_fast_backward_replays_only_its_own_signature(monkeypatch):
     with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
         route_ok(step())
     assert len(bwd_replays) == 4
+
+
+@pytest.mark.parametrize("memory", ["bhsd", "bshd"])
+def test_sdpa_drop_in_output_takes_the_query_memory_order(memory):
+    """``tileflash.scaled_dot_product_attention`` returns its output in query's memory order
+    (``Options.out_like_q``): (b, h, s, d)-contiguous inputs give a contiguous output, as torch's
+    function does, and (b, h, s, d) views of (b, s, h, d) memory give such a view; the values meet
+    the error rule against torch's SDPA in fp64, on the first call and on a kept signature."""
+    f = torch.nn.functional.scaled_dot_product_attention
+    q, k, v = (torch.randn(2, 37, h, 16) for h in (4, 2, 2))  # (b, s, h, d) memory
+    if memory == "bhsd":
+        q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    else:
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    ref = f(*(t.double() for t in (q, k, v)), is_causal=True, enable_gqa=True)
+    plain = f(q, k, v, is_causal=True, enable_gqa=True)
+    for _ in range(2):
+        out = tileflash.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        assert out.stride() == q.stride(), (out.stride(), q.stride())
+        assert_error_rule("out", out, ref, (plain.double() - ref).abs().max().item(), 2, 1e-6)
 
 
 def test_sdpa_drop_in_replays_only_its_own_signature(monkeypatch):
@@ -1027,11 +1058,13 @@ def test_sdpa_drop_in_replay_on_the_gpu(monkeypatch, layout):
     first = tileflash.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     assert len(interface._FAST_SDPA) == 1 and not fwd_replays
     entry = next(iter(interface._FAST_SDPA.values()))
-    # (b, s, h, d) memory: the route plans its Gluon forward. (b, h, s, d) memory runs the Gluon
-    # kernel without a plan (route.forward decides per call), so its entry holds none to replay
-    assert bool(entry[0]) == (layout == "bshd"), entry[0]
-    assert torch.equal(tileflash.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), first)
-    assert len(fwd_replays) == (1 if entry[0] else 0), "the repeat replays the planned forward if there is one"
+    # both memory orders: the route plans its Gluon forward (the output takes q's memory order,
+    # Options.out_like_q, so that O shares Q's layout as the kernel needs)
+    assert entry[0], "the drop-in's signature keeps a planned forward"
+    assert first.stride() == q.stride(), (first.stride(), q.stride())
+    again = tileflash.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert torch.equal(again, first) and again.stride() == q.stride()
+    assert len(fwd_replays) == 1, "the repeat replays the planned forward"
     ref = f(*(t.cpu().double() for t in (q, k, v)), is_causal=True, enable_gqa=True)
     plain = f(q, k, v, is_causal=True, enable_gqa=True)
     assert_error_rule("out", first, ref, max_err(plain, ref), 2, rounding_atol(ref, torch.float16))

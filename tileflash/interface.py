@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import numbers
 import operator
@@ -449,7 +451,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     ``(batch, nheads, seqlen_q, headdim)``, ``key``/``value`` are
     ``(batch, nheads_k, seqlen_k, headdim)``, and the result has query's shape and dtype.
     The (batch, seqlen, nheads, headdim) kernels read these tensors through a transpose,
-    so no copy is made.
+    so no copy is made. The result has query's memory order (``Options.out_like_q``):
+    (batch, nheads, seqlen, headdim)-contiguous inputs give a contiguous result, as torch's
+    function does; views of (batch, seqlen, nheads, headdim) memory give a view of such memory.
 
     ``is_causal=True`` is torch's *top-left* alignment: query ``i`` sees key ``j`` iff
     ``j <= i``, whatever the lengths (this differs from ``flash_attn_func(causal=True)``
@@ -513,7 +517,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         fast = None  # (copied: the signature's tensors are not what the op takes)
         q, k, v = (_unit_last_stride(t) for t in (q, k, v))
-    args = op_args(sc, is_causal, 0, options=resolve(options).encode())
+    # (the output in q's memory order: (b, h, s, d)-contiguous inputs get a (b, h, s, d)-contiguous
+    # output, and the planned Hopper forward, whose output must share q's layout, takes them)
+    args = op_args(sc, is_causal, 0, options=dataclasses.replace(resolve(options), out_like_q=True).encode())
     out, _ = attention_args(q, k, v, args, need_lse=False)
     if fast is not None:
         _keep_fast(_FAST_SDPA, fast, q, k, v, args)

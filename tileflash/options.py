@@ -40,33 +40,41 @@ class Options:
         pad_head_dim: run a head dim between the Gluon kernels' widths (64 < D < 128, 128 < D < 256)
             on copies zero-padded to the next width (exact: zero columns add nothing). False keeps
             such calls on the Triton kernels. Default True.
+        out_like_q: the forward's output takes q's memory order (``torch.empty_like(q)``, as
+            flash-attn allocates it) instead of being a contiguous (batch, seqlen, nheads, headdim)
+            tensor; the values are the same. ``tileflash.scaled_dot_product_attention`` sets it, so
+            that (batch, nheads, seqlen, headdim)-contiguous inputs get an output of that memory
+            order, as torch's SDPA gives them, and take the planned Hopper forward (whose output
+            must share q's layout). Default False.
     """
 
     backend: str = "auto"
     use_tma: Optional[bool] = None
     autotune: bool = False
     pad_head_dim: bool = True
+    out_like_q: bool = False
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
             raise ValueError(f"Options.backend must be one of {BACKENDS}, got {self.backend!r}")
         if not (self.use_tma is None or isinstance(self.use_tma, bool)):
             raise ValueError(f"Options.use_tma must be None, True or False, got {self.use_tma!r}")
-        for name in ("autotune", "pad_head_dim"):
+        for name in ("autotune", "pad_head_dim", "out_like_q"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Options.{name} must be a bool, got {getattr(self, name)!r}")
 
     def encode(self) -> str:
         """The options as one string: the custom ops' schema takes it (``decode`` inverts it)."""
-        return f"{self.backend},{ {None: -1, False: 0, True: 1}[self.use_tma]},{int(self.autotune)},{int(self.pad_head_dim)}"
+        return (f"{self.backend},{ {None: -1, False: 0, True: 1}[self.use_tma]},{int(self.autotune)},"
+                f"{int(self.pad_head_dim)},{int(self.out_like_q)}")
 
     @staticmethod
     @functools.lru_cache(maxsize=64)
     def decode(text: str) -> "Options":
         if not text:
             return DEFAULT
-        backend, tma, autotune, pad = text.split(",")
-        return Options(backend, {-1: None, 0: False, 1: True}[int(tma)], autotune == "1", pad == "1")
+        backend, tma, autotune, pad, like_q = text.split(",")
+        return Options(backend, {-1: None, 0: False, 1: True}[int(tma)], autotune == "1", pad == "1", like_q == "1")
 
 
 DEFAULT = Options()

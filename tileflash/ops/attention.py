@@ -70,7 +70,8 @@ def _attention_fwd_body(q, k, v, softmax_scale, causal, causal_shift, window_lef
 def _(q, k, v, softmax_scale, causal, causal_shift, window_left=-1, window_right=-1, softcap=0.0,
       alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, dropout_p=0.0,
       seed=None, deterministic=False, options=""):
-    out = q.new_empty(q.shape)
+    # (Options.out_like_q: q's memory order, as route.forward allocates it on every path)
+    out = torch.empty_like(q) if Options.decode(options).out_like_q else q.new_empty(q.shape)
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     if cu_seqlens_q is not None:
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=lse_dtype)

@@ -114,6 +114,8 @@ def forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int | Non
     kw = dict(window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed,
               cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
               max_seqlen_k=max_seqlen_k)
+    if out is None and options.out_like_q:  # q's memory order on every path below (they write into out)
+        out = torch.empty_like(q)
     if not q.is_cuda and not use_triton(q):
         res_out, res_lse = cpu.forward(q, k, v, softmax_scale, causal, causal_shift, kw)
         return _into(res_out, out), _into(res_lse, lse)
@@ -133,7 +135,8 @@ def forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int | Non
         if plan is None:
             plan = _plan_forward(q, k, v, softmax_scale, causal, causal_shift, kw, options, key)
         if plan is _DECODE:
-            return _decode_forward(q, k, v, softmax_scale, causal, window, softcap, None, need_lse)
+            res_out, res_lse = _decode_forward(q, k, v, softmax_scale, causal, window, softcap, None, need_lse)
+            return _into(res_out, out), res_lse
         if plan.__class__ is tuple and aligned(q, k, v):
             done = _replay_forward(plan, key, q, k, v, softmax_scale, causal, need_lse)
             if done is not None:
@@ -176,21 +179,22 @@ def replay_forward(plan, q, k, v, softmax_scale: float, need_lse: bool = True):
     takes the full route. ``need_lse=False``: the LSE goes to the write-only scratch buffer
     (``utils.lse_scratch``) and None is returned for it. No device switch, no key: host time
     (docs/perf-notes.md, "Host path")."""
-    gf, gplan, lse_shape, lse_numel = plan
+    gf, gplan, lse_shape, lse_numel, like_q = plan
     runner = gplan.runner
     if (runner is None or (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15
             or q.device.index != runner[0] or torch._C._cuda_getDevice() != runner[0]):
         return None
-    out, lse, keep = _planned_buffers(q, lse_shape, lse_numel, need_lse)
+    out, lse, keep = _planned_buffers(q, lse_shape, lse_numel, need_lse, like_q)
     gf.replay(gplan, q, k, v, out, lse, softmax_scale)
     return out, (lse if keep else None)
 
 
-def _planned_buffers(q, lse_shape, lse_numel, need_lse):
+def _planned_buffers(q, lse_shape, lse_numel, need_lse, like_q):
     """A planned forward's (out, lse, whether the LSE is its own): without ``need_lse`` the LSE
-    goes to the write-only scratch buffer (``utils.lse_scratch``) where it has one."""
+    goes to the write-only scratch buffer (``utils.lse_scratch``) where it has one. ``like_q``
+    (``Options.out_like_q``): out in q's memory order."""
     # (sizes unpacked: torch parses ints faster than a torch.Size, host time per call)
-    out = torch.empty(*q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty_like(q) if like_q else torch.empty(*q.shape, dtype=q.dtype, device=q.device)
     lse = None if need_lse else lse_scratch(lse_numel, q.device)
     if lse is None:
         return out, torch.empty(*lse_shape, dtype=torch.float32, device=q.device), True
@@ -201,9 +205,9 @@ def _replay_forward(plan, key, q, k, v, softmax_scale, causal, need_lse=True):
     """The planned Gluon forward ``plan`` (a ``_FWD_PLANS`` entry) on these tensors -> (out, lse),
     or None, with the plan dropped, if its kernel did not compile with this triton (warned).
     ``need_lse=False``: the LSE goes to the write-only scratch buffer and None is returned for it."""
-    gf, gplan, lse_shape, lse_numel = plan
+    gf, gplan, lse_shape, lse_numel, like_q = plan
     with _device(q):
-        out, lse, keep = _planned_buffers(q, lse_shape, lse_numel, need_lse)
+        out, lse, keep = _planned_buffers(q, lse_shape, lse_numel, need_lse, like_q)
         if gf.forward(q, k, v, out, lse, softmax_scale, causal, plan=gplan) is not None:
             return out, (lse if keep else None)
     _FWD_PLANS.pop(key, None)
@@ -235,11 +239,11 @@ def _plan_forward(q, k, v, softmax_scale, causal, causal_shift, kw, options, key
                                    kw["dropout_p"], seqlen_q + abs(shift), seqlen_k + abs(shift))
         lse_shape = (batch, q.shape[2], seqlen_q)
         with _device(q):
-            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+            out = _new_out(q, options)
             lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
             gplan = gf.plan_for(q, k, v, out, lse, softmax_scale, causal, shift, flags, False, None)
         if gplan is not None:
-            plan = (gf, gplan, lse_shape, lse_shape[0] * lse_shape[1] * lse_shape[2])
+            plan = (gf, gplan, lse_shape, lse_shape[0] * lse_shape[1] * lse_shape[2], options.out_like_q)
         elif not aligned(q, k, v):
             return _SLOW  # declined for these pointers only: not remembered for the layout
     if len(_FWD_PLANS) >= _PLANS_MAX:
@@ -279,6 +283,14 @@ def _decode_forward(q, k, v, softmax_scale, causal, window, softcap, alibi_slope
     return (out if out.dtype == q.dtype else out.to(q.dtype)), lse
 
 
+def _new_out(q, options: Options):
+    """A forward's output buffer: contiguous, or in q's memory order with ``Options.out_like_q``
+    (``torch.empty_like``, which the op's fake output follows)."""
+    if options.out_like_q:
+        return torch.empty_like(q)
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+
+
 def _into(res, buf):
     """``res`` written into the caller's buffer ``buf`` (if any)."""
     if buf is None or buf is res:
@@ -306,7 +318,7 @@ def _gluon_forward(q, k, v, softmax_scale, causal, causal_shift, kw, config, out
     flags, _, _ = feature_args(softmax_scale, causal, kw["window"], kw["softcap"], kw["alibi_slopes"], batch,
                                kw["dropout_p"], seqlen_q + abs(causal_shift), seqlen_k + abs(causal_shift))
     if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        out = _new_out(q, options)
     if lse is None:
         lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     head_dim = q.shape[-1]
