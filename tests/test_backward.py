@@ -252,11 +252,11 @@ def test_opcheck(backend):
         torch.library.opcheck(attention_fwd, (*leaves, 0.25, causal, 13 - 9))
         out, lse = attention_fwd(q, k, v, 0.25, causal, 4)
         torch.library.opcheck(attention_bwd, (torch.randn_like(out), q, k, v, out, lse, 0.25, causal, 4))
-    # Options.out_like_q (the SDPA drop-in's): the output in q's memory order on the real path and in
+    # Options.like_inputs (the SDPA drop-in's): the output in q's memory order on the real path and in
     # the fake one; here q, k, v are (b, s, h, d) views of (b, h, s, d) memory
     qt, kt, vt = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     leaves = [t.detach().clone().requires_grad_() for t in (qt, kt, vt)]
-    like_q = Options(out_like_q=True).encode()
+    like_q = Options(like_inputs=True).encode()
     torch.library.opcheck(attention_fwd, (*leaves, 0.25, True, 4), dict(options=like_q))
     out, lse = attention_fwd(qt, kt, vt, 0.25, True, 4, options=like_q)
     assert out.stride() == qt.stride() and not out.is_contiguous()

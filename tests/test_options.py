@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
     (dict(autotune=1), r"Options.autotune must be a bool, got 1"),
     (dict(autotune="true"), r"Options.autotune must be a bool, got 'true'"),
     (dict(autotune=None), r"Options.autotune must be a bool, got None"),
-    (dict(out_like_q=1), r"Options.out_like_q must be a bool, got 1"),
+    (dict(like_inputs=1), r"Options.like_inputs must be a bool, got 1"),
     (dict(pad_head_dim=0), r"Options.pad_head_dim must be a bool, got 0"),
 ])
 def test_options_validation(kwargs, match):
@@ -61,8 +61,8 @@ def test_options_defaults_and_frozen():
     Options(use_tma=False, autotune=True),
     Options(backend="triton", use_tma=True, autotune=True, pad_head_dim=False),
     Options(pad_head_dim=False),
-    Options(out_like_q=True),
-    Options(backend="gluon", use_tma=False, out_like_q=True),
+    Options(like_inputs=True),
+    Options(backend="gluon", use_tma=False, like_inputs=True),
 ], ids=lambda o: o.encode())
 def test_options_encode_decode_round_trip(opts):
     """The custom ops carry options as one string: decode(encode(o)) == o, field by field."""
@@ -70,8 +70,8 @@ def test_options_encode_decode_round_trip(opts):
     assert isinstance(text, str) and text
     back = Options.decode(text)
     assert back == opts
-    assert (back.backend, back.use_tma, back.autotune, back.pad_head_dim, back.out_like_q) == \
-        (opts.backend, opts.use_tma, opts.autotune, opts.pad_head_dim, opts.out_like_q)
+    assert (back.backend, back.use_tma, back.autotune, back.pad_head_dim, back.like_inputs) == \
+        (opts.backend, opts.use_tma, opts.autotune, opts.pad_head_dim, opts.like_inputs)
 
 
 def test_options_encodings_are_distinct():
@@ -432,7 +432,7 @@ def test_lse_scratch_grows_keeps_old_buffers_and_caps():
         for need, numel in ((True, 80), (False, utils.LSE_SCRATCH_MAX + 1)):
             out, lse, own = route._planned_buffers(q, (1, 4, 20), numel, need, False)
             assert own and lse.shape == (1, 4, 20) and lse.dtype == torch.float32 and lse is not big
-        # Options.out_like_q: the output in q's memory order (here (b, h, s, d) memory seen as (b, s, h, d))
+        # Options.like_inputs: the output in q's memory order (here (b, h, s, d) memory seen as (b, s, h, d))
         qt = torch.empty(1, 4, 20, 16).transpose(1, 2)
         for like_q in (False, True):
             out, _, _ = route._planned_buffers(qt, (1, 4, 20), 80, True, like_q)
@@ -561,7 +561,7 @@ def test_replayed_forward_puts_an_unwanted_lse_in_the_scratch():
         assert seen[-1] is utils._LSE_SCRATCH[q.device] and torch.equal(seen[-1][:6], torch.full((6,), 2.0))
         out, lse = route._replay_forward(plan, "key", q, q, q, 1.0, False)
         assert lse is seen[-1] and lse.shape == (1, 2, 3) and torch.equal(lse, torch.full((1, 2, 3), 2.0))
-        qt = torch.randn(1, 2, 3, 8).transpose(1, 2)  # a plan made with Options.out_like_q: q's memory order
+        qt = torch.randn(1, 2, 3, 8).transpose(1, 2)  # a plan made with Options.like_inputs: q's memory order
         out, _ = route._replay_forward(plan[:4] + (True,), "key", qt, qt, qt, 1.0, False)
         assert out.stride() == qt.stride() and torch.equal(out, torch.ones_like(qt))
         StandIn.ok = False
@@ -790,7 +790,7 @@ def test_fast_backward_replays_only_its_own_signature(monkeypatch):
 @pytest.mark.parametrize("memory", ["bhsd", "bshd"])
 def test_sdpa_drop_in_output_takes_the_query_memory_order(memory):
     """``tileflash.scaled_dot_product_attention`` returns its output in query's memory order
-    (``Options.out_like_q``): (b, h, s, d)-contiguous inputs give a contiguous output, as torch's
+    (``Options.like_inputs``): (b, h, s, d)-contiguous inputs give a contiguous output, as torch's
     function does, and (b, h, s, d) views of (b, s, h, d) memory give such a view; the values meet
     the error rule against torch's SDPA in fp64, on the first call and on a kept signature."""
     f = torch.nn.functional.scaled_dot_product_attention
@@ -805,6 +805,19 @@ def test_sdpa_drop_in_output_takes_the_query_memory_order(memory):
         out = tileflash.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         assert out.stride() == q.stride(), (out.stride(), q.stride())
         assert_error_rule("out", out, ref, (plain.double() - ref).abs().max().item(), 2, 1e-6)
+    # the gradients in their inputs' memory order too (autograd then keeps them without a copy)
+    do = torch.randn_like(ref)
+    leaves64 = [t.double().requires_grad_() for t in (q, k, v)]
+    ref_g = torch.autograd.grad(f(*leaves64, is_causal=True, enable_gqa=True), leaves64, do)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]  # (clone keeps the memory order)
+    plain_g = torch.autograd.grad(f(*leaves, is_causal=True, enable_gqa=True), leaves, do.float())
+    for _ in range(2):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        got = torch.autograd.grad(tileflash.scaled_dot_product_attention(*leaves, is_causal=True, enable_gqa=True),
+                                  leaves, do.float())
+        for name, g, t, r, p in zip(("dq", "dk", "dv"), got, leaves, ref_g, plain_g):
+            assert g.stride() == t.stride(), (name, g.stride(), t.stride())
+            assert_error_rule(name, g, r, (p.double() - r).abs().max().item(), 2, 1e-6)
 
 
 def test_sdpa_drop_in_replays_only_its_own_signature(monkeypatch):
@@ -900,16 +913,19 @@ def test_replay_backward_declines_what_its_plan_did_not_see(monkeypatch):
 
     class FakeBackward:
         @staticmethod
-        def replay_default(launches, dout, q, k, v, out, lse, scale):
-            ran.append((launches, scale))
+        def replay_default(launches, dout, q, k, v, out, lse, scale, like_inputs):
+            ran.append((launches, scale, like_inputs))
             return "grads"
 
     q, k, v, out, dout = (torch.randn(1, 32, 2, 16) for _ in range(5))
     lse = torch.randn(1, 2, 32)
     kept = ((dout.stride(), q.stride(), k.stride(), v.stride(), out.stride(), lse.stride()),
-            route._bwd_switches(False), (FakeBackward, "launches"))
+            route._bwd_switches(False), (FakeBackward, "launches"), False)
     assert route.replay_backward(kept, dout, q, k, v, out, lse, 0.25) == "grads"
-    assert ran == [("launches", 0.25)]
+    assert ran == [("launches", 0.25, False)]
+    # a plan recorded with Options.like_inputs allocates the gradients in their inputs' memory order
+    assert route.replay_backward(kept[:3] + (True,), dout, q, k, v, out, lse, 0.25) == "grads"
+    assert ran.pop() == ("launches", 0.25, True)
 
     def other_strides(t):  # same shape and values, another layout (as a saved-tensor hook may hand it)
         return t.transpose(-1, -2).contiguous().transpose(-1, -2)
@@ -1059,7 +1075,7 @@ def test_sdpa_drop_in_replay_on_the_gpu(monkeypatch, layout):
     assert len(interface._FAST_SDPA) == 1 and not fwd_replays
     entry = next(iter(interface._FAST_SDPA.values()))
     # both memory orders: the route plans its Gluon forward (the output takes q's memory order,
-    # Options.out_like_q, so that O shares Q's layout as the kernel needs)
+    # Options.like_inputs, so that O shares Q's layout as the kernel needs)
     assert entry[0], "the drop-in's signature keeps a planned forward"
     assert first.stride() == q.stride(), (first.stride(), q.stride())
     again = tileflash.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
@@ -1076,7 +1092,7 @@ def test_sdpa_drop_in_replay_on_the_gpu(monkeypatch, layout):
     # (the signature was kept by the forward-only call: the first backward records its launches, the
     # next two replay them, where the route keeps launches for the layout)
     assert len(bwd_replays) == (2 if entry[2] else 0), "the second and third backwards replay the kept launches"
-    assert entry[2] or layout == "bhsd", "(b, s, h, d) memory: the default backward's launches are kept"
+    assert entry[2], "the default backward's launches are kept (both memory orders: Options.like_inputs)"
     for a, b, c in zip(*grads):
         assert torch.equal(a, b) and torch.equal(a, c)
     leaves64 = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]

@@ -451,7 +451,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     ``(batch, nheads, seqlen_q, headdim)``, ``key``/``value`` are
     ``(batch, nheads_k, seqlen_k, headdim)``, and the result has query's shape and dtype.
     The (batch, seqlen, nheads, headdim) kernels read these tensors through a transpose,
-    so no copy is made. The result has query's memory order (``Options.out_like_q``):
+    so no copy is made. The result has query's memory order (``Options.like_inputs``):
     (batch, nheads, seqlen, headdim)-contiguous inputs give a contiguous result, as torch's
     function does; views of (batch, seqlen, nheads, headdim) memory give a view of such memory.
 
@@ -519,7 +519,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         q, k, v = (_unit_last_stride(t) for t in (q, k, v))
     # (the output in q's memory order: (b, h, s, d)-contiguous inputs get a (b, h, s, d)-contiguous
     # output, and the planned Hopper forward, whose output must share q's layout, takes them)
-    args = op_args(sc, is_causal, 0, options=dataclasses.replace(resolve(options), out_like_q=True).encode())
+    args = op_args(sc, is_causal, 0, options=dataclasses.replace(resolve(options), like_inputs=True).encode())
     out, _ = attention_args(q, k, v, args, need_lse=False)
     if fast is not None:
         _keep_fast(_FAST_SDPA, fast, q, k, v, args)

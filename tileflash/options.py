@@ -40,33 +40,34 @@ class Options:
         pad_head_dim: run a head dim between the Gluon kernels' widths (64 < D < 128, 128 < D < 256)
             on copies zero-padded to the next width (exact: zero columns add nothing). False keeps
             such calls on the Triton kernels. Default True.
-        out_like_q: the forward's output takes q's memory order (``torch.empty_like(q)``, as
-            flash-attn allocates it) instead of being a contiguous (batch, seqlen, nheads, headdim)
-            tensor; the values are the same. ``tileflash.scaled_dot_product_attention`` sets it, so
-            that (batch, nheads, seqlen, headdim)-contiguous inputs get an output of that memory
-            order, as torch's SDPA gives them, and take the planned Hopper forward (whose output
-            must share q's layout). Default False.
+        like_inputs: the forward's output and the backward's gradients take their inputs' memory
+            order (``torch.empty_like`` of q, and of q, k, v: as flash-attn and torch's SDPA
+            allocate them) instead of being contiguous (batch, seqlen, nheads, headdim) tensors; the
+            values are the same. ``tileflash.scaled_dot_product_attention`` sets it, so that
+            (batch, nheads, seqlen, headdim)-contiguous inputs get an output of that memory order
+            and gradients that autograd keeps without a copy, and take the planned Hopper forward
+            (whose output must share q's layout). Default False.
     """
 
     backend: str = "auto"
     use_tma: Optional[bool] = None
     autotune: bool = False
     pad_head_dim: bool = True
-    out_like_q: bool = False
+    like_inputs: bool = False
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
             raise ValueError(f"Options.backend must be one of {BACKENDS}, got {self.backend!r}")
         if not (self.use_tma is None or isinstance(self.use_tma, bool)):
             raise ValueError(f"Options.use_tma must be None, True or False, got {self.use_tma!r}")
-        for name in ("autotune", "pad_head_dim", "out_like_q"):
+        for name in ("autotune", "pad_head_dim", "like_inputs"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Options.{name} must be a bool, got {getattr(self, name)!r}")
 
     def encode(self) -> str:
         """The options as one string: the custom ops' schema takes it (``decode`` inverts it)."""
         return (f"{self.backend},{ {None: -1, False: 0, True: 1}[self.use_tma]},{int(self.autotune)},"
-                f"{int(self.pad_head_dim)},{int(self.out_like_q)}")
+                f"{int(self.pad_head_dim)},{int(self.like_inputs)}")
 
     @staticmethod
     @functools.lru_cache(maxsize=64)

@@ -12,6 +12,8 @@ Because these are ``torch.library.custom_op`` s with fake (meta) implementations
 
 from __future__ import annotations
 
+import dataclasses
+
 import inspect
 from typing import Optional
 
@@ -70,8 +72,8 @@ def _attention_fwd_body(q, k, v, softmax_scale, causal, causal_shift, window_lef
 def _(q, k, v, softmax_scale, causal, causal_shift, window_left=-1, window_right=-1, softcap=0.0,
       alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, dropout_p=0.0,
       seed=None, deterministic=False, options=""):
-    # (Options.out_like_q: q's memory order, as route.forward allocates it on every path)
-    out = torch.empty_like(q) if Options.decode(options).out_like_q else q.new_empty(q.shape)
+    # (Options.like_inputs: q's memory order, as route.forward allocates it on every path)
+    out = torch.empty_like(q) if Options.decode(options).like_inputs else q.new_empty(q.shape)
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     if cu_seqlens_q is not None:
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=lse_dtype)
@@ -96,6 +98,10 @@ def attention_bwd(
     """
     kw = _kw(window_left, window_right, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
              max_seqlen_k, dropout_p, seed, options)
+    if kw["options"].like_inputs:
+        # contiguous gradients, as the fake says: under torch.compile the saved q, k, v may have other
+        # strides at run time than when traced (the eager autograd class keeps the inputs' memory order)
+        kw["options"] = dataclasses.replace(kw["options"], like_inputs=False)
     return route.backward(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, **kw,
                           deterministic=deterministic)
 
@@ -161,7 +167,10 @@ class PackedAttention(torch.autograd.Function):
 
 
 @attention_bwd.register_fake
-def _(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, *args):
+def _(dout, q, k, v, out, lse, softmax_scale, causal, causal_shift, window_left=-1, window_right=-1, softcap=0.0,
+      alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, dropout_p=0.0,
+      seed=None, deterministic=False, options=""):
+    # (contiguous whatever the options: tileflash::bwd clears Options.like_inputs, see there)
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             torch.empty(k.shape, dtype=k.dtype, device=k.device),
             torch.empty(v.shape, dtype=v.dtype, device=v.device))

@@ -114,7 +114,7 @@ def forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int | Non
     kw = dict(window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed,
               cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
               max_seqlen_k=max_seqlen_k)
-    if out is None and options.out_like_q:  # q's memory order on every path below (they write into out)
+    if out is None and options.like_inputs:  # q's memory order on every path below (they write into out)
         out = torch.empty_like(q)
     if not q.is_cuda and not use_triton(q):
         res_out, res_lse = cpu.forward(q, k, v, softmax_scale, causal, causal_shift, kw)
@@ -192,7 +192,7 @@ def replay_forward(plan, q, k, v, softmax_scale: float, need_lse: bool = True):
 def _planned_buffers(q, lse_shape, lse_numel, need_lse, like_q):
     """A planned forward's (out, lse, whether the LSE is its own): without ``need_lse`` the LSE
     goes to the write-only scratch buffer (``utils.lse_scratch``) where it has one. ``like_q``
-    (``Options.out_like_q``): out in q's memory order."""
+    (``Options.like_inputs``): out in q's memory order."""
     # (sizes unpacked: torch parses ints faster than a torch.Size, host time per call)
     out = torch.empty_like(q) if like_q else torch.empty(*q.shape, dtype=q.dtype, device=q.device)
     lse = None if need_lse else lse_scratch(lse_numel, q.device)
@@ -243,7 +243,7 @@ def _plan_forward(q, k, v, softmax_scale, causal, causal_shift, kw, options, key
             lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
             gplan = gf.plan_for(q, k, v, out, lse, softmax_scale, causal, shift, flags, False, None)
         if gplan is not None:
-            plan = (gf, gplan, lse_shape, lse_shape[0] * lse_shape[1] * lse_shape[2], options.out_like_q)
+            plan = (gf, gplan, lse_shape, lse_shape[0] * lse_shape[1] * lse_shape[2], options.like_inputs)
         elif not aligned(q, k, v):
             return _SLOW  # declined for these pointers only: not remembered for the layout
     if len(_FWD_PLANS) >= _PLANS_MAX:
@@ -284,9 +284,9 @@ def _decode_forward(q, k, v, softmax_scale, causal, window, softcap, alibi_slope
 
 
 def _new_out(q, options: Options):
-    """A forward's output buffer: contiguous, or in q's memory order with ``Options.out_like_q``
+    """A forward's output buffer: contiguous, or in q's memory order with ``Options.like_inputs``
     (``torch.empty_like``, which the op's fake output follows)."""
-    if options.out_like_q:
+    if options.like_inputs:
         return torch.empty_like(q)
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
@@ -380,7 +380,11 @@ def backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, causal
             if plan is not None and aligned(q, k, v, dout):
                 gb, launches = plan
                 with _device(q):
-                    return gb.replay_default(launches, dout, q, k, v, out, lse, softmax_scale)
+                    return gb.replay_default(launches, dout, q, k, v, out, lse, softmax_scale, options.like_inputs)
+    if options.like_inputs:  # the gradients in their inputs' memory order, on every path below
+        dq = torch.empty_like(q) if dq is None else dq
+        dk = torch.empty_like(k) if dk is None else dk
+        dv = torch.empty_like(v) if dv is None else dv
     kw = dict(window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed,
               cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
               max_seqlen_k=max_seqlen_k)
@@ -436,7 +440,8 @@ def planned_backward(dout, q, k, v, out, lse, softmax_scale: float, causal: bool
                                    dropout_p, options, switches[0]))
     if plan is None:
         return None
-    return (dout.stride(), q.stride(), k.stride(), v.stride(), out.stride(), lse.stride()), switches, plan
+    return (dout.stride(), q.stride(), k.stride(), v.stride(), out.stride(), lse.stride()), switches, plan, \
+        options.like_inputs
 
 
 def replay_backward(kept, dout, q, k, v, out, lse, softmax_scale: float, deterministic: bool = False):
@@ -445,12 +450,12 @@ def replay_backward(kept, dout, q, k, v, out, lse, softmax_scale: float, determi
     as it is: any of dO, q, k, v, out, LSE with other strides (saved-tensor hooks may hand the
     backward copies), a switch of :func:`_bwd_switches` changed, a pointer not 16-byte aligned, or
     a CUDA device other than the current one. The caller then takes :func:`backward`."""
-    strides, switches, (gb, launches) = kept
+    strides, switches, (gb, launches), like = kept
     if ((dout.stride(), q.stride(), k.stride(), v.stride(), out.stride(), lse.stride()) != strides
             or q.device.index != torch._C._cuda_getDevice() or _bwd_switches(deterministic) != switches
             or not aligned(q, k, v, dout)):
         return None
-    return gb.replay_default(launches, dout, q, k, v, out, lse, softmax_scale)
+    return gb.replay_default(launches, dout, q, k, v, out, lse, softmax_scale, like)
 
 
 def _keep_bwd_plan(key, gb, launches):

@@ -1802,15 +1802,18 @@ def fused_launches(dout, q, k, v, lse, delta, dk, dv, causal: bool, cfg: dict, d
     return "fused", _fused_launch(dout, q, k, v, lse, delta, dk, dv, causal, cfg, deterministic), cfg["BLOCK_M"]
 
 
-def replay_default(launches, dout, q, k, v, out, lse, softmax_scale):
+def replay_default(launches, dout, q, k, v, out, lse, softmax_scale, like_inputs: bool = False):
     """The default backward of a layout whose launches :func:`default_launches` (the split pair) or
     :func:`fused_launches` (the fused kernel) returned, on new tensors of that layout: allocations,
     then the dQ kernel (computing delta) and the dK/dV kernel, or the delta kernel and the fused
-    kernel."""
-    # (sizes unpacked: torch parses ints faster than a torch.Size, host time per call)
-    dq = torch.empty(*q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(*k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(*v.shape, dtype=v.dtype, device=v.device)
+    kernel. ``like_inputs`` (``Options.like_inputs``, as the launches were recorded with): dq, dk, dv
+    in q's, k's and v's memory order."""
+    if like_inputs:
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    else:  # (sizes unpacked: torch parses ints faster than a torch.Size, host time per call)
+        dq = torch.empty(*q.shape, dtype=q.dtype, device=q.device)
+        dk = torch.empty(*k.shape, dtype=k.dtype, device=k.device)
+        dv = torch.empty(*v.shape, dtype=v.dtype, device=v.device)
     if len(launches) == 3:  # ("fused", launch, BLOCK_M)
         _, launch, bm = launches
         bufs = fused_buffers(q, bm, zeroed=False)  # (zeroed by the delta kernel)
