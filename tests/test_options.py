@@ -820,6 +820,42 @@ def test_sdpa_drop_in_output_takes_the_query_memory_order(memory):
             assert_error_rule(name, g, r, (p.double() - r).abs().max().item(), 2, 1e-6)
 
 
+@pytest.mark.parametrize("memory", ["bhsd", "bshd"])
+def test_sdpa_drop_in_kept_autograd_node_does_the_transposes(monkeypatch, memory):
+    """Under autograd a kept ``tileflash.scaled_dot_product_attention`` signature goes through one
+    autograd node that transposes inside (``_EagerAttentionBHSD``), with the output and gradients of
+    the first call (which goes through transposed views): bitwise, on CPU tensors through
+    ``_PREPARE_CPU``; the gradients in their inputs' memory order; an output modified in place
+    before the backward gets autograd's usual error (the backward reads the output, as torch's SDPA
+    does), not the one for views made inside a custom Function."""
+    from tileflash import interface
+
+    monkeypatch.setattr(interface, "_PREPARE_CPU", True)
+    monkeypatch.setattr(interface, "_FAST_SDPA", {})
+    q, k, v = (torch.randn(2, 29, h, 16) for h in (4, 2, 2))  # (b, s, h, d) memory
+    q, k, v = (t.transpose(1, 2).contiguous() if memory == "bhsd" else t.transpose(1, 2) for t in (q, k, v))
+    do = torch.randn(2, 4, 29, 16)
+
+    def step(scale_in_place=False):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        out = tileflash.scaled_dot_product_attention(*leaves, is_causal=True, enable_gqa=True)
+        node = type(out.grad_fn).__name__
+        if scale_in_place:
+            out.mul_(3.0)
+        grads = torch.autograd.grad(out, leaves, do)
+        return out.detach(), grads, leaves, node
+
+    first, first_g, _, node = step()
+    assert node != "_EagerAttentionBHSDBackward" and len(interface._FAST_SDPA) == 1
+    for _ in range(2):
+        out, grads, leaves, node = step()
+        assert node == "_EagerAttentionBHSDBackward", node
+        assert torch.equal(out, first) and all(torch.equal(a, b) for a, b in zip(grads, first_g))
+        assert all(g.stride() == t.stride() for g, t in zip(grads, leaves)), [g.stride() for g in grads]
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        step(scale_in_place=True)
+
+
 def test_sdpa_drop_in_replays_only_its_own_signature(monkeypatch):
     """``tileflash.scaled_dot_product_attention`` keeps its validated signatures (``_FAST_SDPA``:
     the arguments as given, scalars by value and type) like ``flash_attn_func``: a repeat replays

@@ -12,8 +12,8 @@ import os
 import torch
 from torch import Tensor
 
-from tileflash.ops.attention import (PackedAttention, attention, attention_args, attention_kept, kvcache_append,
-                                     kvcache_forward, kvcache_fwd, op_args)
+from tileflash.ops.attention import (PackedAttention, attention, attention_args, attention_kept, attention_kept_bhsd,
+                                     kvcache_append, kvcache_forward, kvcache_fwd, op_args)
 from tileflash.ops import route
 from tileflash.ops.route import use_triton
 from tileflash.ops.triton.decode import check_grid, length_bucket, row_block_count
@@ -487,6 +487,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         except TypeError:  # (unhashable arguments, e.g. a dict of options: the full path)
             entry = fast = None
         if entry is not None:
+            if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+                return attention_kept_bhsd(query, key, value, entry)  # (the transposes inside its autograd node)
             return _fast_call(entry, query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                               False)[0].transpose(1, 2)
     if attn_mask is not None:

@@ -265,6 +265,28 @@ class _EagerAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
+class _EagerAttentionBHSD(torch.autograd.Function):
+    """:class:`_EagerAttention` on (batch, nheads, seqlen, headdim) tensors, for a caller that
+    discards the LSE (``tileflash.scaled_dot_product_attention`` on a kept signature): the
+    transposes to and from the kernels' (batch, seqlen, nheads, headdim) views happen inside, so that
+    autograd records one node per call instead of one per transpose as well (host time). The output
+    (the attention alone) is returned detached from the view made inside, so that autograd treats it
+    as an ordinary output (an in-place change gets the usual saved-tensor check, not the error for
+    views made inside a custom Function); the gradients come back in (batch, nheads, seqlen, headdim) form, in their
+    inputs' memory order where the op's options say so (``Options.like_inputs``)."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, rest, kept=None):
+        out, _ = _EagerAttention.forward(ctx, query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                                         rest, kept)
+        return out.transpose(1, 2).detach()
+
+    @staticmethod
+    def backward(ctx, dout):
+        dq, dk, dv, _, _ = _EagerAttention.backward(ctx, dout.transpose(1, 2), None)
+        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), None, None
+
+
 # the feature arguments' defaults, read off the op's body (one place to change them)
 _FEATURE_DEFAULTS = {name: prm.default for name, prm in inspect.signature(_attention_fwd_body).parameters.items()
                      if name in _FEATURES}
@@ -307,6 +329,12 @@ def attention_kept(q: Tensor, k: Tensor, v: Tensor, kept: list) -> tuple[Tensor,
     whose ``interface._FAST_FWD`` (or ``_FAST_SDPA``) entry is ``kept`` (its arguments ``kept[1]``):
     the autograd class replays the planned launches the entry holds."""
     return _EagerAttention.apply(q, k, v, kept[1], kept)
+
+
+def attention_kept_bhsd(query: Tensor, key: Tensor, value: Tensor, kept: list) -> Tensor:
+    """:func:`attention_kept` on (batch, nheads, seqlen, headdim) tensors -> the output alone, of
+    that shape (``_EagerAttentionBHSD``: the SDPA drop-in's kept signatures under autograd)."""
+    return _EagerAttentionBHSD.apply(query, key, value, kept[1], kept)
 
 
 def kvcache_forward(
