@@ -440,12 +440,12 @@ def test_lse_scratch_grows_keeps_old_buffers_and_caps():
 
 
 def test_stream_buffer_is_per_stream_grows_and_declines(monkeypatch):
-    """``utils.stream_buffer`` (the decode's split partials and the backward's delta scratch): one
+    """``utils.stream_buffer`` (the decode's split partials): one
     buffer per (device, current stream) that a later request on that stream reuses or replaces by a
     larger one (at least doubling, at most ``cap``); another stream or device gets its own; past
     ``max_streams`` kept buffers all are dropped; None (the caller allocates) for a request above
-    ``cap``, during a graph capture, or off CUDA; a buffer per dtype, and with ``per_thread`` per host
-    thread. The CUDA calls are stand-ins (CPU machine)."""
+    ``cap``, during a graph capture, or off CUDA; a buffer per dtype. The CUDA calls are stand-ins (CPU
+    machine)."""
     import types
 
     from tileflash.ops import utils
@@ -484,20 +484,11 @@ def test_stream_buffer_is_per_stream_grows_and_declines(monkeypatch):
     assert utils.stream_buffer(table, 10, dev0, torch.float32, 1000, 3) is None and len(made) == n_made
     state["capturing"] = False
     assert utils.stream_buffer(table, 10, types.SimpleNamespace(type="cpu", index=None), torch.float32, 1000) is None
-    # another dtype on the same stream: its own buffer; per_thread: one per host thread too
+    # another dtype on the same stream: its own buffer
     table.clear()
     f = utils.stream_buffer(table, 10, dev0, torch.float32, 1000)
     i = utils.stream_buffer(table, 10, dev0, torch.int32, 1000)
     assert i is not f and i.dtype == torch.int32 and utils.stream_buffer(table, 10, dev0, torch.float32, 1000) is f
-    mine = utils.stream_buffer(table, 10, dev0, torch.float32, 1000, per_thread=True)
-    assert mine is not f and utils.stream_buffer(table, 10, dev0, torch.float32, 1000, per_thread=True) is mine
-    import threading
-    theirs = []
-    t = threading.Thread(target=lambda: theirs.append(
-        utils.stream_buffer(table, 10, dev0, torch.float32, 1000, per_thread=True)))
-    t.start()
-    t.join()
-    assert theirs[0] is not mine, "another thread on the same stream: another buffer"
 
 
 @pytest.mark.skipif(not (IS_SM90 and gluon_modules() is not None), reason="needs a Hopper GPU and triton's Gluon")

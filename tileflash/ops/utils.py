@@ -7,7 +7,6 @@ Nothing here imports triton: the kernels' device helpers live in ``ops/triton/co
 
 from __future__ import annotations
 
-import threading
 
 import torch
 
@@ -136,22 +135,22 @@ def lse_scratch(n: int, device: torch.device):
     return buf
 
 
-def stream_buffer(table: dict, n: int, device, dtype, cap: int, max_streams: int = 64, per_thread: bool = False):
+def stream_buffer(table: dict, n: int, device, dtype, cap: int, max_streams: int = 64):
     """A buffer of at least n elements of ``dtype`` kept per (device, current stream, dtype) in
     ``table``, or None where n exceeds ``cap``, ``device`` is not CUDA, or a CUDA graph capture is
     under way (whose graph must own its memory): the caller then allocates its own. Launches of one
     stream run in order, so kernels of successive calls on a stream may share the stream's buffer as
     long as none of them starts before the previous one ends (no programmatic dependent launch
-    touching it early); one allocation less per call (host time). A caller whose use spans several
-    launches (one writes, a later one reads) passes ``per_thread``: the key then holds the host
-    thread too, since two threads on one stream could interleave their launches. A buffer grows by
+    touching it early); one allocation less per call (host time). The buffer serves one launch per use:
+    a use spanning two launches would also need the host thread in its key, since two threads on one
+    stream could interleave their launches. A buffer grows by
     doubling, up to ``cap``; past ``max_streams`` kept buffers all are dropped (a caller making a
     stream per request must not pile them up; a dropped one's memory goes back to its stream's
     pool, reused in stream order)."""
     if device.type != "cuda" or n > cap or torch.cuda.is_current_stream_capturing():
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (index, torch._C._cuda_getCurrentRawStream(index), dtype, threading.get_ident() if per_thread else None)
+    key = (index, torch._C._cuda_getCurrentRawStream(index), dtype)
     buf = table.get(key)
     if buf is None or buf.numel() < n:
         # (the old buffer may still be read by queued kernels of this stream: the allocator reuses
