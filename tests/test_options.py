@@ -74,6 +74,37 @@ def test_options_encode_decode_round_trip(opts):
         (opts.backend, opts.use_tma, opts.autotune, opts.pad_head_dim, opts.like_inputs)
 
 
+def test_options_decode_reads_the_four_field_strings_of_earlier_releases():
+    """An option string made before ``like_inputs`` existed (four fields, e.g. in a saved graph)
+    still decodes, with ``like_inputs`` off."""
+    assert Options.decode("triton,0,1,0") == Options(backend="triton", use_tma=False, autotune=True,
+                                                     pad_head_dim=False)
+    assert Options.decode("auto,-1,0,1") == DEFAULT
+
+
+def test_fit_puts_an_output_in_the_query_memory_order():
+    """``route._fit``: an output written into the caller's buffer if one is given; else, with
+    ``Options.like_inputs``, in the memory order ``torch.empty_like(q)`` gives (the op's fake): the
+    result itself where it already is, a view where only dims of size 1 differ, else a copy; without
+    the option the result as it is."""
+    like = Options(like_inputs=True)
+    q = torch.empty(2, 4, 3, 8).transpose(1, 2)            # (b, h, s, d) memory seen as (b, s, h, d)
+    res = torch.randn(2, 3, 4, 8)                           # contiguous (b, s, h, d)
+    assert route._fit(res, None, q, DEFAULT) is res
+    got = route._fit(res, None, q, like)
+    assert got.stride() == q.stride() and torch.equal(got, res) and got.data_ptr() != res.data_ptr()
+    same = torch.randn(2, 4, 3, 8).transpose(1, 2)
+    assert route._fit(same, None, q, like) is same
+    q1 = torch.empty(2, 4, 1, 8).transpose(1, 2)            # one query token: only a size-1 dim differs
+    res1 = torch.randn(2, 1, 4, 8)
+    got1 = route._fit(res1, None, q1, like)
+    assert got1.stride() == q1.stride() and got1.data_ptr() == res1.data_ptr() and torch.equal(got1, res1)
+    buf = torch.empty(2, 3, 4, 8)
+    assert route._fit(res, buf, q, like) is buf and torch.equal(buf, res)
+    packed = torch.empty(2, 3, 3, 4, 8)[:, :, 0]            # not dense: empty_like infers dense strides
+    assert route._fit(res, None, packed, like) is res
+
+
 def test_options_encodings_are_distinct():
     every = [Options(b, t, a, p, o) for b in ("auto", "triton", "gluon") for t in (None, False, True)
              for a in (False, True) for p in (False, True) for o in (False, True)]
@@ -778,14 +809,15 @@ def test_fast_backward_replays_only_its_own_signature(monkeypatch):
     assert len(bwd_replays) == 4
 
 
+@pytest.mark.parametrize("sq", [37, 3, 1])
 @pytest.mark.parametrize("memory", ["bhsd", "bshd"])
-def test_sdpa_drop_in_output_takes_the_query_memory_order(memory):
+def test_sdpa_drop_in_output_takes_the_query_memory_order(memory, sq):
     """``tileflash.scaled_dot_product_attention`` returns its output in query's memory order
     (``Options.like_inputs``): (b, h, s, d)-contiguous inputs give a contiguous output, as torch's
     function does, and (b, h, s, d) views of (b, s, h, d) memory give such a view; the values meet
     the error rule against torch's SDPA in fp64, on the first call and on a kept signature."""
     f = torch.nn.functional.scaled_dot_product_attention
-    q, k, v = (torch.randn(2, 37, h, 16) for h in (4, 2, 2))  # (b, s, h, d) memory
+    q, k, v = (torch.randn(2, n, h, 16) for n, h in ((sq, 4), (37, 2), (37, 2)))  # (b, s, h, d) memory
     if memory == "bhsd":
         q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     else:
@@ -845,6 +877,21 @@ def test_sdpa_drop_in_kept_autograd_node_does_the_transposes(monkeypatch, memory
         assert all(g.stride() == t.stride() for g, t in zip(grads, leaves)), [g.stride() for g in grads]
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         step(scale_in_place=True)
+
+    class NoGrad(torch.autograd.Function):  # hands its input an undefined gradient
+        @staticmethod
+        def forward(ctx, x):
+            return x.sum()
+
+        @staticmethod
+        def backward(ctx, g):
+            return None
+
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = tileflash.scaled_dot_product_attention(*leaves, is_causal=True, enable_gqa=True)
+    assert type(out.grad_fn).__name__ == "_EagerAttentionBHSDBackward"
+    grads = torch.autograd.grad(NoGrad.apply(out) + sum(t.sum() for t in leaves), leaves)
+    assert all(torch.equal(g, torch.ones_like(t)) for g, t in zip(grads, leaves)), "zero from attention"
 
 
 def test_sdpa_drop_in_replays_only_its_own_signature(monkeypatch):

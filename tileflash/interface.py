@@ -466,7 +466,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     query head h uses kv head ``h // (nheads // nheads_k)``, as in torch). Without it the
     head counts must match, as in torch.
 
-    ``options``: :class:`tileflash.Options`, as in :func:`flash_attn_func`.
+    ``options``: :class:`tileflash.Options`, as in :func:`flash_attn_func`, with ``like_inputs``
+    always set (the output, and the gradients in eager mode, in their inputs' memory order).
 
     The backward is :func:`flash_attn_func`'s with ``deterministic=False``: bitwise reproducible
     under ``torch.use_deterministic_algorithms(True)``, and otherwise allowed unordered dQ sums where

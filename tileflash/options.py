@@ -40,13 +40,16 @@ class Options:
         pad_head_dim: run a head dim between the Gluon kernels' widths (64 < D < 128, 128 < D < 256)
             on copies zero-padded to the next width (exact: zero columns add nothing). False keeps
             such calls on the Triton kernels. Default True.
-        like_inputs: the forward's output and the backward's gradients take their inputs' memory
-            order (``torch.empty_like`` of q, and of q, k, v: as flash-attn and torch's SDPA
-            allocate them) instead of being contiguous (batch, seqlen, nheads, headdim) tensors; the
-            values are the same. ``tileflash.scaled_dot_product_attention`` sets it, so that
-            (batch, nheads, seqlen, headdim)-contiguous inputs get an output of that memory order
-            and gradients that autograd keeps without a copy, and take the planned Hopper forward
-            (whose output must share q's layout). Default False.
+        like_inputs: the forward's output takes q's memory order (``torch.empty_like(q)``, as
+            flash-attn and torch's SDPA allocate it) instead of being a contiguous
+            (batch, seqlen, nheads, headdim) tensor, on every path and under torch.compile; the
+            values are the same. The eager backward's gradients (autograd outside torch.compile) take
+            q's, k's and v's memory order likewise; the custom op ``tileflash::bwd``, which
+            torch.compile calls, keeps contiguous gradients, as its fake says. The KV-cache functions
+            ignore it. ``tileflash.scaled_dot_product_attention`` always sets it, so that
+            (batch, nheads, seqlen, headdim)-contiguous inputs get an output of that memory order and
+            gradients that autograd keeps without a copy, and take the planned Hopper forward (whose
+            output must share q's layout). Default False.
     """
 
     backend: str = "auto"
@@ -74,8 +77,10 @@ class Options:
     def decode(text: str) -> "Options":
         if not text:
             return DEFAULT
-        backend, tma, autotune, pad, like_q = text.split(",")
-        return Options(backend, {-1: None, 0: False, 1: True}[int(tma)], autotune == "1", pad == "1", like_q == "1")
+        # (four fields: a string from before like_inputs existed, e.g. in a saved graph)
+        backend, tma, autotune, pad, like_inputs = (text + ",0" if text.count(",") == 3 else text).split(",")
+        return Options(backend, {-1: None, 0: False, 1: True}[int(tma)], autotune == "1", pad == "1",
+                       like_inputs == "1")
 
 
 DEFAULT = Options()

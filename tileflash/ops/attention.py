@@ -283,7 +283,9 @@ class _EagerAttentionBHSD(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        dq, dk, dv, _, _ = _EagerAttention.backward(ctx, dout.transpose(1, 2), None)
+        # (dout None: the output's gradient is undefined, e.g. from a custom Function returning None;
+        # _EagerAttention.backward then gives zero gradients)
+        dq, dk, dv, _, _ = _EagerAttention.backward(ctx, None if dout is None else dout.transpose(1, 2), None)
         return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), None, None
 
 

@@ -114,36 +114,36 @@ def forward(q, k, v, softmax_scale: float, causal: bool, causal_shift: int | Non
     kw = dict(window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed,
               cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
               max_seqlen_k=max_seqlen_k)
-    if out is None and options.like_inputs:  # q's memory order on every path below (they write into out)
-        out = torch.empty_like(q)
     if not q.is_cuda and not use_triton(q):
         res_out, res_lse = cpu.forward(q, k, v, softmax_scale, causal, causal_shift, kw)
-        return _into(res_out, out), _into(res_lse, lse)
+        return _fit(res_out, out, q, options), _into(res_lse, lse)
     decode = config is None and options.backend != "gluon"  # (decode_shaped calls may go to the decode kernel)
     if not q.is_cuda:  # the interpreter
         if decode and decode_shaped(q, k, causal_shift, dropout_p, cu_seqlens_q):
             res_out, res_lse = _decode_forward(q, k, v, softmax_scale, causal, window, softcap, alibi_slopes)
-            return _into(res_out, out), _into(res_lse, lse)
+            return _fit(res_out, out, q, options), _into(res_lse, lse)
         dt = _interpreter_dtype(q)
         res_out, res_lse = tr_fwd.flash_attn_forward(q.to(dt), k.to(dt), v.to(dt), softmax_scale, causal, causal_shift,
                                                      **kw, config=config, use_tma=options.use_tma,
                                                      autotune=options.autotune,
                                                      out=out if out is not None and out.dtype == dt else None, lse=lse)
-        return _into(res_out.to(q.dtype), out), res_lse
+        return _fit(res_out.to(q.dtype), out, q, options), res_lse
     if common:  # (on CUDA; the planned Gluon launches returned above)
         plan = _FWD_PLANS.get(key)
         if plan is None:
             plan = _plan_forward(q, k, v, softmax_scale, causal, causal_shift, kw, options, key)
         if plan is _DECODE:
             res_out, res_lse = _decode_forward(q, k, v, softmax_scale, causal, window, softcap, None, need_lse)
-            return _into(res_out, out), res_lse
+            return _fit(res_out, out, q, options), res_lse
         if plan.__class__ is tuple and aligned(q, k, v):
             done = _replay_forward(plan, key, q, k, v, softmax_scale, causal, need_lse)
             if done is not None:
                 return done
     elif decode and decode_shaped(q, k, causal_shift, dropout_p, cu_seqlens_q):
         res_out, res_lse = _decode_forward(q, k, v, softmax_scale, causal, window, softcap, alibi_slopes)
-        return _into(res_out, out), _into(res_lse, lse)
+        return _fit(res_out, out, q, options), _into(res_lse, lse)
+    if out is None and options.like_inputs:  # (the kernels below write any layout)
+        out = torch.empty_like(q)
     with _device(q):
         if options.backend != "triton":
             # (the buffers it allocated come back, so that a call it declines allocates them once)
@@ -289,6 +289,22 @@ def _new_out(q, options: Options):
     if options.like_inputs:
         return torch.empty_like(q)
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+
+
+def _fit(res, buf, q, options: Options):
+    """A forward's output ``res`` (q's shape) as the caller gets it: written into ``buf`` if given,
+    else in q's memory order with ``Options.like_inputs`` (the order ``torch.empty_like(q)`` gives,
+    which the op's fake output has): ``res`` itself where its elements already sit so (a view with
+    those strides where they differ only at dims of size 1), else a copy; else ``res``."""
+    if buf is not None or not options.like_inputs:
+        return _into(res, buf)
+    want = torch.empty_like(q, device="meta").stride()
+    have = res.stride()
+    if have == want:
+        return res
+    if all(a == b or n == 1 for a, b, n in zip(have, want, res.shape)):
+        return res.as_strided(res.shape, want)
+    return torch.empty_like(q).copy_(res)
 
 
 def _into(res, buf):
