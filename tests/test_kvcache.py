@@ -1593,3 +1593,21 @@ def test_kvcache_fast_signature_replays_only_its_own(monkeypatch):
     declined.append(True)
     full_path_ok(tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=sl, causal=True), q, 0)
     assert len(replays) == n + 1
+
+
+def test_kvcache_op_output_strides_match_its_fake(backend):
+    """``tileflash::kvcache_fwd`` on a q of (b, h, s, d) memory (a transposed view): the output is
+    contiguous on every path as its fake says (``torch.library.opcheck`` compares the real and fake
+    strides; the tiled CPU path used to return q's memory order), with the values of a contiguous q."""
+    from tileflash.ops.attention import kvcache_fwd
+
+    dev = backend_device(backend)
+    torch.manual_seed(3)
+    q = torch.randn(2, 4, 3, 16, device=dev).transpose(1, 2)  # (b, s=3, h=4, d) view of (b, h, s, d) memory
+    kc, vc = torch.randn(2, 20, 2, 16, device=dev), torch.randn(2, 20, 2, 16, device=dev)
+    seqlens = torch.tensor([9, 20], dtype=torch.int32, device=dev)
+    torch.library.opcheck(kvcache_fwd, (q, kc, vc, seqlens, 0.25, True))
+    out, _ = kvcache_fwd(q, kc, vc, seqlens, 0.25, True)
+    assert out.is_contiguous()
+    dense, _ = kvcache_fwd(q.contiguous(), kc, vc, seqlens, 0.25, True)
+    assert torch.equal(out, dense)

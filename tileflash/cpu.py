@@ -490,8 +490,9 @@ def gather_cache(cache, b, n, cache_batch_idx=None, block_table=None):
 def kvcache_forward(q, k_cache, v_cache, seqlens_k, softmax_scale, causal, window, softcap, alibi_slopes,
                     cache_batch_idx, block_table, max_seqlen_k, cache_leftpad, seqlen_add=0):
     """Attention over a contiguous or paged KV cache on the CPU: one batch entry at a time over its
-    gathered cache rows (arguments as ``tileflash.ops.attention.kvcache_forward``)."""
-    out = torch.empty_like(q)
+    gathered cache rows (arguments as ``tileflash.ops.attention.kvcache_forward``). The output is
+    contiguous whatever q's strides, as the CUDA decode path and the op's fake output are."""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     lengths = ([n + seqlen_add for n in seqlens_k.tolist()] if seqlens_k is not None
                else [max_seqlen_k] * q.shape[0])
