@@ -294,6 +294,22 @@ def test_host_bench_cpu(capsys, tmp_path):
     assert "flash_attn_func" in prof.read_text() and "flash_attn_with_kvcache" in prof.read_text()
 
 
+def test_host_bench_rotates_the_providers_each_round(monkeypatch):
+    """``bench.host.measure``: every round times each provider once, starting one provider later than
+    the round before (none always follows the same one); ``--rounds`` sets how many, and refuses
+    fewer than one."""
+    from tileflash.bench import host
+
+    order = []
+    monkeypatch.setattr(host, "_providers", lambda device: {n: ("bshd", n) for n in ("a", "b", "c")})
+    monkeypatch.setattr(host, "_dense_case", lambda case, layout, fn, device, dtype: (lambda: order.append(fn)))
+    rows = host.measure("cpu", torch.float32, 1, 8, cases=("fwd",), repeats=4)
+    assert order == list("abc") + list("abc") + list("bca") + list("cab") + list("abc")  # warm-ups, then rounds
+    assert [r["provider"] for r in rows] == ["a", "b", "c"] and all(r["status"] == "ok" for r in rows)
+    with pytest.raises(SystemExit, match="--rounds must be at least 1"):
+        cli.main(["bench", "--host", "--device", "cpu", "--calls", "1", "--rounds", "0"])
+
+
 def test_ncu_source_summary_ranks_instructions_and_opcodes(tmp_path):
     """tools/ncu_source.py over a synthetic `ncu --page source --csv --print-source sass` table (with
     a line ncu prints before the header, thousands separators and an instruction without samples):

@@ -74,6 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "where installed (tileflash/bench/host.py)")
     p.add_argument("--calls", type=int, default=None, help="with --host: calls per timing (default 200 CUDA, 20 CPU)")
     p.add_argument("--profile", default=None, help="with --host: write cProfile statistics of tileflash's calls here")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="with --host: rounds per case, each timing every provider once in a rotated order; the "
+                        "median round is reported (default 5; more narrow a noisy host's spread)")
     p.add_argument("--page-sizes", type=int, nargs="*", default=None,
                    help="with --decode: also time tileflash on a paged cache of each page size (rows "
                         "'tileflash_paged<P>'; default 16 64 256 on CUDA, none on CPU)")

@@ -135,7 +135,8 @@ def measure(device, dtype, calls, cache_len, cases=CASES, profile=None, repeats=
     """Rows of {case, provider, us_call, us_issue} for the cases and every provider that runs here.
 
     A case's providers take turns: each of `repeats` rounds times every provider once (`calls`
-    calls), and each provider's median round is reported, so that a drift of the machine's speed
+    calls), starting one provider later than the round before (so that none always follows the
+    same one), and each provider's median round is reported, so that a drift of the machine's speed
     during the run (on the H200 machine host timings moved by up to 2x between and within
     processes) touches every provider alike."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -159,9 +160,10 @@ def measure(device, dtype, calls, cache_len, cases=CASES, profile=None, repeats=
             except Exception as e:  # noqa: BLE001 -- a provider that cannot take a case is reported, not fatal
                 failed[name] = f"{type(e).__name__}: {str(e)[:80]}"
         times = {name: [] for name in steps}
-        for _ in range(repeats):
-            for name, step in steps.items():
-                times[name].append(_round(step, calls, sync))
+        names = list(steps)
+        for r in range(repeats):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                times[name].append(_round(steps[name], calls, sync))
         for name in prov:
             if name in failed:
                 rows.append(dict(case=case, provider=name, us_call=float("nan"), us_issue=float("nan"),
@@ -208,11 +210,14 @@ def run(args) -> int:
     profile = [] if args.profile else None
     ctx = tiled_cpu_path() if device == "cpu" else contextlib.nullcontext()
     with ctx:
+        if args.rounds < 1:
+            raise SystemExit(f"tileflash bench --host: --rounds must be at least 1, got {args.rounds}")
         rows = measure(device, dtype, calls, cache_len, cases=CASES if device == "cuda" else CPU_CASES,
-                       profile=profile)
+                       profile=profile, repeats=args.rounds)
     env = environment(device)
     print(format_rows(rows))
-    print(f"us/call: {calls} calls back to back, then one sync (median of 5 rounds, the providers taking turns); "
+    print(f"us/call: {calls} calls back to back, then one sync (median of {args.rounds} rounds, the providers taking "
+          f"turns in a rotated order); "
           f"issue us: until the last call "
           f"returned. B=1 N=128 (@2k: 2048) H=16/8 D=128 causal; decode B=1 L={cache_len} H=16/8 D=128, {dtype}. "
           f"{env['device_name']}, torch {env['torch']}, triton {env['triton']}, {env['date']}, git {env['git']}")
