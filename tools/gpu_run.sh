@@ -32,6 +32,8 @@
 #   zero         the delta kernel zeroing the fused backward's dQ sums: its GPU tests, tools/bwd_kernels.py at
 #                2k and 16k (fused against fused_memset), tools/fused_ab.py at 1k (split against fused)
 #   followup     the GPU checks the 2026-12-06 08:10 UTC session left (testing.md): GPU tests, the fused step's host time,
+#   host36       the checks the 2026-12-06 10:08 UTC session left (testing.md): the drop-in and kvcache fake tests on
+#                CUDA (the review's fixes, CPU-tested only), then tileflash bench --host --rounds 9, twice
 #   thread       tools/host_thread.py (pieces of the replayed backward on the main thread against another thread)
 #   ncusrc       tools/ncu_attn.sh with NCU_SOURCE=1 on the 16k backward cases (ours and FA4's, D 64/128):
 #                where the stall samples sit, per SASS instruction (tools/ncu_source.py)
@@ -197,6 +199,14 @@ for stage in "$@"; do
           > "$OUT/followup-step.log" 2>&1
       echo "step_kernels rc=$?"; tail -n 12 "$OUT/followup-step.log"
       ;;
+    host36)
+      timeout 240 python3 -m pytest -q -rf -n 8 -p no:cacheprovider tests/test_options.py tests/test_kvcache.py \
+          -k "drop_in or query_memory or fit_puts or strides_match_its_fake or like_inputs" > "$OUT/host36-tests.log" 2>&1
+      echo "host36 tests rc=$? $(tail -n 1 "$OUT/host36-tests.log")"; grep -E "^FAILED" "$OUT/host36-tests.log" | head
+      for run in 1 2; do
+        timeout ${HOST_LIMIT:-200} python3 -m tileflash bench --host --rounds 9 > "$OUT/host36-$run.log" 2>&1
+        echo "host run $run rc=$?"; head -n 25 "$OUT/host36-$run.log" | grep -E "tileflash|tf_sdpa| sdpa "
+      done ;;
     thread)
       timeout 150 python3 tools/host_thread.py > "$OUT/thread.log" 2>&1
       echo "host_thread rc=$?"; tail -n 9 "$OUT/thread.log" ;;
