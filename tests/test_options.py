@@ -470,16 +470,15 @@ def test_lse_scratch_grows_keeps_old_buffers_and_caps():
             assert out.shape == qt.shape and (out.stride() == qt.stride()) == like_q and out.is_contiguous() != like_q
 
 
-def test_stream_buffer_is_per_stream_grows_and_declines(monkeypatch):
-    """``utils.stream_buffer`` (the decode's split partials): one
-    buffer per (device, current stream) that a later request on that stream reuses or replaces by a
-    larger one (at least doubling, at most ``cap``); another stream or device gets its own; past
-    ``max_streams`` kept buffers all are dropped; None (the caller allocates) for a request above
-    ``cap``, during a graph capture, or off CUDA; a buffer per dtype. The CUDA calls are stand-ins (CPU
-    machine)."""
+def test_split_partials_are_per_stream_grow_and_decline(monkeypatch):
+    """``decode.split_partials``: one buffer per (device, current stream) that a later request on that
+    stream reuses or replaces by a larger one (at least doubling, at most ``PARTIALS_MAX``); another
+    stream or device gets its own; past ``PARTIALS_STREAMS`` kept buffers all are dropped; a fresh,
+    unkept buffer for a request above the cap, during a graph capture, or off CUDA. The CUDA calls are
+    stand-ins (CPU machine); the GPU test is test_kvcache's ``test_split_partials_are_per_stream_and_capped``."""
     import types
 
-    from tileflash.ops import utils
+    from tileflash.ops.triton import decode
 
     state = dict(stream=7, capturing=False)
     made = []
@@ -492,34 +491,34 @@ def test_stream_buffer_is_per_stream_grows_and_declines(monkeypatch):
         empty=empty, float32=torch.float32,
         cuda=types.SimpleNamespace(is_current_stream_capturing=lambda: state["capturing"], current_device=lambda: 0),
         _C=types.SimpleNamespace(_cuda_getCurrentRawStream=lambda index: (index, state["stream"])))
-    monkeypatch.setattr(utils, "torch", fake)
+    monkeypatch.setattr(decode, "torch", fake)
+    monkeypatch.setattr(decode, "_PARTIALS", {})
+    monkeypatch.setattr(decode, "PARTIALS_MAX", 1000)
+    monkeypatch.setattr(decode, "PARTIALS_STREAMS", 3)
     dev0, dev1 = types.SimpleNamespace(type="cuda", index=0), types.SimpleNamespace(type="cuda", index=1)
-    table = {}
-    a = utils.stream_buffer(table, 100, dev0, torch.float32, cap=1000, max_streams=3)
+    kept = decode._PARTIALS
+    a = decode.split_partials(100, dev0)
     assert a.numel() == 100 and a.dtype == torch.float32 and made == [100]
-    assert utils.stream_buffer(table, 60, dev0, torch.float32, 1000, 3) is a, "reused on its stream"
-    b = utils.stream_buffer(table, 101, dev0, torch.float32, 1000, 3)
+    assert decode.split_partials(60, dev0) is a, "reused on its stream"
+    b = decode.split_partials(101, dev0)
     assert b is not a and b.numel() == 200 and made == [100, 200], "grown by doubling"
-    assert utils.stream_buffer(table, 900, dev0, torch.float32, 1000, 3).numel() == 900  # (max(n, 2 * 200))
-    assert utils.stream_buffer(table, 950, dev0, torch.float32, 1000, 3).numel() == 1000, "capped"
-    assert utils.stream_buffer(table, 1001, dev0, torch.float32, 1000, 3) is None
+    assert decode.split_partials(900, dev0).numel() == 900  # (max(n, 2 * 200))
+    assert decode.split_partials(950, dev0).numel() == 1000, "capped"
+    big = decode.split_partials(1001, dev0)
+    assert big.numel() == 1001 and kept[(0, (0, 7))].numel() == 1000, "above the cap: fresh, not kept"
     state["stream"] = 8
-    c = utils.stream_buffer(table, 10, dev0, torch.float32, 1000, 3)
-    assert c.numel() == 10 and len(table) == 2, "another stream, another buffer"
-    assert utils.stream_buffer(table, 10, dev1, torch.float32, 1000, 3) is not c and len(table) == 3
+    c = decode.split_partials(10, dev0)
+    assert c.numel() == 10 and len(kept) == 2, "another stream, another buffer"
+    assert decode.split_partials(10, dev1) is not c and len(kept) == 3
     state["stream"] = 9
-    utils.stream_buffer(table, 10, dev0, torch.float32, 1000, 3)
-    assert len(table) == 1, "past max_streams the kept buffers are dropped"
+    decode.split_partials(10, dev0)
+    assert len(kept) == 1, "past PARTIALS_STREAMS the kept buffers are dropped"
     state["capturing"] = True
-    n_made = len(made)
-    assert utils.stream_buffer(table, 10, dev0, torch.float32, 1000, 3) is None and len(made) == n_made
+    d = decode.split_partials(10, dev0)
+    assert d is not kept[(0, (0, 9))] and len(kept) == 1, "during a capture: fresh, not kept"
     state["capturing"] = False
-    assert utils.stream_buffer(table, 10, types.SimpleNamespace(type="cpu", index=None), torch.float32, 1000) is None
-    # another dtype on the same stream: its own buffer
-    table.clear()
-    f = utils.stream_buffer(table, 10, dev0, torch.float32, 1000)
-    i = utils.stream_buffer(table, 10, dev0, torch.int32, 1000)
-    assert i is not f and i.dtype == torch.int32 and utils.stream_buffer(table, 10, dev0, torch.float32, 1000) is f
+    cpu = decode.split_partials(10, types.SimpleNamespace(type="cpu", index=None))
+    assert cpu.numel() == 10 and len(kept) == 1
 
 
 @pytest.mark.skipif(not (IS_SM90 and gluon_modules() is not None), reason="needs a Hopper GPU and triton's Gluon")

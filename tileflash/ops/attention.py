@@ -13,7 +13,6 @@ Because these are ``torch.library.custom_op`` s with fake (meta) implementations
 from __future__ import annotations
 
 import dataclasses
-
 import inspect
 from typing import Optional
 

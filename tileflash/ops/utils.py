@@ -7,7 +7,6 @@ Nothing here imports triton: the kernels' device helpers live in ``ops/triton/co
 
 from __future__ import annotations
 
-
 import torch
 
 # softmax in base 2: scores are scaled by log2(e) once, and the LSE converted back with ln(2)
@@ -132,31 +131,4 @@ def lse_scratch(n: int, device: torch.device):
     buf = torch.empty(max(n, 4096, 2 * (0 if buf is None else buf.numel())), dtype=torch.float32, device=device)
     _KEPT.append(buf)  # (every buffer made, also one that loses a race between threads growing it)
     _LSE_SCRATCH[device] = buf
-    return buf
-
-
-def stream_buffer(table: dict, n: int, device, dtype, cap: int, max_streams: int = 64):
-    """A buffer of at least n elements of ``dtype`` kept per (device, current stream, dtype) in
-    ``table``, or None where n exceeds ``cap``, ``device`` is not CUDA, or a CUDA graph capture is
-    under way (whose graph must own its memory): the caller then allocates its own. Launches of one
-    stream run in order, so kernels of successive calls on a stream may share the stream's buffer as
-    long as none of them starts before the previous one ends (no programmatic dependent launch
-    touching it early); one allocation less per call (host time). The buffer serves one launch per use:
-    a use spanning two launches would also need the host thread in its key, since two threads on one
-    stream could interleave their launches. A buffer grows by
-    doubling, up to ``cap``; past ``max_streams`` kept buffers all are dropped (a caller making a
-    stream per request must not pile them up; a dropped one's memory goes back to its stream's
-    pool, reused in stream order)."""
-    if device.type != "cuda" or n > cap or torch.cuda.is_current_stream_capturing():
-        return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (index, torch._C._cuda_getCurrentRawStream(index), dtype)
-    buf = table.get(key)
-    if buf is None or buf.numel() < n:
-        # (the old buffer may still be read by queued kernels of this stream: the allocator reuses
-        # its memory only in stream order)
-        buf = torch.empty(min(max(n, 2 * (0 if buf is None else buf.numel())), cap), dtype=dtype, device=device)
-        if len(table) >= max_streams:
-            table.clear()
-        table[key] = buf
     return buf

@@ -32,7 +32,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from tileflash.ops.triton.common import LN2_C, LOG2E_C, score_mods, visible
 from tileflash.ops.triton.forward import block_d_for, interpreting
 from tileflash.ops.launch import Launch, aligned
-from tileflash.ops.utils import GRID_YZ_MAX, LOG2E, cdiv, feature_args, lse_scratch, next_pow2, stream_buffer
+from tileflash.ops.utils import GRID_YZ_MAX, LOG2E, cdiv, feature_args, lse_scratch, next_pow2
 from tileflash.options import DEBUG
 
 # GPU launch defaults of the split kernel, from H200 sweeps with tools/decode_sweep.py (bf16,
@@ -456,13 +456,27 @@ PARTIALS_STREAMS = 64         # streams with a kept buffer at most (then all are
 def split_partials(n: int, device) -> torch.Tensor:
     """An fp32 buffer of at least n elements for a split launch's partial outputs and LSEs, on the
     current stream of `device` (the current device, as for the launch). Outside a CUDA graph
-    capture and up to ``PARTIALS_MAX`` floats it is the stream's own buffer (``utils.stream_buffer``),
-    reused by every split launch on that stream (one allocation less per call, host time): launches
-    of one stream run in order, and a PDL launch touches no global memory before its ``gdc_wait``,
-    which waits for the previous kernel to complete. Otherwise (a capture, whose graph must own its
-    memory; larger launches; CPU) a fresh buffer."""
-    buf = stream_buffer(_PARTIALS, n, device, torch.float32, PARTIALS_MAX, PARTIALS_STREAMS)
-    return torch.empty(n, dtype=torch.float32, device=device) if buf is None else buf
+    capture and up to ``PARTIALS_MAX`` floats it is the stream's own buffer, reused by every split
+    launch on that stream (one allocation less per call, host time): launches of one stream run in
+    order, and a PDL launch touches no global memory before its ``gdc_wait``, which waits for the
+    previous kernel to complete. Otherwise (a capture, whose graph must own its memory; larger
+    launches; CPU) a fresh buffer."""
+    if device.type != "cuda" or n > PARTIALS_MAX or torch.cuda.is_current_stream_capturing():
+        return torch.empty(n, dtype=torch.float32, device=device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (index, torch._C._cuda_getCurrentRawStream(index))
+    buf = _PARTIALS.get(key)
+    if buf is None or buf.numel() < n:
+        # (the old buffer may still be read by queued kernels of this stream: the allocator reuses
+        # its memory only in stream order)
+        size = min(max(n, 2 * (0 if buf is None else buf.numel())), PARTIALS_MAX)
+        buf = torch.empty(size, dtype=torch.float32, device=device)
+        if len(_PARTIALS) >= PARTIALS_STREAMS:
+            # (a caller making a stream per request must not pile up buffers; a dropped one's memory
+            # goes back to its stream's pool, reused in that stream's order)
+            _PARTIALS.clear()
+        _PARTIALS[key] = buf
+    return buf
 
 
 @functools.lru_cache(maxsize=None)
