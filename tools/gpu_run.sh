@@ -201,7 +201,7 @@ for stage in "$@"; do
       ;;
     host36)
       timeout 240 python3 -m pytest -q -rf -n 8 -p no:cacheprovider tests/test_options.py tests/test_kvcache.py \
-          -k "drop_in or query_memory or fit_puts or strides_match_its_fake or like_inputs" > "$OUT/host36-tests.log" 2>&1
+          -k "drop_in or query_memory or fit_puts or strides_match_its_fake or like_inputs or split_partials" > "$OUT/host36-tests.log" 2>&1
       echo "host36 tests rc=$? $(tail -n 1 "$OUT/host36-tests.log")"; grep -E "^FAILED" "$OUT/host36-tests.log" | head
       for run in 1 2; do
         timeout ${HOST_LIMIT:-200} python3 -m tileflash bench --host --rounds 9 > "$OUT/host36-$run.log" 2>&1
