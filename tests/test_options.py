@@ -229,7 +229,7 @@ def test_debug_from_env_reads_the_environment(monkeypatch):
 
 @pytest.mark.parametrize("text,match", [
     ("nosuch=1", r"TILEFLASH_DEBUG: 'nosuch=1' is not name=value with a name among \['desc_cache', "
-                 r"'dq_delta', 'gluon_bwd', 'gluon_dq', 'gluon_fused', 'pdl', 'scale_cast'\]"),
+                 r"'dq_delta', 'gluon_bwd', 'gluon_dq', 'gluon_fused', 'pdl', 'ptr_ints', 'scale_cast'\]"),
     ("gluon_fused", r"'gluon_fused' is not name=value"),
     ("gluon_fused=yes", r"TILEFLASH_DEBUG: gluon_fused='yes': use 0 or 1"),
     ("gluon_fused=2", r"gluon_fused='2': use 0 or 1"),
@@ -1029,6 +1029,46 @@ def test_replay_backward_declines_what_its_plan_did_not_see(monkeypatch):
         torch.use_deterministic_algorithms(det)
     assert len(ran) == 1
     assert route.planned_backward(dout, q, k, v, out, lse, 0.25, False, 0) is None, "CPU tensors plan nothing"
+
+
+def test_planned_launch_passes_its_pointers_as_addresses(monkeypatch):
+    """A kept launch (``ops.launch.Launch`` with a compiled runner) hands the runner its raw pointers
+    as the integers ``addresses`` read (None kept), so that triton's C launcher makes no
+    ``data_ptr`` call and driver pointer query per tensor; a pointer off a 16-byte boundary makes
+    ``addresses`` False and the launch goes through the JIT (which specializes on alignment) with
+    the tensors; a bool ``cacheable`` and the debug switch ``ptr_ints=0`` pass the tensors
+    themselves. Stand-ins for the kernel and the runner; CPU tensors stand for one device."""
+    from tileflash.ops.launch import Launch, addresses
+    from tileflash.options import DEBUG
+
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: None, raising=False)  # (a CPU tensor's index)
+    calls = []
+
+    class Kernel:  # the JIT's kernel[grid](*args, **constexprs), which leaves no runner
+        def __getitem__(self, grid):
+            return lambda *args, **constexprs: calls.append(("jit", args))
+
+    launch = Launch(Kernel(), (1,), (), 3, (7, 8), 1, {})
+    launch.runner = (None, lambda *args: calls.append(("runner", args)))
+    a, b = torch.randn(64), torch.randn(32)
+    launch((), (a, None, b), (2,), addresses(a, None, b))
+    assert calls.pop() == ("runner", (a.data_ptr(), None, b.data_ptr(), 7, 8, 2.0))
+    launch((), (a, None, b), (2,), addresses(a, None, b), (9, 10))  # this call's integers
+    assert calls.pop() == ("runner", (a.data_ptr(), None, b.data_ptr(), 9, 10, 2.0))
+    off = torch.randn(66)[2:]  # 8 bytes off a 16-byte boundary
+    assert addresses(a, off) is False
+    launch((), (a, None, off), (2,), addresses(a, None, off))
+    kind, args = calls.pop()
+    assert kind == "jit" and args[0] is a and args[1] is None and args[2] is off and args[3:] == (7, 8, 2.0)
+    launch((), (a, None, b), (2,), True)  # a bool: the tensors
+    kind, args = calls.pop()
+    assert kind == "runner" and args[0] is a and args[2] is b and args[3:] == (7, 8, 2.0)
+    monkeypatch.setattr(DEBUG, "ptr_ints", False)
+    assert addresses(a, None, b) is True and addresses(a, off) is False
+    launch((), (a, None, b), (2,), addresses(a, None, b))
+    kind, args = calls.pop()
+    assert kind == "runner" and args[0] is a and args[2] is b
+    assert calls == []
 
 
 @pytest.mark.skipif(not (IS_SM90 and gluon_modules() is not None), reason="needs a Hopper GPU and triton's Gluon")

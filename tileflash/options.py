@@ -116,6 +116,10 @@ class Debug:
             own kernel (``triton.backward.scale_cast``; 0: ``torch.mul``, the same bits). Default 1:
             6-8% faster than ``torch.mul`` on an H100 (72.5-72.7 against 77.2-78.5 us per cast at
             B*N = 16k, H*D = 2048; docs/benchmarks.md, "H100 backward grid at 0dbc0b7").
+        ptr_ints: planned launches hand the compiled launcher their raw pointers as integer
+            addresses (``launch.addresses``), sparing it a ``data_ptr`` call and a driver pointer
+            query (``cuPointerGetAttribute``) per tensor (0: the tensors, as triton's own launches
+            pass them). Default 1.
     """
 
     gluon_fused: bool = False
@@ -125,6 +129,7 @@ class Debug:
     desc_cache: bool = True
     pdl: int = -1
     scale_cast: bool = True
+    ptr_ints: bool = True
 
     @classmethod
     def from_env(cls, text: Optional[str] = None) -> "Debug":

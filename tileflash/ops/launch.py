@@ -96,15 +96,18 @@ class Launch:
     def descriptors(self, *tensors):
         return tuple(rebase(t, x) for t, x in zip(self.templates, tensors))
 
-    def __call__(self, tensors, ptrs, scales, cacheable: bool, ints=None):
+    def __call__(self, tensors, ptrs, scales, cacheable, ints=None):
+        # ``cacheable``: a bool, or :func:`addresses` of ``ptrs`` (a tuple: all aligned, and the
+        # compiled launcher takes those integers in place of the tensors; False: one is not).
         # scales as floats: triton would specialize an integer 1 into a constexpr, and the cached
         # launcher skips constexpr slots. ``ints``: this call's integer arguments in place of the
         # plan's, for kernels whose varying ints triton does not specialize (``do_not_specialize``)
-        rest = (*ptrs, *(self.ints if ints is None else ints), *map(float, scales))
         runner = self.runner
         # (a runner exists only after a CUDA launch, so CUDA is initialized: torch's current-device
         # getter without torch.cuda.current_device()'s Python layer, host time)
-        if runner is not None and cacheable and torch._C._cuda_getDevice() == runner[0]:
+        if runner is not None and (cacheable.__class__ is tuple or cacheable) and torch._C._cuda_getDevice() == runner[0]:
+            rest = (*(cacheable if cacheable.__class__ is tuple else ptrs), *(self.ints if ints is None else ints),
+                    *map(float, scales))
             if runner[1].__class__ is DescRunner:  # no descriptor objects unless it needs them
                 runner[1].call_tensors(self.templates, tensors, (*rest, *self.tail))
             elif self.slots is None:
@@ -112,11 +115,12 @@ class Launch:
             else:
                 runner[1](*interleave(self.slots, self.descriptors(*tensors), rest), *self.tail)
             return
+        rest = (*ptrs, *(self.ints if ints is None else ints), *map(float, scales))
         args = interleave(self.slots, self.descriptors(*tensors), rest)
         kernel = self.kernel[self.grid](*args, **self.constexprs)
         if hasattr(kernel, "result"):  # triton's asynchronous compile mode hands back a future
             kernel = kernel.result()
-        if cacheable and hasattr(kernel, "__getitem__"):
+        if (cacheable.__class__ is tuple or cacheable) and hasattr(kernel, "__getitem__"):
             runner = kernel[self.grid]  # (this also loads the kernel's handles, which DescRunner reads)
             self.runner = (torch.cuda.current_device(),
                            DescRunner.make(kernel, runner, self.grid, len(self.templates), self.slots) or runner)
@@ -249,6 +253,27 @@ class DescRunner:
         g = self.grid
         self.raw(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(self.device), self.function, self.coop,
                  self.pdl, None, None, self.packed, None, None, None, *expanded, *rest)
+
+
+def addresses(*tensors):
+    """The tensors' device addresses (None entries kept as None), as :meth:`Launch.__call__`'s
+    ``cacheable``: the compiled launcher then takes the integers, and triton's C launcher skips, per
+    tensor, the ``data_ptr`` call and the driver's pointer query (``cuPointerGetAttribute``) it
+    makes for a tensor argument (host time per launch). False if one is not 16-byte aligned (triton
+    specializes raw pointers on that: no cached launcher then). With the debug switch ``ptr_ints``
+    off, :func:`aligned`'s bool (the tensors themselves are passed)."""
+    if not DEBUG.ptr_ints:
+        return aligned(*tensors)
+    out = []
+    for t in tensors:  # (a loop: host time per call)
+        if t is None:
+            out.append(None)
+        else:
+            a = t.data_ptr()
+            if a & 15:
+                return False
+            out.append(a)
+    return tuple(out)
 
 
 def aligned(*tensors) -> bool:

@@ -108,7 +108,7 @@ from __future__ import annotations
 import torch
 
 from tileflash.ops.gluon import forward as _f90
-from tileflash.ops.launch import Launch, aligned, launch_or_fall_back
+from tileflash.ops.launch import Launch, addresses, launch_or_fall_back
 from tileflash.ops.triton.backward import compute_delta as _compute_delta
 from tileflash.ops.triton.backward import scale_cast as _scale_cast
 from tileflash.options import DEBUG
@@ -1501,7 +1501,7 @@ def _d_out(grad, d: int) -> int:
 def _run_dkdv(launch, dout, q, k, v, lse, delta, dk, dv, softmax_scale):
     """One launch of the cached dK/dV kernel (:func:`_ws_launch`'s argument layout)."""
     launch((q, k, v, dout), (lse, delta, dk, dv, None, None), (softmax_scale * LOG2E, softmax_scale),
-           aligned(lse, delta, dk, dv))
+           addresses(lse, delta, dk, dv, None, None))
 
 
 def config_broken(q, causal: bool, cfg: dict) -> bool:
@@ -1532,7 +1532,7 @@ def _run_fused(launch, dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, buf
     runs instead; docs/benchmarks.md, "H100 backward grid at 0dbc0b7")."""
     dq_acc, sem = bufs[0], bufs[1]
     launch((q, k, v, dout, dq_acc), (lse, delta, dk, dv, sem), (softmax_scale * LOG2E, softmax_scale),
-           aligned(lse, delta, dk, dv))
+           addresses(lse, delta, dk, dv, sem))
     acc = dq_acc if dq.shape[-1] == dq_acc.shape[-1] else dq_acc[..., :dq.shape[-1]]
     if DEBUG.scale_cast:
         _scale_cast(acc, dq, softmax_scale)
@@ -1543,7 +1543,7 @@ def _run_fused(launch, dout, q, k, v, lse, delta, dq, dk, dv, softmax_scale, buf
 def _run_dq(launch, dout, q, k, v, lse, delta, dq, o, softmax_scale):
     """One launch of the cached dQ kernel (:func:`_dq_launch`'s argument layout; ``o`` is the
     forward's output when the kernel computes delta, else dq in its place)."""
-    launch((q, k, v, dout), (lse, delta, dq, o), (softmax_scale * LOG2E, softmax_scale), aligned(lse, delta, dq, o))
+    launch((q, k, v, dout), (lse, delta, dq, o), (softmax_scale * LOG2E, softmax_scale), addresses(lse, delta, dq, o))
 
 
 def _ws_launch(dout, q, k, v, lse, dk, dv, causal, cfg, deterministic, dq_acc=None):

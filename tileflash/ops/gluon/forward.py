@@ -52,7 +52,7 @@ import functools
 import torch
 import triton
 
-from tileflash.ops.launch import Launch, launch_or_fall_back, sm_count
+from tileflash.ops.launch import Launch, addresses, launch_or_fall_back, sm_count
 from tileflash.ops.utils import GRID_YZ_MAX, LOG2E
 from tileflash.ops.gluon.common import (TensorDescriptor, _tma_add, _tma_load, _tma_store, fence_async_shared,  # noqa: F401
                                         gl, gluon, mbarrier, tma, warpgroup_mma, warpgroup_mma_init,
@@ -915,7 +915,8 @@ def _key(d, causal, dtype, cfg):
 
 def replay(plan: _Plan, q, k, v, out, lse, softmax_scale):
     """One launch of the plan's kernel on these tensors (:meth:`Launch.__call__`): the compiled
-    launcher is reused only while the LSE pointer is 16-byte aligned, as at its first launch.
+    launcher is reused only while the LSE pointer is 16-byte aligned, as at its first launch (and
+    takes it as an integer: :func:`~tileflash.ops.launch.addresses`).
     Without the compile-failure fallback of :func:`forward`: for a plan that has launched before
     (``plan.runner`` set), as ``tileflash.ops.route.replay_forward`` calls it."""
-    plan((q, k, v, out), (lse,), (softmax_scale * LOG2E,), lse.data_ptr() % 16 == 0)
+    plan((q, k, v, out), (lse,), (softmax_scale * LOG2E,), addresses(lse))

@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tileflash.ops.launch import Launch
+from tileflash.ops.launch import Launch, addresses
 from tileflash.ops.triton.common import (LOG2E_C, block_ids, dropout_keep, head_scalars, kv_block_range,
                                          q_block_range, score_mods, seq_bounds, visible)
 from tileflash.ops.triton.forward import _ensure_tma_allocator, block_d_for, interpreting, tma_requested, tma_supported
@@ -455,9 +455,7 @@ def compute_delta(out, dout, lse, varlen: bool, nheads: int, head_dim: int, zero
         if len(_PRE_LAUNCHES) >= 1024:
             _PRE_LAUNCHES.clear()
         _PRE_LAUNCHES[key] = launch
-    cacheable = (o4.is_cuda and o4.data_ptr() % 16 == 0 and do4.data_ptr() % 16 == 0 and delta.data_ptr() % 16 == 0
-                 and (zero is None or zero.data_ptr() % 16 == 0))
-    launch((), (o4, do4, delta, zero), (), cacheable)
+    launch((), (o4, do4, delta, zero), (), o4.is_cuda and addresses(o4, do4, delta, zero))
     return delta
 
 
@@ -495,7 +493,7 @@ def scale_cast(src, dst, scale: float):
         if len(_CAST_LAUNCHES) >= 1024:
             _CAST_LAUNCHES.clear()
         _CAST_LAUNCHES[key] = launch
-    launch((), (src, dst), (scale,), src.is_cuda and src.data_ptr() % 16 == 0 and dst.data_ptr() % 16 == 0)
+    launch((), (src, dst), (scale,), src.is_cuda and addresses(src, dst))
     return dst
 
 

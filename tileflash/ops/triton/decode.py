@@ -31,7 +31,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tileflash.ops.triton.common import LN2_C, LOG2E_C, score_mods, visible
 from tileflash.ops.triton.forward import block_d_for, interpreting
-from tileflash.ops.launch import Launch, aligned
+from tileflash.ops.launch import Launch, addresses
 from tileflash.ops.utils import GRID_YZ_MAX, LOG2E, cdiv, feature_args, lse_scratch, next_pow2
 from tileflash.options import DEBUG
 
@@ -773,7 +773,7 @@ class _DecodePlan:
             if ks != k0 or vs != v0 or cap != cap0:  # this call's strides and capacity (same classes: the key)
                 ints = (*ints[:_CACHE_STRIDES], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
                         *ints[_CACHE_STRIDES + 6:_CAPACITY], cap, *ints[_CAPACITY + 1:])
-        self.launch((), ptrs, self.scales, aligned(*ptrs), ints)
+        self.launch((), ptrs, self.scales, addresses(*ptrs), ints)
         return out, (lse if keep else None)
 
 
@@ -997,7 +997,7 @@ def replay_append(launch, k_cache, v_cache, k, v, seqlens, seqlen_fixed: int, ca
     """:func:`append_kv` through a :func:`planned_append` launch (no key, no checks of its own: the
     caller keeps the launch per call signature)."""
     ptrs = (k, v, k_cache, v_cache, seqlens, cache_batch_idx, block_table)
-    launch((), ptrs, (), aligned(*ptrs), launch.ints_with(_APPEND_FIXED, seqlen_fixed))
+    launch((), ptrs, (), addresses(*ptrs), launch.ints_with(_APPEND_FIXED, seqlen_fixed))
 
 
 _APPEND_PLANS: dict = {}  # append_kv's key -> Launch, or _NOTHING (a cache with no room: no launch)
