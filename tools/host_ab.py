@@ -20,6 +20,35 @@ from tileflash.bench import host
 from tileflash.options import DEBUG
 
 
+def _same_bits(switch):
+    """Outputs and gradients of repeated (replayed) calls with the switch off and on: bitwise equal,
+    or SystemExit (a launch that reads the wrong memory shows here before anything is timed)."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, 128, h, 128, device="cuda", dtype=torch.bfloat16, generator=g) for h in (16, 8, 8))
+    do = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16, generator=g)
+    k_cache = torch.randn(1, 8192, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    v_cache = torch.randn_like(k_cache)
+    qd = torch.randn(1, 1, 16, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    kn, vn = (torch.randn(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    seqlens = torch.full((1,), 8000, dtype=torch.int32, device="cuda")
+    results = {}
+    for on in (False, True):
+        setattr(DEBUG, switch, on)
+        for _ in range(3):  # (the first call plans; the later ones replay the kept launches)
+            qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+            out = tileflash.flash_attn_func(qq, kk, vv, causal=True)
+            out.backward(do)
+            fwd = tileflash.flash_attn_func(q, k, v, causal=True)
+            dec = tileflash.flash_attn_with_kvcache(qd, k_cache, v_cache, cache_seqlens=seqlens, causal=True)
+            app = tileflash.flash_attn_with_kvcache(qd, k_cache, v_cache, kn, vn, cache_seqlens=seqlens, causal=True)
+            res = (out, qq.grad, kk.grad, vv.grad, fwd, dec, app)
+            results.setdefault("first", res)
+            for name, a, b in zip(("out", "dq", "dk", "dv", "fwd", "decode", "append"), results["first"], res):
+                if not torch.equal(a, b) or a.isnan().any():
+                    raise SystemExit(f"{switch}={on}: {name} differs from the first call's")
+    print(f"bits: outputs, gradients, decode and append outputs identical over 3 calls with {switch} off and on")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--switch", default="ptr_ints")
@@ -30,6 +59,7 @@ def main():
     if not isinstance(getattr(DEBUG, a.switch), bool):
         raise SystemExit(f"--switch {a.switch}: not a boolean debug switch")
     dt, saved = torch.bfloat16, getattr(DEBUG, a.switch)
+    _same_bits(a.switch)
     tf = lambda q, k, v, c: tileflash.flash_attn_func(q, k, v, causal=c)  # noqa: E731
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; switch {a.switch}, {a.calls} calls x "
           f"{a.repeats} rounds, arms rotated; median round")
