@@ -1042,6 +1042,7 @@ def test_planned_launch_passes_its_pointers_as_addresses(monkeypatch):
     from tileflash.options import DEBUG
 
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: None, raising=False)  # (a CPU tensor's index)
+    monkeypatch.setattr(DEBUG, "ptr_ints", True)
     calls = []
 
     class Kernel:  # the JIT's kernel[grid](*args, **constexprs), which leaves no runner

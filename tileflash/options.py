@@ -119,7 +119,8 @@ class Debug:
         ptr_ints: planned launches hand the compiled launcher their raw pointers as integer
             addresses (``launch.addresses``), sparing it a ``data_ptr`` call and a driver pointer
             query (``cuPointerGetAttribute``) per tensor (0: the tensors, as triton's own launches
-            pass them). Default 1.
+            pass them). Default 0: built 2026-12-06 without a GPU run (no device machine came);
+            ``tools/host_ab.py --switch ptr_ints`` times it and checks the bits (``gpu_run.sh ptrab``).
     """
 
     gluon_fused: bool = False
@@ -129,7 +130,7 @@ class Debug:
     desc_cache: bool = True
     pdl: int = -1
     scale_cast: bool = True
-    ptr_ints: bool = True
+    ptr_ints: bool = False
 
     @classmethod
     def from_env(cls, text: Optional[str] = None) -> "Debug":
