@@ -36,7 +36,7 @@
 #                CUDA (the review's fixes, CPU-tested only), then tileflash bench --host --rounds 9, twice
 #   ptrab        launches taking raw pointers as integers (debug switch ptr_ints): tools/host_ab.py --switch
 #                ptr_ints twice (bitwise check of both arms first), tileflash bench --host --rounds 9, then the
-#                GPU tests of every planned launch (options, kvcache, backward_sm90, forward_sm90; TESTS_K)
+#                GPU tests of every planned launch with the switch on (options, kvcache, backward_sm90, forward_sm90; TESTS_K)
 #   thread       tools/host_thread.py (pieces of the replayed backward on the main thread against another thread)
 #   ncusrc       tools/ncu_attn.sh with NCU_SOURCE=1 on the 16k backward cases (ours and FA4's, D 64/128):
 #                where the stall samples sit, per SASS instruction (tools/ncu_source.py)
@@ -217,7 +217,7 @@ for stage in "$@"; do
       done
       timeout ${HOST_LIMIT:-150} python3 -m tileflash bench --host --rounds 9 > "$OUT/ptrab-host.log" 2>&1
       echo "host rc=$?"; head -n 25 "$OUT/ptrab-host.log" | grep -E "tileflash|tf_sdpa| sdpa "
-      timeout ${TESTS_LIMIT:-280} python3 -m pytest -q -rf -n 14 -p no:cacheprovider tests/test_options.py \
+      TILEFLASH_DEBUG=ptr_ints=1 timeout ${TESTS_LIMIT:-280} python3 -m pytest -q -rf -n 14 -p no:cacheprovider tests/test_options.py \
           tests/test_kvcache.py tests/test_backward_sm90.py tests/test_forward_sm90.py \
           -k "${TESTS_K:-not d256 and not writes_every and not compile_for_sm90}" > "$OUT/ptrab-tests.log" 2>&1
       echo "ptrab tests rc=$? $(tail -n 1 "$OUT/ptrab-tests.log")"; grep -E "^FAILED" "$OUT/ptrab-tests.log" | head ;;
