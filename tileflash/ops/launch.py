@@ -102,12 +102,12 @@ class Launch:
         # scales as floats: triton would specialize an integer 1 into a constexpr, and the cached
         # launcher skips constexpr slots. ``ints``: this call's integer arguments in place of the
         # plan's, for kernels whose varying ints triton does not specialize (``do_not_specialize``)
-        runner = self.runner
+        runner, addrs = self.runner, (cacheable if cacheable.__class__ is tuple else None)
+        cacheable = addrs is not None or cacheable
         # (a runner exists only after a CUDA launch, so CUDA is initialized: torch's current-device
         # getter without torch.cuda.current_device()'s Python layer, host time)
-        if runner is not None and (cacheable.__class__ is tuple or cacheable) and torch._C._cuda_getDevice() == runner[0]:
-            rest = (*(cacheable if cacheable.__class__ is tuple else ptrs), *(self.ints if ints is None else ints),
-                    *map(float, scales))
+        if runner is not None and cacheable and torch._C._cuda_getDevice() == runner[0]:
+            rest = (*(ptrs if addrs is None else addrs), *(self.ints if ints is None else ints), *map(float, scales))
             if runner[1].__class__ is DescRunner:  # no descriptor objects unless it needs them
                 runner[1].call_tensors(self.templates, tensors, (*rest, *self.tail))
             elif self.slots is None:
@@ -120,7 +120,7 @@ class Launch:
         kernel = self.kernel[self.grid](*args, **self.constexprs)
         if hasattr(kernel, "result"):  # triton's asynchronous compile mode hands back a future
             kernel = kernel.result()
-        if (cacheable.__class__ is tuple or cacheable) and hasattr(kernel, "__getitem__"):
+        if cacheable and hasattr(kernel, "__getitem__"):
             runner = kernel[self.grid]  # (this also loads the kernel's handles, which DescRunner reads)
             self.runner = (torch.cuda.current_device(),
                            DescRunner.make(kernel, runner, self.grid, len(self.templates), self.slots) or runner)
