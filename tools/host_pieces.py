@@ -1,0 +1,120 @@
+"""Where the host time of one tileflash forward + backward step goes, piece by piece, inside the
+real step (CUDA; B=1 N=128 H=16/8 D=128 causal bf16, ``tileflash bench --host``'s shape).
+
+The step is ``flash_attn_func`` then ``torch.autograd.backward`` (as ``bench --host`` times it).
+Timing wrappers (two ``perf_counter`` calls each) are put around the pieces of the call path:
+the public call and ``torch.autograd.backward`` in the step itself, ``_EagerAttention.forward`` /
+``backward``, ``route.replay_forward`` / ``replay_backward``, ``gluon.backward.replay_default``
+and its two launches (``_run_dq``, ``_run_dkdv``). Each piece's time is summed per step; what
+remains of an enclosing piece is its own work (e.g. ``autograd.backward`` less ``backward``: the
+engine and its device thread). Rounds of 200 steps, wrapped and bare steps and SDPA's taking
+turns, median of 9 rounds; a wrapper of nothing is timed too (the wrappers' own cost).
+
+    python tools/host_pieces.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import tileflash
+from tileflash.ops import attention as att
+from tileflash.ops import route
+from tileflash.ops.gluon import backward as gb
+
+ACC: dict[str, float] = {}
+
+
+def timed(fn, name):
+    def wrapper(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            ACC[name] = ACC.get(name, 0.0) + time.perf_counter() - t0
+    return wrapper
+
+
+def main():
+    dev, dt = "cuda", torch.bfloat16
+    q, k, v = (torch.randn(1, 128, h, 128, device=dev, dtype=dt, requires_grad=True) for h in (16, 8, 8))
+    do = torch.randn(1, 128, 16, 128, device=dev, dtype=dt)
+    qs, ks, vs = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    dos = do.transpose(1, 2)
+    nothing = timed(lambda: None, "wrapper of nothing")
+
+    def bare():
+        out = tileflash.flash_attn_func(q, k, v, causal=True)
+        torch.autograd.backward(out, do)
+        q.grad = k.grad = v.grad = None
+
+    def wrapped():
+        t0 = time.perf_counter()
+        out = tileflash.flash_attn_func(q, k, v, causal=True)
+        t1 = time.perf_counter()
+        torch.autograd.backward(out, do)
+        t2 = time.perf_counter()
+        q.grad = k.grad = v.grad = None
+        ACC["flash_attn_func"] = ACC.get("flash_attn_func", 0.0) + t1 - t0
+        ACC["autograd.backward"] = ACC.get("autograd.backward", 0.0) + t2 - t1
+        nothing()
+
+    def sdpa():
+        out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+        torch.autograd.backward(out, dos)
+        qs.grad = ks.grad = vs.grad = None
+
+    patches = [(att._EagerAttention, "forward", "_EagerAttention.forward", True),
+               (att._EagerAttention, "backward", "_EagerAttention.backward", True),
+               (route, "replay_forward", "route.replay_forward", False),
+               (route, "replay_backward", "route.replay_backward", False),
+               (gb, "replay_default", "gb.replay_default", False),
+               (gb, "_run_dq", "gb._run_dq", False), (gb, "_run_dkdv", "gb._run_dkdv", False)]
+    saved = [(obj, attr, obj.__dict__[attr]) for obj, attr, _, _ in patches]
+
+    def patch(on):
+        for (obj, attr, name, static), (_, _, orig) in zip(patches, saved):
+            fn = orig.__func__ if isinstance(orig, staticmethod) else orig
+            new = timed(fn, name) if on else fn
+            setattr(obj, attr, staticmethod(new) if static else new)
+
+    calls, rounds = 200, 9
+    steps = {"bare": bare, "wrapped": wrapped, "sdpa": sdpa}
+    for name, s in steps.items():
+        patch(name == "wrapped")
+        s()
+        s()
+    torch.cuda.synchronize()
+    times = {n: [] for n in steps}
+    pieces: dict[str, list] = {}
+    names = list(steps)
+    for r in range(rounds):
+        for name in names[r % 3:] + names[:r % 3]:
+            patch(name == "wrapped")
+            ACC.clear()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                steps[name]()
+            torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - t0) / calls * 1e6)
+            if name == "wrapped":
+                for p, t in ACC.items():
+                    pieces.setdefault(p, []).append(t / calls * 1e6)
+    patch(False)
+    med = statistics.median
+    print(f"{'step':28} {'us per step':>12}")
+    for name in names:
+        print(f"{name:28} {med(times[name]):12.1f}")
+    print(f"\n{'piece (wrapped step)':28} {'us per step':>12}")
+    for p, ts in pieces.items():
+        print(f"{p:28} {med(ts):12.1f}")
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
+          f"{__import__('triton').__version__}, {rounds} rounds x {calls} steps, median round")
+
+
+if __name__ == "__main__":
+    main()
