@@ -34,7 +34,7 @@
 #   followup     the GPU checks the 2026-12-06 08:10 UTC session left (testing.md): GPU tests, the fused step's host time,
 #   host36       the checks the 2026-12-06 10:08 UTC session left (testing.md): the drop-in and kvcache fake tests on
 #                CUDA (the review's fixes, CPU-tested only), then tileflash bench --host --rounds 9, twice
-#   ptrab        launches taking raw pointers as integers (debug switch ptr_ints): tools/host_ab.py --switch
+#   ptrab        launches taking raw pointers as integers (debug switch ptr_ints, default 1 since 6a6b43e): tools/host_ab.py --switch
 #                ptr_ints twice (bitwise check of both arms first), tileflash bench --host --rounds 9, then the
 #                GPU tests of every planned launch with the switch on (options, kvcache, backward_sm90, forward_sm90; TESTS_K)
 #   thread       tools/host_thread.py (pieces of the replayed backward on the main thread against another thread)
