@@ -389,6 +389,59 @@ def test_submodules_load_on_attribute_access():
         tileflash.nosuch  # noqa: B018
 
 
+def test_split_scratch_is_the_streams_two_buffers(monkeypatch):
+    """``decode.split_scratch``: the current stream's partials buffer and ticket counters, the very
+    buffers ``split_partials`` and ``ticket_counters`` keep, found with one lookup once both exist
+    (those two functions are then not called); a first call, a larger request, a graph capture or a
+    device without its counter arena goes through the two functions. CUDA calls are stand-ins (CPU
+    machine); on the GPU every split decode call takes it (test_kvcache)."""
+    import types
+
+    from tileflash.ops.triton import decode
+
+    state = dict(stream=7, capturing=False)
+
+    def make(fill):
+        return lambda n, dtype, device: torch.full((n,), fill, dtype=dtype)
+
+    fake = types.SimpleNamespace(
+        empty=make(1), zeros=make(0), float32=torch.float32, int32=torch.int32,
+        cuda=types.SimpleNamespace(is_current_stream_capturing=lambda: state["capturing"], current_device=lambda: 0),
+        _C=types.SimpleNamespace(_cuda_getCurrentRawStream=lambda index: (index, state["stream"])))
+    monkeypatch.setattr(decode, "torch", fake)
+    for name in ("_PARTIALS", "_COUNTERS", "_ARENAS"):
+        monkeypatch.setattr(decode, name, {})
+    monkeypatch.setattr(decode, "PARTIALS_MAX", 1000)
+    monkeypatch.setattr(decode, "ARENA_COUNTERS", 64)
+    calls = []
+    for name in ("split_partials", "ticket_counters"):
+        real = getattr(decode, name)
+        monkeypatch.setattr(decode, name, (lambda real, name: lambda *a: calls.append(name) or real(*a))(real, name))
+    dev = types.SimpleNamespace(type="cuda", index=0)
+    buf, counters = decode.split_scratch(100, 16, dev)
+    assert calls == ["split_partials", "ticket_counters"], "the first call makes the buffers"
+    key = (0, (0, 7))
+    assert buf is decode._PARTIALS[key] and counters is decode._COUNTERS[key]
+    calls.clear()
+    again = decode.split_scratch(90, 16, dev)
+    assert again[0] is buf and again[1] is counters and calls == [], "found with one lookup"
+    grown = decode.split_scratch(300, 16, dev)
+    assert grown[0].numel() >= 300 and grown[1] is counters and calls == ["split_partials", "ticket_counters"]
+    calls.clear()
+    state["stream"] = 8
+    other = decode.split_scratch(10, 16, dev)
+    assert other[0] is not buf and other[1] is not counters and len(calls) == 2, "another stream, its own"
+    calls.clear()
+    state["stream"] = 7
+    decode._ARENAS.clear()
+    decode.split_scratch(10, 16, dev)
+    assert len(calls) == 2 and 0 in decode._ARENAS, "no arena: ticket_counters makes it"
+    calls.clear()
+    state["capturing"] = True
+    captured = decode.split_scratch(10, 16, dev)
+    assert len(calls) == 2 and captured[0] is not decode._PARTIALS[key], "during a capture: fresh buffers"
+
+
 @pytest.mark.skipif(not (IS_SM90 and gluon_modules() is not None), reason="needs a Hopper GPU and triton's Gluon")
 @pytest.mark.parametrize("causal", [False, True])
 def test_repeated_calls_replay_their_launch_plans(causal):
