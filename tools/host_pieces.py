@@ -10,6 +10,10 @@ remains of an enclosing piece is its own work (e.g. ``autograd.backward`` less `
 engine and its device thread). Rounds of 200 steps, wrapped and bare steps and SDPA's taking
 turns, median of 9 rounds; a wrapper of nothing is timed too (the wrappers' own cost).
 
+Then a decode step (``flash_attn_with_kvcache``, B=1 L=8k, read-only and with an append) with
+``decode.split_scratch`` against its two separate lookups (``split_partials`` then
+``ticket_counters``, as before it), rotated in the same way.
+
     python tools/host_pieces.py
 """
 
@@ -112,8 +116,50 @@ def main():
     print(f"\n{'piece (wrapped step)':28} {'us per step':>12}")
     for p, ts in pieces.items():
         print(f"{p:28} {med(ts):12.1f}")
+    decode_ab(calls, rounds)
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
           f"{__import__('triton').__version__}, {rounds} rounds x {calls} steps, median round")
+
+
+def decode_ab(calls, rounds):
+    from tileflash.ops.triton import decode as dec
+
+    dev, dt = "cuda", torch.bfloat16
+    kc, vc = (torch.randn(1, 8192, 8, 128, device=dev, dtype=dt) for _ in range(2))
+    q = torch.randn(1, 1, 16, 128, device=dev, dtype=dt)
+    kn, vn = (torch.randn(1, 1, 8, 128, device=dev, dtype=dt) for _ in range(2))
+    lens = torch.full((1,), 8191, dtype=torch.int32, device=dev)
+    real = dec.split_scratch
+
+    def separate(n, n_counters, device):
+        return dec.split_partials(n, device), dec.ticket_counters(n_counters, device)
+
+    cases = {"decode": lambda: tileflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True),
+             "decode+append": lambda: tileflash.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens,
+                                                                        causal=True)}
+    print(f"\n{'decode case':16} {'arm':14} {'us per call':>12}")
+    for case, fn in cases.items():
+        arms = {"split_scratch": real, "two lookups": separate}
+        outs = {}
+        for arm, impl in arms.items():
+            dec.split_scratch = impl
+            outs[arm] = fn().clone()
+        assert torch.equal(outs["split_scratch"], outs["two lookups"]), "arms differ"
+        times = {a: [] for a in arms}
+        names = list(arms)
+        for r in range(rounds):
+            for arm in names[r % 2:] + names[:r % 2]:
+                dec.split_scratch = arms[arm]
+                fn()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                torch.cuda.synchronize()
+                times[arm].append((time.perf_counter() - t0) / calls * 1e6)
+        dec.split_scratch = real
+        for arm in names:
+            print(f"{case:16} {arm:14} {statistics.median(times[arm]):12.1f}")
 
 
 if __name__ == "__main__":
