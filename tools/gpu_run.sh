@@ -48,6 +48,8 @@
 # tools/fa4_site.sh builds it (here, where PyPI is reachable).
 #
 # Usage (repository root): OUT=dir bash tools/gpu_run.sh tests grid-float16 grid-bfloat16
+# Pass TILEFLASH_GIT=<sha> from the working machine: `git rev-parse` in the device's copy can name an older commit
+# (its git metadata is not the tree's; seen 2026-12-06).
 set -u
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export TILEFLASH_GIT=${TILEFLASH_GIT:-unknown}
