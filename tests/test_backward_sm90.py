@@ -679,7 +679,8 @@ def test_repeated_backward_calls_take_the_cached_launchers(monkeypatch, gluon_bw
     bitwise those of the first call (JIT path) and right against the reference, on fresh NaN-poisoned buffers. Every call gets its own copies
     of the inputs, and the earlier calls' tensors stay alive, so a launcher that kept an earlier
     call's addresses would read or write the wrong memory. A dq buffer whose pointer is not
-    16-byte aligned (the JIT specializes on it) sends the dQ kernel through the JIT again."""
+    16-byte aligned (the JIT specializes on it) sends the dQ kernel through the JIT again. Both
+    kept launchers are ``DescRunner`` s (descriptors encoded once per address), not triton's runner."""
     monkeypatch.setattr(DEBUG, "gluon_dq", True)
     monkeypatch.setattr(DEBUG, "gluon_fused", False)
     monkeypatch.setattr(DEBUG, "dq_delta", True)
@@ -704,6 +705,8 @@ def test_repeated_backward_calls_take_the_cached_launchers(monkeypatch, gluon_bw
                 for x in launches:
                     assert x.runner is not None, "the first launch should have kept the compiled launcher"
                     device, real = x.runner
+                    # (triton's own runner re-encodes the four TMA descriptors at every launch)
+                    assert isinstance(real, launch_mod.DescRunner), (x.kernel.fn.__name__, type(real))
                     x.runner = (device, lambda *a, real=real, name=x.kernel.fn.__name__:
                                 (runs.append((offset, name)), real(*a)))
             grads = route.backward(do, q, k, v, out, lse, scale, causal, dq=dq, dk=dk, dv=dv)

@@ -10,6 +10,8 @@ remains of an enclosing piece is its own work (e.g. ``autograd.backward`` less `
 engine and its device thread). Rounds of 200 steps, wrapped and bare steps and SDPA's taking
 turns, median of 9 rounds; a wrapper of nothing is timed too (the wrappers' own cost).
 
+After the rounds, the launcher each kept launch took (``DescRunner`` or triton's own runner).
+
 Then a decode step (``flash_attn_with_kvcache``, B=1 L=8k, read-only and with an append) with
 ``decode.split_scratch`` against its two separate lookups (``split_partials`` then
 ``ticket_counters``, as before it), rotated in the same way.
@@ -109,6 +111,7 @@ def main():
                 for p, t in ACC.items():
                     pieces.setdefault(p, []).append(t / calls * 1e6)
     patch(False)
+    runners()
     med = statistics.median
     print(f"{'step':28} {'us per step':>12}")
     for name in names:
@@ -119,6 +122,25 @@ def main():
     decode_ab(calls, rounds)
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
           f"{__import__('triton').__version__}, {rounds} rounds x {calls} steps, median round")
+
+
+def runners():
+    """Which launcher each kept launch of the step took: ``DescRunner`` (TMA descriptors encoded once
+    per address) or triton's own runner (descriptors encoded at every launch)."""
+    from tileflash import interface
+    from tileflash.ops.launch import DescRunner
+
+    for entry in interface._FAST_FWD.values():
+        fwd, bwd = entry[0], entry[2]
+        kept = [("forward", fwd[1])] if fwd else []
+        if bwd and len(bwd[2][1]) == 2:
+            kept += [("dQ", bwd[2][1][0]), ("dK/dV", bwd[2][1][1])]
+        elif bwd:
+            kept += [("fused", bwd[2][1][1])]
+        for name, launch in kept:
+            runner = launch.runner[1] if launch.runner else None
+            print(f"kept launch {name:8} {launch.kernel.fn.__name__:28} runner "
+                  f"{type(runner).__name__}{'' if isinstance(runner, DescRunner) else ' (not a DescRunner)'}")
 
 
 def decode_ab(calls, rounds):
