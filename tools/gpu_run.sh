@@ -3,7 +3,8 @@
 # under its own time limit, logs and results under $OUT (the device tool brings them back).
 #
 #   tests        the CUDA test suite (pytest -n 14; every CPU-only case skips itself there); the log names
-#                every test (-v), so a run cut off by TESTS_LIMIT shows which ran; TESTS_ARGS picks files
+#                every test (-v), so a run cut off by TESTS_LIMIT shows which ran (and, interrupted at the limit,
+#                still prints the failures' tracebacks and summary); TESTS_ARGS picks files
 #                (split on spaces, no quoting; default: all of tests/), TESTS_K a -k expression
 #   grid-DTYPE   the D 64/128 x N 1k-16k x causal grid, forward and backward (GRID_MODES=bwd: one), against
 #                cuDNN and SDPA-flash (and FA4 when it imports: below), then tools/grid_report.py
@@ -66,11 +67,14 @@ echo "providers: $providers"
 for stage in "$@"; do
   case $stage in
     tests)
-      timeout ${TESTS_LIMIT:-400} python3 -m pytest -v -n 14 -p no:cacheprovider ${TESTS_ARGS:-tests} ${TESTS_K:+-k "$TESTS_K"} > "$OUT/tests.log" 2>&1
+      # (SIGINT at the limit, not timeout's SIGTERM: pytest then still prints the tracebacks of the failures so far and
+      # their summary, which a killed run loses; -k 30: killed if it has not ended 30 s later)
+      timeout -s INT -k 30 ${TESTS_LIMIT:-400} python3 -m pytest -v -rf -n 14 -p no:cacheprovider ${TESTS_ARGS:-tests} ${TESTS_K:+-k "$TESTS_K"} > "$OUT/tests.log" 2>&1
       echo "tests rc=$? $(tail -n 1 "$OUT/tests.log")"
       # (counted from the per-test lines, which a run cut off by the limit still has)
       echo "tests so far: $(grep -c ' PASSED ' "$OUT/tests.log") passed, $(grep -c ' FAILED ' "$OUT/tests.log") failed," \
-           "$(grep -c ' SKIPPED ' "$OUT/tests.log") skipped"; grep ' FAILED ' "$OUT/tests.log" | head -n 20 ;;
+           "$(grep -c ' SKIPPED ' "$OUT/tests.log") skipped"; grep ' FAILED ' "$OUT/tests.log" | head -n 20
+      sed -n '/short test summary info/,$p' "$OUT/tests.log" | grep '^FAILED' | cut -c1-300 | head -n 20 ;;
     grid-*)
       dt=${stage#grid-}
       for mode in ${GRID_MODES:-fwd bwd}; do
