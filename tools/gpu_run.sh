@@ -64,12 +64,15 @@ fi
 providers="tileflash sdpa_cudnn sdpa_flash"
 python3 -c "import flash_attn.cute" > "$OUT/fa4-import.log" 2>&1 && providers="$providers fa4"
 echo "providers: $providers"
+
+# pytest under a time limit: SIGINT at the limit, not timeout's SIGTERM, so that pytest still prints the tracebacks
+# of the failures so far and their summary, which a killed run loses (-k 30: killed if not ended 30 s later).
+#   limited_pytest LIMIT_S PYTEST_ARGS...
+limited_pytest() { local limit=$1; shift; timeout -s INT -k 30 "$limit" python3 -m pytest -p no:cacheprovider "$@"; }
 for stage in "$@"; do
   case $stage in
     tests)
-      # (SIGINT at the limit, not timeout's SIGTERM: pytest then still prints the tracebacks of the failures so far and
-      # their summary, which a killed run loses; -k 30: killed if it has not ended 30 s later)
-      timeout -s INT -k 30 ${TESTS_LIMIT:-400} python3 -m pytest -v -rf -n 14 -p no:cacheprovider ${TESTS_ARGS:-tests} ${TESTS_K:+-k "$TESTS_K"} > "$OUT/tests.log" 2>&1
+      limited_pytest ${TESTS_LIMIT:-400} -v -rf -n 14 ${TESTS_ARGS:-tests} ${TESTS_K:+-k "$TESTS_K"} > "$OUT/tests.log" 2>&1
       echo "tests rc=$? $(tail -n 1 "$OUT/tests.log")"
       # (counted from the per-test lines, which a run cut off by the limit still has)
       echo "tests so far: $(grep -c ' PASSED ' "$OUT/tests.log") passed, $(grep -c ' FAILED ' "$OUT/tests.log") failed," \
@@ -107,7 +110,7 @@ for stage in "$@"; do
       PYTHONPATH=$PYTHONPATH:tools timeout 200 python3 tools/hf_diag.py > "$OUT/diag.log" 2>&1
       echo "diag rc=$?"; tail -n 10 "$OUT/diag.log" ;;
     lse3)
-      timeout ${TESTS_LIMIT:-300} python3 -m pytest -q -rf -n 14 -p no:cacheprovider tests/test_kvcache.py \
+      limited_pytest ${TESTS_LIMIT:-300} -q -rf -n 14 tests/test_kvcache.py \
           tests/test_options.py tests/test_backward_sm90.py \
           -k "scratch or without_lse or lse_early or fused_schedule or replay or protocol or growing or prepared_signature" \
           > "$OUT/lse3-tests.log" 2>&1
@@ -132,7 +135,7 @@ for stage in "$@"; do
           > "$OUT/ab64.log" 2>&1
       echo "ab64 rc=$?"; tail -n 10 "$OUT/ab64.log" ;;
     alt)
-      timeout ${TESTS_LIMIT:-150} python3 -m pytest -q -rf -n 8 -p no:cacheprovider tests/test_backward_sm90.py \
+      limited_pytest ${TESTS_LIMIT:-150} -q -rf -n 8 tests/test_backward_sm90.py \
           -k "fused_schedule or protocol or unordered or fused_mode" > "$OUT/alt-tests.log" 2>&1
       echo "alt tests rc=$? $(tail -n 1 "$OUT/alt-tests.log")"
       timeout ${AB_LIMIT:-300} python3 tools/fused_ab.py --dims 64 --seqlens ${AB_SEQLENS:-4096 8192 16384} \
@@ -144,11 +147,11 @@ for stage in "$@"; do
       timeout ${AB_LIMIT:-200} python3 tools/fused_ab.py --dims 64 --seqlens ${AB_SEQLENS:-8192 16384} \
           --dtypes float16 --fused-cfg '{"DQ_LATE": true}' > "$OUT/late-ab.log" 2>&1
       echo "late ab rc=$?"; tail -n 8 "$OUT/late-ab.log"
-      timeout ${TESTS_LIMIT:-120} python3 -m pytest -q -rf -n 8 -p no:cacheprovider tests/test_backward_sm90.py \
+      limited_pytest ${TESTS_LIMIT:-120} -q -rf -n 8 tests/test_backward_sm90.py \
           -k "fused_schedule or protocol" > "$OUT/late-tests.log" 2>&1
       echo "late tests rc=$? $(tail -n 1 "$OUT/late-tests.log")" ;;
     msplit)
-      timeout ${TESTS_LIMIT:-150} python3 -m pytest -q -rf -n 8 -p no:cacheprovider tests/test_backward_sm90.py \
+      limited_pytest ${TESTS_LIMIT:-150} -q -rf -n 8 tests/test_backward_sm90.py \
           -k "fused_schedule or protocol or row_split" > "$OUT/msplit-tests.log" 2>&1
       echo "msplit tests rc=$? $(tail -n 1 "$OUT/msplit-tests.log")"
       timeout ${AB_LIMIT:-360} python3 tools/fused_ab.py --dims 64 --seqlens ${AB_SEQLENS:-2048 8192 16384} \
@@ -157,7 +160,7 @@ for stage in "$@"; do
           --fused-cfg '{"BLOCK_M": 128, "DQ_FIRST": true}' > "$OUT/msplit-ab.log" 2>&1
       echo "msplit ab rc=$?"; grep -E "N=|rc=|Error|error" "$OUT/msplit-ab.log" | tail -n 40 ;;
     perhead)   # the fused kernel in the per-head launch order (the unordered default): its GPU tests, then the A/B
-      timeout ${TESTS_LIMIT:-150} python3 -m pytest -q -rf -n 8 -p no:cacheprovider tests/test_backward_sm90.py \
+      limited_pytest ${TESTS_LIMIT:-150} -q -rf -n 8 tests/test_backward_sm90.py \
           -k "fused_schedule or either_order or per_head_order or protocol" > "$OUT/perhead-tests.log" 2>&1
       echo "perhead tests rc=$? $(tail -n 1 "$OUT/perhead-tests.log")"
       timeout ${AB_LIMIT:-400} python3 tools/fused_ab.py --dims ${AB_DIMS:-64 128} --seqlens ${AB_SEQLENS:-2048 16384} \
@@ -171,7 +174,7 @@ for stage in "$@"; do
                # then the backward kernel by kernel with the switch off and on
       timeout 90 python3 tools/cast_ab.py > "$OUT/cast-ab.log" 2>&1
       echo "cast ab rc=$?"; tail -n 6 "$OUT/cast-ab.log"
-      timeout ${TESTS_LIMIT:-150} python3 -m pytest -q -rf -n 8 -p no:cacheprovider tests/test_backward_sm90.py \
+      limited_pytest ${TESTS_LIMIT:-150} -q -rf -n 8 tests/test_backward_sm90.py \
           -k "scale_cast or repeated_fused" > "$OUT/cast-tests.log" 2>&1
       echo "cast tests rc=$? $(tail -n 1 "$OUT/cast-tests.log")"
       for sw in 0 1; do
@@ -182,7 +185,7 @@ for stage in "$@"; do
     zero)      # the delta kernel zeroing the fused backward's dQ sums (no memset launch), scale_cast by default:
                # their GPU tests, the backward kernel by kernel (fused against fused_memset, the old way), then
                # the split pair against the fused kernel at 1k (since ccf0390 the route takes the fused one there non-causal)
-      timeout ${TESTS_LIMIT:-200} python3 -m pytest -q -rf -n 8 -p no:cacheprovider tests/test_backward_sm90.py \
+      limited_pytest ${TESTS_LIMIT:-200} -q -rf -n 8 tests/test_backward_sm90.py \
           -k "zeroes or delta_launch or scale_cast or repeated_fused or fused_schedule or fused_mode or unordered or either_order" \
           > "$OUT/zero-tests.log" 2>&1
       echo "zero tests rc=$? $(tail -n 1 "$OUT/zero-tests.log")"; grep -E "^FAILED|Error" "$OUT/zero-tests.log" | head -n 10
@@ -193,23 +196,23 @@ for stage in "$@"; do
       echo "ab 1k rc=$?"; tail -n 8 "$OUT/zero-ab1k.log" ;;
     followup)  # what the 2026-12-06 08:10 UTC session left for the GPU (docs/testing.md): the GPU tests its review
                # fixes touched, the four test files it did not run, then the fused step's host issue time
-      timeout ${TESTS_LIMIT:-150} python3 -m pytest -q -rf -n 8 -p no:cacheprovider tests/test_backward_sm90.py \
+      limited_pytest ${TESTS_LIMIT:-150} -q -rf -n 8 tests/test_backward_sm90.py \
           -k "zeroes or broken_fused or refuses_buffers or scale_cast or fused" \
           > "$OUT/followup-bwd-tests.log" 2>&1
       echo "followup backward tests rc=$? $(tail -n 1 "$OUT/followup-bwd-tests.log")"
       grep -E "^FAILED" "$OUT/followup-bwd-tests.log" | head -n 20
-      timeout ${TESTS_LIMIT2:-300} python3 -m pytest -q -rf -n 14 -p no:cacheprovider tests/test_forward_sm90.py \
+      limited_pytest ${TESTS_LIMIT2:-300} -q -rf -n 14 tests/test_forward_sm90.py \
           tests/test_forward.py tests/test_kvcache.py > "$OUT/followup-tests.log" 2>&1
       echo "followup tests rc=$? $(tail -n 1 "$OUT/followup-tests.log")"; grep -E "^FAILED" "$OUT/followup-tests.log" | head -n 20
       # (its 4097-head cases ran out of an H100's memory under 14 workers: 2 here)
-      timeout 150 python3 -m pytest -q -rf -n 2 -p no:cacheprovider tests/test_grid_limit.py > "$OUT/followup-grid.log" 2>&1
+      limited_pytest 150 -q -rf -n 2 tests/test_grid_limit.py > "$OUT/followup-grid.log" 2>&1
       echo "grid-limit tests rc=$? $(tail -n 1 "$OUT/followup-grid.log")"
       timeout 150 python3 tools/step_kernels.py --batches 2 4 --seqlens 4096 --causal 0 1 --iters 50 \
           > "$OUT/followup-step.log" 2>&1
       echo "step_kernels rc=$?"; tail -n 12 "$OUT/followup-step.log"
       ;;
     host36)
-      timeout 240 python3 -m pytest -q -rf -n 8 -p no:cacheprovider tests/test_options.py tests/test_kvcache.py \
+      limited_pytest 240 -q -rf -n 8 tests/test_options.py tests/test_kvcache.py \
           -k "drop_in or query_memory or fit_puts or strides_match_its_fake or like_inputs or split_partials" > "$OUT/host36-tests.log" 2>&1
       echo "host36 tests rc=$? $(tail -n 1 "$OUT/host36-tests.log")"; grep -E "^FAILED" "$OUT/host36-tests.log" | head
       for run in 1 2; do
@@ -223,7 +226,7 @@ for stage in "$@"; do
       done
       timeout ${HOST_LIMIT:-150} python3 -m tileflash bench --host --rounds 9 > "$OUT/ptrab-host.log" 2>&1
       echo "host rc=$?"; head -n 25 "$OUT/ptrab-host.log" | grep -E "tileflash|tf_sdpa| sdpa "
-      TILEFLASH_DEBUG=ptr_ints=1 timeout ${TESTS_LIMIT:-280} python3 -m pytest -q -rf -n 14 -p no:cacheprovider tests/test_options.py \
+      TILEFLASH_DEBUG=ptr_ints=1 limited_pytest ${TESTS_LIMIT:-280} -q -rf -n 14 tests/test_options.py \
           tests/test_kvcache.py tests/test_backward_sm90.py tests/test_forward_sm90.py \
           -k "${TESTS_K:-not d256 and not writes_every and not compile_for_sm90}" > "$OUT/ptrab-tests.log" 2>&1
       echo "ptrab tests rc=$? $(tail -n 1 "$OUT/ptrab-tests.log")"; grep -E "^FAILED" "$OUT/ptrab-tests.log" | head ;;
